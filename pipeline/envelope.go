@@ -1,0 +1,101 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Kafka header names (DESIGN §5). Commands carry command-id, tenant and
+// command-type; events carry event-id, event-type, command-id (causation),
+// aggregate-version and tenant; DLQ records add the dlq-* headers.
+const (
+	HeaderCommandID          = "command-id"
+	HeaderTenant             = "tenant"
+	HeaderCommandType        = "command-type"
+	HeaderEventID            = "event-id"
+	HeaderEventType          = "event-type"
+	HeaderAggregateVersion   = "aggregate-version"
+	HeaderTraceparent        = "traceparent"
+	HeaderDLQReason          = "dlq-reason"
+	HeaderDLQSourceTopic     = "dlq-source-topic"
+	HeaderDLQSourcePartition = "dlq-source-partition"
+	HeaderDLQSourceOffset    = "dlq-source-offset"
+)
+
+// Message is a typed command or event payload. Its type name is the
+// command-type or event-type header and the Avro record name.
+type Message interface {
+	MessageType() string
+}
+
+// Command is one command as a decider sees it: its identity from the
+// headers, its aggregate from the record key, its time from the record
+// timestamp (decisions never read the clock), and its decoded payload.
+type Command struct {
+	ID          ID
+	Tenant      string
+	AggregateID string
+	Time        time.Time
+	Traceparent string
+	Payload     Message
+}
+
+// Type returns the command type (the command-type header).
+func (c Command) Type() string { return c.Payload.MessageType() }
+
+// Event is one event: its deterministic id, the command that caused it, the
+// aggregate version it produced (1 for the first event of an aggregate), and
+// its decoded payload.
+type Event struct {
+	ID          ID
+	CommandID   ID
+	Tenant      string
+	AggregateID string
+	Version     int64
+	Time        time.Time
+	Traceparent string
+	Payload     Message
+}
+
+// Type returns the event type (the event-type header).
+func (e Event) Type() string { return e.Payload.MessageType() }
+
+// MaxLocalIDLen bounds the local part of an aggregate id.
+const MaxLocalIDLen = 128
+
+// AggregateID joins a tenant and a tenant-local id into the aggregate id
+// used as the Kafka record key: "tenant/local-id".
+func AggregateID(tenant, localID string) string { return tenant + "/" + localID }
+
+// SplitAggregateID splits "tenant/local-id" into its parts.
+func SplitAggregateID(aggregateID string) (tenant, localID string, err error) {
+	tenant, localID, ok := strings.Cut(aggregateID, "/")
+	if !ok || tenant == "" || localID == "" {
+		return "", "", fmt.Errorf("aggregate id %q: want tenant/local-id", aggregateID)
+	}
+	return tenant, localID, nil
+}
+
+// ErrInvalidLocalID is returned by ValidateLocalID.
+var ErrInvalidLocalID = errors.New("must be 1 to 128 characters of letters, digits, '-', '_', '.' or ':'")
+
+// ValidateLocalID checks a tenant-local id (an account id, a transfer id):
+// it becomes part of a Kafka key, a URL path and a database key, so it is
+// kept to a small, unambiguous alphabet.
+func ValidateLocalID(s string) error {
+	if len(s) == 0 || len(s) > MaxLocalIDLen {
+		return ErrInvalidLocalID
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '-', c == '_', c == '.', c == ':':
+		default:
+			return ErrInvalidLocalID
+		}
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Rejection is a decision's refusal of a command for a domain reason
+// (overdraft, unknown account, closed account). It is not a failure: the
+// processor turns it into a CommandRejected event so the outcome is recorded.
+type Rejection struct {
+	Reason string // stable, machine-readable: "insufficient_funds", "unknown_account"
+	Detail string // human-readable
+}
+
+func (r *Rejection) Error() string {
+	if r.Detail == "" {
+		return "rejected: " + r.Reason
+	}
+	return "rejected: " + r.Reason + ": " + r.Detail
+}
+
+// Reject returns a *Rejection.
+func Reject(reason, format string, args ...any) error {
+	return &Rejection{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// AsRejection returns the rejection in err's chain, if any.
+func AsRejection(err error) (*Rejection, bool) {
+	var r *Rejection
+	ok := errors.As(err, &r)
+	return r, ok
+}
+
+// permanentError marks an error that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as one that retrying cannot fix: a poison command goes
+// to the DLQ, a job is dead, a request is answered with a client error.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// RetryAfterError asks the caller to retry no sooner than After.
+type RetryAfterError struct {
+	After time.Duration
+	Err   error
+}
+
+func (e *RetryAfterError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("retry after %s", e.After)
+	}
+	return fmt.Sprintf("retry after %s: %v", e.After, e.Err)
+}
+
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// RetryAfter returns an error asking the caller to retry after d.
+func RetryAfter(d time.Duration, err error) error { return &RetryAfterError{After: d, Err: err} }
+
+// AsRetryAfter returns the retry delay requested in err's chain, if any.
+func AsRetryAfter(err error) (time.Duration, bool) {
+	var r *RetryAfterError
+	if errors.As(err, &r) {
+		return r.After, true
+	}
+	return 0, false
+}
+
+// ErrDuplicate is returned by a Projection for an event its read model
+// already reflects (the stored version is at or above the event's). The
+// runtime counts it and moves on.
+var ErrDuplicate = errors.New("duplicate event")
+
+// VersionGapError is returned by a Projection for an event that is ahead of
+// its read model (stored version + 1 < event version): an earlier event is
+// missing. The runtime parks the partition; it never skips the gap.
+type VersionGapError struct {
+	AggregateID string
+	Stored      int64
+	Got         int64
+}
+
+func (e *VersionGapError) Error() string {
+	return fmt.Sprintf("version gap on %s: stored version %d, event version %d", e.AggregateID, e.Stored, e.Got)
+}
+
+// CheckVersion classifies an event whose version-guarded update matched no
+// row, given the version the read model holds (0 when it has no row): nil
+// never, ErrDuplicate when the event is at or below stored, a
+// *VersionGapError when it is ahead by more than one.
+func CheckVersion(aggregateID string, stored, got int64) error {
+	if got <= stored {
+		return ErrDuplicate
+	}
+	return &VersionGapError{AggregateID: aggregateID, Stored: stored, Got: got}
+}

@@ -1,0 +1,160 @@
+package pipeline
+
+import (
+	"crypto/rand"
+	"crypto/sha1"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ID is a UUID (RFC 9562). Command ids are version 7, event ids version 5.
+type ID [16]byte
+
+// Nil is the zero ID.
+var Nil ID
+
+// eventNamespace is the UUIDv5 namespace of event ids. Changing it changes
+// every event id ever derived, so it is fixed forever.
+var eventNamespace = MustParseID("6f6e6365-666c-4f77-8065-76656e747321")
+
+// v7 keeps command ids minted by one process strictly increasing even when
+// the clock stands still or steps back (RFC 9562 §6.2, method 3: the
+// sub-millisecond field is used as a counter).
+var v7 struct {
+	sync.Mutex
+	lastMS  int64
+	counter uint16 // 12 bits
+}
+
+// NewCommandID returns a new UUIDv7: 48 bits of Unix milliseconds, then a
+// 12-bit counter, then 62 random bits. Ids from one process sort in the
+// order they were minted.
+func NewCommandID() ID {
+	var id ID
+	if _, err := rand.Read(id[:]); err != nil {
+		panic(fmt.Sprintf("pipeline: read random bytes: %v", err)) // crypto/rand never fails on Linux
+	}
+	ms := time.Now().UnixMilli()
+	v7.Lock()
+	if ms <= v7.lastMS {
+		v7.counter++
+		if v7.counter > 0x0fff { // counter exhausted within one millisecond: borrow the next one
+			v7.lastMS++
+			v7.counter = 0
+		}
+		ms = v7.lastMS
+	} else {
+		v7.lastMS = ms
+		v7.counter = 0
+	}
+	counter := v7.counter
+	v7.Unlock()
+
+	id[0] = byte(ms >> 40)
+	id[1] = byte(ms >> 32)
+	id[2] = byte(ms >> 24)
+	id[3] = byte(ms >> 16)
+	id[4] = byte(ms >> 8)
+	id[5] = byte(ms)
+	id[6] = 0x70 | byte(counter>>8)
+	id[7] = byte(counter)
+	id[8] = id[8]&0x3f | 0x80
+	return id
+}
+
+// EventID returns the id of the index-th event of the decision on command
+// commandID: the UUIDv5 of the command id and the index. It is the same every
+// time the command is decided again.
+func EventID(commandID ID, index int) ID {
+	var name [16 + 8]byte
+	copy(name[:16], commandID[:])
+	binary.BigEndian.PutUint64(name[16:], uint64(index))
+	return NameID(eventNamespace, name[:])
+}
+
+// NameID returns the UUIDv5 (SHA-1, name-based) of name within namespace.
+// Use it for every id that must be derived rather than minted: a transfer's
+// credit command id, a job key.
+func NameID(namespace ID, name []byte) ID {
+	h := sha1.New()
+	h.Write(namespace[:])
+	h.Write(name)
+	var id ID
+	copy(id[:], h.Sum(nil))
+	id[6] = id[6]&0x0f | 0x50
+	id[8] = id[8]&0x3f | 0x80
+	return id
+}
+
+// Version returns the UUID version (7 for command ids, 5 for event ids).
+func (id ID) Version() int { return int(id[6] >> 4) }
+
+// Time returns the millisecond timestamp of a version 7 id, and the zero
+// time for any other version.
+func (id ID) Time() time.Time {
+	if id.Version() != 7 {
+		return time.Time{}
+	}
+	ms := int64(id[0])<<40 | int64(id[1])<<32 | int64(id[2])<<24 | int64(id[3])<<16 | int64(id[4])<<8 | int64(id[5])
+	return time.UnixMilli(ms)
+}
+
+// IsZero reports whether id is the zero id.
+func (id ID) IsZero() bool { return id == Nil }
+
+// String returns the canonical 36-character form.
+func (id ID) String() string {
+	var b [36]byte
+	hex.Encode(b[0:8], id[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], id[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], id[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], id[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], id[10:])
+	return string(b[:])
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (id ID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (id *ID) UnmarshalText(b []byte) error {
+	p, err := ParseID(string(b))
+	if err != nil {
+		return err
+	}
+	*id = p
+	return nil
+}
+
+// ErrInvalidID is returned by ParseID for anything but the canonical form.
+var ErrInvalidID = errors.New("invalid id: want a UUID like 01890a5d-ac96-774b-bcce-b302099a8057")
+
+// ParseID parses the canonical 36-character form, in either case.
+func ParseID(s string) (ID, error) {
+	var id ID
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+		return id, ErrInvalidID
+	}
+	if _, err := hex.Decode(id[:], []byte(strings.ReplaceAll(s, "-", ""))); err != nil {
+		return Nil, ErrInvalidID
+	}
+	return id, nil
+}
+
+// MustParseID is ParseID for constants; it panics on a malformed id.
+func MustParseID(s string) ID {
+	id, err := ParseID(s)
+	if err != nil {
+		panic(err)
+	}
+	return id
+}

@@ -1,0 +1,220 @@
+// Package pipelinetest holds test helpers shared by onceflow's packages: a
+// fresh migrated Postgres database per test, an in-process Kafka broker per
+// test, and polling helpers. Everything here is real (a real PostgreSQL
+// server, franz-go's kfake broker speaking the Kafka protocol).
+package pipelinetest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pipeline/postgres"
+	migrations "github.com/onceflow/onceflow/sql"
+)
+
+var server struct {
+	once sync.Once
+	url  string // the maintenance database of the server tests use
+	err  error
+}
+
+// ServerURL returns the URL of the server tests create their databases on:
+// DATABASE_URL when it answers, else the repository's local cluster
+// (started if needed, shared by every test binary).
+func ServerURL(t testing.TB) string {
+	t.Helper()
+	server.once.Do(func() {
+		ctx := context.Background()
+		local := postgres.Local{Dir: filepath.Join(repoRoot(), ".data", "postgres"), Logf: func(f string, a ...any) {
+			fmt.Fprintf(os.Stderr, f+"\n", a...)
+		}}
+		server.url, server.err = postgres.Resolve(ctx, os.Getenv("DATABASE_URL"), local)
+	})
+	if server.err != nil {
+		t.Fatalf("postgres for tests: %v", server.err)
+	}
+	return server.url
+}
+
+// EmptyDatabaseURL creates an empty database for the test and drops it when
+// the test ends.
+func EmptyDatabaseURL(t testing.TB) string {
+	t.Helper()
+	return createDatabase(t, "")
+}
+
+// DatabaseURL creates a database with every migration applied for the test
+// and drops it when the test ends. Databases are cloned from a template
+// migrated once per migration set, so this costs one CREATE DATABASE.
+func DatabaseURL(t testing.TB) string {
+	t.Helper()
+	return createDatabase(t, template(t))
+}
+
+// Pool is DatabaseURL opened as a pool that closes when the test ends.
+func Pool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	url := DatabaseURL(t)
+	pool, err := postgres.Connect(context.Background(), url, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, url
+}
+
+func createDatabase(t testing.TB, tmpl string) string {
+	t.Helper()
+	ctx := context.Background()
+	base := ServerURL(t)
+	conn := connect(t, base)
+	defer conn.Close(ctx)
+	name := fmt.Sprintf("test_%d_%d", os.Getpid(), time.Now().UnixNano())
+	stmt := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if tmpl != "" {
+		stmt += " TEMPLATE " + pgx.Identifier{tmpl}.Sanitize()
+	}
+	// Two clones of one template at the same instant can fail with "source
+	// database is being accessed by other users"; retry briefly.
+	var err error
+	for i := 0; i < 50; i++ {
+		if _, err = conn.Exec(ctx, stmt); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return // the server is gone (a test stopped it); nothing to clean
+		}
+		defer c.Close(ctx)
+		c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	return withDatabase(t, base, name)
+}
+
+var templates sync.Map // name -> *sync.Once-guarded result
+
+// template returns the name of a database migrated to the current migration
+// set, creating it the first time any test binary asks for it.
+func template(t testing.TB) string {
+	t.Helper()
+	h := sha256.New()
+	fs.WalkDir(migrations.Migrations, ".", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			b, _ := migrations.Migrations.ReadFile(path)
+			h.Write([]byte(path))
+			h.Write(b)
+		}
+		return nil
+	})
+	name := "onceflow_tmpl_" + hex.EncodeToString(h.Sum(nil))[:16]
+	v, _ := templates.LoadOrStore(name, new(templateOnce))
+	o := v.(*templateOnce)
+	o.Do(func() { o.err = ensureTemplate(ServerURL(t), name) })
+	if o.err != nil {
+		t.Fatalf("migrated template database: %v", o.err)
+	}
+	return name
+}
+
+type templateOnce struct {
+	sync.Once
+	err error
+}
+
+func ensureTemplate(base, name string) error {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	// Serialize template creation across test binaries.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended('onceflow_test_template', 0))"); err != nil {
+		return err
+	}
+	defer conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtextextended('onceflow_test_template', 0))")
+	var ready bool
+	err = conn.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&ready)
+	if err == nil && ready {
+		return nil
+	}
+	if err == nil { // a half-made template from a crashed run
+		if _, err := conn.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return err
+		}
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return err
+	}
+	url, err := replaceDatabase(base, name)
+	if err != nil {
+		return err
+	}
+	if err := postgres.Migrate(ctx, url, nil); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH IS_TEMPLATE true")
+	return err
+}
+
+func connect(t testing.TB, url string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	return c
+}
+
+func withDatabase(t testing.TB, url, db string) string {
+	t.Helper()
+	u, err := replaceDatabase(url, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// replaceDatabase returns url naming database db instead. DATABASE_URL must
+// be a URL (postgres://...), not a key=value string.
+func replaceDatabase(raw, db string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("DATABASE_URL must be a postgres:// URL for tests")
+	}
+	u.Path = "/" + db
+	u.RawPath = ""
+	return u.String(), nil
+}
+
+// repoRoot walks up from the working directory to the directory holding
+// go.mod, so every test binary shares one local cluster.
+func repoRoot() string {
+	dir, _ := os.Getwd()
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return dir
+		}
+	}
+}

@@ -1,0 +1,346 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Local is a private PostgreSQL cluster started from the installed server
+// binaries, for development, tests and CI. Ensure is idempotent: it reuses a
+// cluster that is already running in Dir.
+type Local struct {
+	// Dir is the cluster's data directory. Default ".data/postgres". When
+	// running as root and the postgres user cannot reach Dir (a home
+	// directory closed to others), a directory under os.TempDir() named
+	// after Dir's absolute path is used instead.
+	Dir string
+	// Port is the TCP port on 127.0.0.1. Default 54329.
+	Port int
+	// BinDir holds initdb and pg_ctl. Default: `pg_config --bindir`, else
+	// the newest /usr/lib/postgresql/*/bin.
+	BinDir string
+	// Database is created if missing and named in the returned URL.
+	// Default "onceflow".
+	Database string
+	// Logf reports what Ensure does; nil is silent.
+	Logf func(format string, args ...any)
+}
+
+func (l *Local) setDefaults() {
+	if l.Dir == "" {
+		l.Dir = filepath.Join(".data", "postgres")
+	}
+	if l.Port == 0 {
+		l.Port = 54329
+	}
+	if l.Database == "" {
+		l.Database = "onceflow"
+	}
+	if l.Logf == nil {
+		l.Logf = func(string, ...any) {}
+	}
+}
+
+// URL returns the URL of database db on the local cluster.
+func (l Local) URL(db string) string {
+	l.setDefaults()
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", l.Port, db)
+}
+
+// Ensure starts the cluster unless it is already running, creates the
+// database, and returns its URL. Concurrent calls (parallel test binaries)
+// serialize on a lock file next to the data directory.
+func (l Local) Ensure(ctx context.Context) (string, error) {
+	l.setDefaults()
+	dir, err := filepath.Abs(l.Dir)
+	if err != nil {
+		return "", err
+	}
+	pg, err := lookupPostgresUser()
+	if err != nil {
+		return "", err
+	}
+	if pg != nil && !reachableBy(dir, pg) {
+		sum := sha256.Sum256([]byte(dir))
+		alt := filepath.Join(os.TempDir(), "onceflow-postgres-"+hex.EncodeToString(sum[:6]))
+		l.Logf("postgres: the postgres user cannot reach %s; using %s", dir, alt)
+		dir = alt
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", fmt.Errorf("create %s: %w", filepath.Dir(dir), err)
+	}
+	unlock, err := lockFile(dir + ".lock")
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+
+	adminURL := l.URL("postgres")
+	if err := Reachable(ctx, adminURL, 2*time.Second); err != nil {
+		if err := l.start(ctx, dir, pg); err != nil {
+			return "", err
+		}
+	}
+	conn, err := connectRetry(ctx, adminURL, 30*time.Second)
+	if err != nil {
+		return "", fmt.Errorf("connect to local postgres: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var dataDir string
+	if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir); err != nil {
+		return "", err
+	}
+	if filepath.Clean(dataDir) != dir {
+		return "", fmt.Errorf("port %d answers for data directory %s, not %s: choose another port", l.Port, dataDir, dir)
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", l.Database).Scan(&exists); err != nil {
+		return "", err
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{l.Database}.Sanitize()); err != nil {
+			return "", fmt.Errorf("create database %s: %w", l.Database, err)
+		}
+	}
+	return l.URL(l.Database), nil
+}
+
+// Stop stops the cluster if it runs.
+func (l Local) Stop(ctx context.Context, mode string) error {
+	l.setDefaults()
+	dir, err := filepath.Abs(l.Dir)
+	if err != nil {
+		return err
+	}
+	pg, err := lookupPostgresUser()
+	if err != nil {
+		return err
+	}
+	if pg != nil && !reachableBy(dir, pg) {
+		sum := sha256.Sum256([]byte(dir))
+		dir = filepath.Join(os.TempDir(), "onceflow-postgres-"+hex.EncodeToString(sum[:6]))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "postmaster.pid")); err != nil {
+		return nil
+	}
+	bin, err := l.binDir()
+	if err != nil {
+		return err
+	}
+	if mode == "" {
+		mode = "fast"
+	}
+	return run(ctx, pg, dir, filepath.Join(bin, "pg_ctl"), "-D", dir, "-m", mode, "-w", "stop")
+}
+
+func (l Local) start(ctx context.Context, dir string, pg *user.User) error {
+	bin, err := l.binDir()
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err != nil {
+		l.Logf("postgres: initdb %s", dir)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		if err := chown(dir, pg); err != nil {
+			return err
+		}
+		if err := run(ctx, pg, dir, filepath.Join(bin, "initdb"),
+			"-D", dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-instructions"); err != nil {
+			return fmt.Errorf("initdb: %w", err)
+		}
+	}
+	// Settings for a development cluster that many parallel test binaries
+	// share; durability stays on (fsync, synchronous_commit) because the
+	// benchmarks measure real commits.
+	opts := strings.Join([]string{
+		"-c listen_addresses=127.0.0.1",
+		"-p " + strconv.Itoa(l.Port),
+		"-c unix_socket_directories=" + dir,
+		"-c max_connections=400",
+		"-c shared_buffers=256MB",
+		"-c max_locks_per_transaction=256",
+	}, " ")
+	l.Logf("postgres: starting on 127.0.0.1:%d (data %s)", l.Port, dir)
+	if err := run(ctx, pg, dir, filepath.Join(bin, "pg_ctl"),
+		"-D", dir, "-l", filepath.Join(dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+		return fmt.Errorf("pg_ctl start: %w\n%s", err, tail(string(log), 2000))
+	}
+	return nil
+}
+
+func (l Local) binDir() (string, error) {
+	if l.BinDir != "" {
+		return l.BinDir, nil
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dir := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", errors.New("no PostgreSQL server binaries found (initdb): install postgresql or set DATABASE_URL")
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// lookupPostgresUser returns the user to run the server as when we are
+// root (initdb refuses to run as root), or nil to run as ourselves.
+func lookupPostgresUser() (*user.User, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root needs a postgres user to run the server as: %w", err)
+	}
+	return u, nil
+}
+
+// reachableBy reports whether u can traverse every ancestor of dir.
+func reachableBy(dir string, u *user.User) bool {
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return true // not created yet: MkdirAll makes it 0755
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		mode := fi.Mode().Perm()
+		ok := mode&0o001 != 0 ||
+			int(st.Uid) == uid && mode&0o100 != 0 ||
+			int(st.Gid) == gid && mode&0o010 != 0
+		if !ok {
+			return false
+		}
+		if p == "/" {
+			return true
+		}
+	}
+}
+
+func chown(dir string, u *user.User) error {
+	if u == nil {
+		return nil
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return fmt.Errorf("chown %s to postgres: %w", dir, err)
+	}
+	return nil
+}
+
+// run runs a server binary, as u when u is not nil, in its own session so
+// the server it may start outlives us and our terminal's signals.
+func run(ctx context.Context, u *user.User, dir, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8")
+	if u != nil {
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		cmd.Env = append(cmd.Env, "HOME="+u.HomeDir, "USER=postgres", "LOGNAME=postgres")
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, tail(string(out), 2000))
+	}
+	return nil
+}
+
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+func connectRetry(ctx context.Context, url string, within time.Duration) (*pgx.Conn, error) {
+	deadline := time.Now().Add(within)
+	for {
+		c, err := pgx.Connect(ctx, url)
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func stdlibConfig(url string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	return cfg, nil
+}
+
+// Resolve returns databaseURL when a server answers there, and otherwise
+// ensures the local cluster and returns its URL. It is what `onceflow dev`,
+// `make test`, `make demo` and CI use; components in production take
+// DATABASE_URL as given.
+func Resolve(ctx context.Context, databaseURL string, local Local) (string, error) {
+	local.setDefaults()
+	if databaseURL != "" {
+		err := Reachable(ctx, databaseURL, 3*time.Second)
+		if err == nil {
+			return databaseURL, nil
+		}
+		local.Logf("postgres: DATABASE_URL does not answer (%v); starting the local cluster instead", err)
+	}
+	return local.Ensure(ctx)
+}

@@ -1,0 +1,28 @@
+// Package schemas holds the Avro schemas of the ledger's topics, embedded:
+// commands.avsc, events.avsc and state.avsc are the value schemas of
+// {prefix}.commands, {prefix}.events and {prefix}.state (subjects
+// "{topic}-value", TopicNameStrategy). Each is a union of the record types
+// the topic carries; the record name is the command-type / event-type
+// header.
+//
+// Evolve them compatibly: add fields with defaults, add union branches at
+// the end, never rename or reorder. Readers decode with the writer's schema
+// (by id) and fill what it lacks from these defaults.
+package schemas
+
+import "embed"
+
+// FS holds the .avsc files.
+//
+//go:embed *.avsc
+var FS embed.FS
+
+// Topic suffixes, joined to the topic prefix as "{prefix}.{suffix}".
+const (
+	Commands = "commands"
+	Events   = "events"
+	State    = "state"
+)
+
+// File returns the schema file of a topic suffix.
+func File(suffix string) string { return suffix + ".avsc" }

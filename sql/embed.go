@@ -1,0 +1,16 @@
+// Package sql holds onceflow's Postgres migrations, embedded so every binary
+// carries the schema it was built for. pipeline/postgres applies them with
+// goose under a session advisory lock; files are zero-padded, run in order,
+// and each has an Up and a Down section (tested up -> down -> up).
+//
+// Version ranges, so that work on different parts does not collide:
+// 00001-00009 foundation, 00010-00019 ingest, 00020-00029 relay and jobs,
+// 00030-00039 projector.
+package sql
+
+import "embed"
+
+// Migrations are the goose migration files.
+//
+//go:embed *.sql
+var Migrations embed.FS
