@@ -4,6 +4,11 @@ package pipeline
 // Decide turns a command and the aggregate's current state into a Decision,
 // or a *Rejection; Evolve folds one event into the state.
 //
+// When Decide returns a *Rejection (see Reject), the runtime emits a
+// CommandRejected event instead of the decision's events; the decision's
+// Commands are still sent (a transfer that its target cannot accept sends a
+// refund back to its source).
+//
 // Both must be deterministic: no clock (use cmd.Time), no randomness, no
 // I/O. The processor decides again after aborted or indeterminate
 // transactions, and relies on getting the same events (hence the same event

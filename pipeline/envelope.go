@@ -99,3 +99,16 @@ func ValidateLocalID(s string) error {
 	}
 	return nil
 }
+
+// OutboxShard returns the outbox shard of an aggregate: FNV-1a of the
+// aggregate id modulo shards. A shard is shipped by one relay at a time, so
+// one aggregate's commands leave the outbox in the order they entered it.
+func OutboxShard(aggregateID string, shards int) int {
+	const offset32, prime32 = 2166136261, 16777619
+	h := uint32(offset32)
+	for i := 0; i < len(aggregateID); i++ {
+		h ^= uint32(aggregateID[i])
+		h *= prime32
+	}
+	return int(h % uint32(shards))
+}

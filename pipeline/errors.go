@@ -109,3 +109,29 @@ func CheckVersion(aggregateID string, stored, got int64) error {
 	}
 	return &VersionGapError{AggregateID: aggregateID, Stored: stored, Got: got}
 }
+
+// CommandRejected is the event the processor emits, in place of a
+// decision's events, when Decide returns a *Rejection. It does not change
+// the aggregate: it carries the aggregate's current version, and
+// command_status projects it. Every domain's events schema has a
+// CommandRejected record with these fields.
+type CommandRejected struct {
+	CommandType string `avro:"command_type"`
+	Reason      string `avro:"reason"`
+	Detail      string `avro:"detail"`
+}
+
+// MessageType implements Message.
+func (CommandRejected) MessageType() string { return "CommandRejected" }
+
+// Decoding errors that serdes wrap, so a consumer can name the reason a
+// record is poison without knowing the serde.
+var (
+	// ErrUnknownSchema: the record names a schema id the registry does not have.
+	ErrUnknownSchema = errors.New("unknown schema")
+	// ErrUndecodable: the bytes are not a valid encoding (bad header,
+	// truncated or trailing data, invalid Avro).
+	ErrUndecodable = errors.New("undecodable")
+	// ErrUnknownType: the record decodes to a type this reader does not know.
+	ErrUnknownType = errors.New("unknown type")
+)

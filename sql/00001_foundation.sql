@@ -146,7 +146,8 @@ CREATE TABLE command_status (
     aggregate_id text        NOT NULL,
     command_type text        NOT NULL,
     status       text        NOT NULL CHECK (status IN ('pending', 'accepted', 'rejected')),
-    reason       text,
+    reason       text,                          -- machine-readable rejection reason
+    detail       text,                          -- human-readable rejection detail
     event_ids    uuid[]      NOT NULL DEFAULT '{}',
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now()

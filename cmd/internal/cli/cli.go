@@ -1,0 +1,135 @@
+// Package cli reads the configuration every onceflow binary shares (DESIGN
+// §9): each setting is an environment variable with a flag of the same
+// meaning; the flag wins.
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/stack"
+)
+
+// Common holds the shared settings once flags are parsed.
+type Common struct {
+	Brokers           string
+	DatabaseURL       string
+	SchemaRegistryURL string
+	TopicPrefix       string
+	Partitions        int
+	HTTPAddr          string
+	AdminAddr         string
+	LogLevel          string
+	LogFormat         string
+	InstanceID        string
+	SASLMechanism     string
+	SASLUser          string
+	SASLPassword      string
+	TLS               bool
+	TLSCAFile         string
+}
+
+// Register defines the shared flags on fs, defaulting from getenv.
+func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
+	c := &Common{}
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
+	fs.StringVar(&c.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres URL (DATABASE_URL)")
+	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", env("SCHEMA_REGISTRY_URL", ""), "Confluent-compatible schema registry; empty uses the embedded registry (SCHEMA_REGISTRY_URL)")
+	fs.StringVar(&c.TopicPrefix, "topic-prefix", env("ONCEFLOW_TOPIC_PREFIX", "ledger"), "topic prefix (ONCEFLOW_TOPIC_PREFIX)")
+	parts, _ := strconv.Atoi(env("ONCEFLOW_PARTITIONS", "8"))
+	fs.IntVar(&c.Partitions, "partitions", parts, "partitions of topics created at start (ONCEFLOW_PARTITIONS)")
+	fs.StringVar(&c.HTTPAddr, "http-addr", env("HTTP_ADDR", ":8080"), "ingest HTTP address (HTTP_ADDR)")
+	fs.StringVar(&c.AdminAddr, "admin-addr", env("ADMIN_ADDR", ":9090"), "metrics and health address (ADMIN_ADDR)")
+	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (LOG_LEVEL)")
+	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (LOG_FORMAT)")
+	host, _ := os.Hostname()
+	fs.StringVar(&c.InstanceID, "instance-id", env("ONCEFLOW_INSTANCE_ID", host), "stable unique id of this instance; the processor's transactional id ends in it (ONCEFLOW_INSTANCE_ID)")
+	fs.StringVar(&c.SASLMechanism, "kafka-sasl-mechanism", env("KAFKA_SASL_MECHANISM", ""), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (KAFKA_SASL_MECHANISM)")
+	fs.StringVar(&c.SASLUser, "kafka-sasl-user", env("KAFKA_SASL_USER", ""), "SASL user (KAFKA_SASL_USER)")
+	fs.StringVar(&c.SASLPassword, "kafka-sasl-password", env("KAFKA_SASL_PASSWORD", ""), "SASL password (KAFKA_SASL_PASSWORD)")
+	fs.BoolVar(&c.TLS, "kafka-tls", env("KAFKA_TLS", "") == "true", "connect to Kafka over TLS (KAFKA_TLS=true)")
+	fs.StringVar(&c.TLSCAFile, "kafka-tls-ca-file", env("KAFKA_TLS_CA_FILE", ""), "extra CA bundle for Kafka TLS (KAFKA_TLS_CA_FILE)")
+	return c
+}
+
+// Logger builds the process logger; each component adds its own
+// component attribute.
+func (c *Common) Logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return nil, fmt.Errorf("LOG_LEVEL %q: want debug, info, warn or error", c.LogLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler
+	switch strings.ToLower(c.LogFormat) {
+	case "text", "":
+		h = slog.NewTextHandler(w, opts)
+	case "json":
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("LOG_FORMAT %q: want text or json", c.LogFormat)
+	}
+	return slog.New(h), nil
+}
+
+// Stack returns the stack configuration.
+func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
+	if c.Partitions < 1 {
+		return stack.Config{}, fmt.Errorf("partitions must be positive, got %d", c.Partitions)
+	}
+	k := kafka.Config{
+		Brokers:       kafka.ParseBrokers(c.Brokers),
+		SASLMechanism: c.SASLMechanism,
+		SASLUser:      c.SASLUser,
+		SASLPassword:  c.SASLPassword,
+		TLS:           c.TLS,
+		TLSCAFile:     c.TLSCAFile,
+		Logger:        logger,
+	}
+	if len(k.Brokers) == 0 {
+		return stack.Config{}, fmt.Errorf("KAFKA_BROKERS is empty")
+	}
+	return stack.Config{
+		Kafka:             k,
+		Topics:            kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions)},
+		DatabaseURL:       c.DatabaseURL,
+		SchemaRegistryURL: c.SchemaRegistryURL,
+		InstanceID:        c.InstanceID,
+		Logger:            logger,
+	}, nil
+}
+
+// RunComponent is the whole main of a single-component binary.
+func RunComponent(ctx context.Context, name string, components stack.Components, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	c := Register(fs, getenv)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	logger, err := c.Logger(stdout)
+	if err != nil {
+		return err
+	}
+	cfg, err := c.Stack(logger)
+	if err != nil {
+		return err
+	}
+	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr})
+}

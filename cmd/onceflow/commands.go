@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/onceflow/onceflow/cmd/internal/cli"
+	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/stack"
+)
+
+// parse parses a subcommand's flags (the shared ones plus its own).
+func parse(name string, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*cli.Common, *flag.FlagSet, error) {
+	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	c := cli.Register(fs, getenv)
+	if own != nil {
+		own(fs)
+	}
+	return c, fs, fs.Parse(args)
+}
+
+func setup(c *cli.Common, stdout io.Writer) (stack.Config, error) {
+	logger, err := c.Logger(stdout)
+	if err != nil {
+		return stack.Config{}, err
+	}
+	return c.Stack(logger)
+}
+
+func runDev(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	dataDir := getenv("ONCEFLOW_DATA_DIR")
+	if dataDir == "" {
+		dataDir = ".data"
+	}
+	var brokerOnly bool
+	var registryAddr string
+	c, fs, err := parse("dev", args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.BoolVar(&brokerOnly, "broker-only", false, "run only the embedded broker and registry")
+		fs.StringVar(&dataDir, "data-dir", dataDir, "broker data and private Postgres cluster (ONCEFLOW_DATA_DIR)")
+		fs.StringVar(&registryAddr, "registry-addr", ":8081", "schema registry address")
+	})
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	cfg, err := setup(c, stdout)
+	if err != nil {
+		return err
+	}
+	return stack.RunDev(ctx, stack.DevConfig{
+		RunConfig:    stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr},
+		DataDir:      dataDir,
+		BrokerAddr:   cfg.Kafka.Brokers[0],
+		RegistryAddr: registryAddr,
+		BrokerOnly:   brokerOnly,
+		APIKey:       getenv("ONCEFLOW_DEV_API_KEY"),
+		Out:          stdout,
+	})
+}
+
+func runDemo(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("onceflow demo", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	url := fs.String("url", "http://127.0.0.1:8080", "ingest base URL")
+	key := fs.String("api-key", getenv("ONCEFLOW_DEV_API_KEY"), "API key (ONCEFLOW_DEV_API_KEY)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *key == "" {
+		return fmt.Errorf("an API key is required: -api-key or ONCEFLOW_DEV_API_KEY")
+	}
+	return stack.RunDemo(ctx, &apiclient.Client{BaseURL: *url, APIKey: *key}, stdout)
+}
+
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, _, err := parse("migrate", args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("DATABASE_URL is required")
+	}
+	if err := postgres.Migrate(ctx, c.DatabaseURL, nil); err != nil {
+		return err
+	}
+	cur, _, err := postgres.MigrationVersion(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "migrated to version %d\n", cur)
+	return nil
+}
+
+func runMigrateVersion(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, _, err := parse("migrate version", args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	cur, latest, err := postgres.MigrationVersion(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "database at version %d; this binary has up to %d\n", cur, latest)
+	return nil
+}
+
+func runTopicsCreate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, _, err := parse("topics create", args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	cfg, err := setup(c, io.Discard)
+	if err != nil {
+		return err
+	}
+	if err := stack.EnsureTopics(ctx, cfg); err != nil {
+		return err
+	}
+	for _, s := range cfg.Topics.Specs() {
+		fmt.Fprintf(stdout, "%s\tpartitions=%d\t%v\n", s.Name, s.Partitions, s.Configs)
+	}
+	return nil
+}
+
+func runTenantsCreate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, fs, err := parse("tenants create", args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: onceflow tenants create NAME")
+	}
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("DATABASE_URL is required")
+	}
+	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	key := ingest.NewAPIKey()
+	if err := ingest.CreateAPIKey(ctx, pool, fs.Arg(0), "onceflow tenants create", key); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "tenant %s\napi key %s\n(shown once: only its hash is stored)\n", fs.Arg(0), key)
+	return nil
+}
+
+func runTenantsRevoke(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, fs, err := parse("tenants revoke", args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: onceflow tenants revoke KEY")
+	}
+	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := ingest.RevokeAPIKey(ctx, pool, fs.Arg(0)); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "revoked")
+	return nil
+}
+
+func postgresFlags(args []string, getenv func(string) string, stdout io.Writer, name string) (postgres.Local, []string, error) {
+	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	dataDir := getenv("ONCEFLOW_DATA_DIR")
+	if dataDir == "" {
+		dataDir = ".data"
+	}
+	fs.StringVar(&dataDir, "data-dir", dataDir, "the cluster lives in DATA_DIR/postgres (ONCEFLOW_DATA_DIR)")
+	port := fs.Int("port", 54329, "port on 127.0.0.1")
+	if err := fs.Parse(args); err != nil {
+		return postgres.Local{}, nil, err
+	}
+	return postgres.Local{Dir: filepath.Join(dataDir, "postgres"), Port: *port}, fs.Args(), nil
+}
+
+func runPostgresUp(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	local, _, err := postgresFlags(args, getenv, stdout, "postgres up")
+	if err != nil {
+		return err
+	}
+	local.Logf = func(f string, a ...any) { fmt.Fprintf(stdout, "# "+f+"\n", a...) }
+	url, err := postgres.Resolve(ctx, getenv("DATABASE_URL"), local)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, url)
+	return nil
+}
+
+func runPostgresDown(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	local, _, err := postgresFlags(args, getenv, stdout, "postgres down")
+	if err != nil {
+		return err
+	}
+	return local.Stop(ctx, "fast")
+}

@@ -1,0 +1,204 @@
+// Package apiclient is a small Go client of onceflow's HTTP API (DESIGN
+// §7), used by the demo, the end-to-end tests and the chaos harness. It
+// does not retry by itself: callers choose when to resend with the same
+// Idempotency-Key (a retry) or a new one (a new operation).
+package apiclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Client calls one ingest endpoint as one tenant.
+type Client struct {
+	BaseURL string // e.g. http://127.0.0.1:8080
+	APIKey  string
+	HTTP    *http.Client // nil uses a client with a 10s timeout
+}
+
+// Response is a raw answer.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Replayed reports whether the response is a stored one sent again.
+func (r *Response) Replayed() bool { return r.Header.Get("Idempotent-Replayed") == "true" }
+
+// Problem is an RFC 9457 problem body.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Errors []struct {
+		Field   string `json:"field"`
+		Message string `json:"message"`
+	} `json:"errors"`
+}
+
+// Error is a non-2xx answer.
+type Error struct {
+	Response *Response
+	Problem  Problem
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%d %s: %s", e.Response.Status, e.Problem.Title, e.Problem.Detail)
+}
+
+// Accepted is the body of a 202.
+type Accepted struct {
+	CommandID string `json:"command_id"`
+	Status    string `json:"status"`
+}
+
+// Account is GET /v1/accounts/{id}.
+type Account struct {
+	AccountID string `json:"account_id"`
+	Balance   int64  `json:"balance"`
+	Currency  string `json:"currency"`
+	Status    string `json:"status"`
+	Version   int64  `json:"version"`
+}
+
+// Command is GET /v1/commands/{id}.
+type Command struct {
+	CommandID   string   `json:"command_id"`
+	Status      string   `json:"status"`
+	CommandType string   `json:"command_type"`
+	AggregateID string   `json:"aggregate_id"`
+	Reason      string   `json:"reason"`
+	Detail      string   `json:"detail"`
+	EventIDs    []string `json:"event_ids"`
+}
+
+func (c *Client) http() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
+	}
+	return &http.Client{Timeout: 10 * time.Second}
+}
+
+// Do sends a request and returns the raw response (any status).
+func (c *Client) Do(ctx context.Context, method, path, idemKey string, body []byte) (*Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if c.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.APIKey)
+	}
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http().Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// Post sends a command and decodes the 202, or returns an *Error.
+func (c *Client) Post(ctx context.Context, path, idemKey string, body any) (Accepted, *Response, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return Accepted{}, nil, err
+	}
+	resp, err := c.Do(ctx, http.MethodPost, path, idemKey, b)
+	if err != nil {
+		return Accepted{}, nil, err
+	}
+	var a Accepted
+	if err := decode(resp, http.StatusAccepted, &a); err != nil {
+		return Accepted{}, resp, err
+	}
+	return a, resp, nil
+}
+
+// OpenAccount is POST /v1/accounts.
+func (c *Client) OpenAccount(ctx context.Context, idemKey, accountID, currency string) (Accepted, *Response, error) {
+	return c.Post(ctx, "/v1/accounts", idemKey, map[string]string{"account_id": accountID, "currency": currency})
+}
+
+// Deposit is POST /v1/accounts/{id}/deposits.
+func (c *Client) Deposit(ctx context.Context, idemKey, accountID string, amount int64) (Accepted, *Response, error) {
+	return c.Post(ctx, "/v1/accounts/"+url.PathEscape(accountID)+"/deposits", idemKey, map[string]int64{"amount": amount})
+}
+
+// Account is GET /v1/accounts/{id}.
+func (c *Client) Account(ctx context.Context, accountID string) (Account, error) {
+	var a Account
+	resp, err := c.Do(ctx, http.MethodGet, "/v1/accounts/"+url.PathEscape(accountID), "", nil)
+	if err != nil {
+		return a, err
+	}
+	return a, decode(resp, http.StatusOK, &a)
+}
+
+// Command is GET /v1/commands/{id}.
+func (c *Client) Command(ctx context.Context, id string) (Command, error) {
+	var cmd Command
+	resp, err := c.Do(ctx, http.MethodGet, "/v1/commands/"+url.PathEscape(id), "", nil)
+	if err != nil {
+		return cmd, err
+	}
+	return cmd, decode(resp, http.StatusOK, &cmd)
+}
+
+// WaitCommand polls a command until its outcome is known or ctx ends.
+func (c *Client) WaitCommand(ctx context.Context, id string) (Command, error) {
+	for {
+		cmd, err := c.Command(ctx, id)
+		if err == nil && cmd.Status != "pending" {
+			return cmd, nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("command %s still %s", id, cmd.Status)
+			}
+			return cmd, fmt.Errorf("%w: %v", ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func decode(resp *Response, want int, v any) error {
+	if resp.Status != want {
+		e := &Error{Response: resp}
+		json.Unmarshal(resp.Body, &e.Problem)
+		return e
+	}
+	if err := json.Unmarshal(resp.Body, v); err != nil {
+		return fmt.Errorf("decode %d response: %w", resp.Status, err)
+	}
+	return nil
+}
+
+// IsStatus reports whether err is an *Error with the given status.
+func IsStatus(err error, status int) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Response.Status == status
+}

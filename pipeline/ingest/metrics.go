@@ -1,0 +1,39 @@
+package ingest
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	requests  *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	hits      *prometheus.CounterVec
+	conflicts *prometheus.CounterVec
+	accepted  prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_api_requests_total",
+			Help: "HTTP requests answered, by route and status code.",
+		}, []string{"route", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "onceflow_api_request_duration_seconds",
+			Help:    "Time to answer an HTTP request, by route.",
+			Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
+		}, []string{"route"}),
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_api_idempotency_hits_total",
+			Help: "Requests answered with a stored response because their Idempotency-Key was seen with the same request.",
+		}, []string{"route"}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_api_idempotency_conflicts_total",
+			Help: "Requests refused because their Idempotency-Key was seen with a different request.",
+		}, []string{"route"}),
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_api_commands_accepted_total",
+			Help: "Commands accepted into the outbox.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted)
+	return m
+}

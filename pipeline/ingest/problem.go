@@ -1,0 +1,55 @@
+package ingest
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// problemBase prefixes every problem type URI.
+const problemBase = "https://onceflow.dev/problems/"
+
+// Problem is an RFC 9457 problem detail.
+type Problem struct {
+	Type   string       `json:"type"`
+	Title  string       `json:"title"`
+	Status int          `json:"status"`
+	Detail string       `json:"detail,omitempty"`
+	Errors []FieldError `json:"errors,omitempty"`
+
+	retryAfter time.Duration
+}
+
+// FieldError names one invalid field of a request.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+func (p *Problem) Error() string { return p.Title + ": " + p.Detail }
+
+func problem(status int, slug, title, detail string) *Problem {
+	return &Problem{Type: problemBase + slug, Title: title, Status: status, Detail: detail}
+}
+
+func writeProblem(w http.ResponseWriter, p *Problem) {
+	if p.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((p.retryAfter+time.Second-1)/time.Second)))
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(p.Status)
+	json.NewEncoder(w).Encode(p)
+}
+
+var (
+	errUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
+		"send Authorization: Bearer <api key>")
+	errNotFound = problem(http.StatusNotFound, "not-found", "Not found", "")
+)
+
+func errUnavailable(detail string) *Problem {
+	p := problem(http.StatusServiceUnavailable, "unavailable", "Service unavailable", detail)
+	p.retryAfter = time.Second
+	return p
+}

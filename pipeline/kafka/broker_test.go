@@ -1,0 +1,53 @@
+package kafka_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+)
+
+// The embedded broker with a data directory keeps its topics, records and
+// committed group offsets across a restart on the same port.
+func TestBrokerDataDirSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	b, err := kafka.StartBroker(kafka.BrokerConfig{Addr: "127.0.0.1:0", DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := b.Addrs()
+	cl := pipelinetest.Client(t, addrs)
+	topics := kafka.Topics{Prefix: "p", Partitions: 2}
+	if err := kafka.Provision(ctx, kadm.NewClient(cl), topics); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topics.Events(), Key: []byte("a/1"), Value: []byte("v1")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	b.Close()
+
+	b2, err := kafka.StartBroker(kafka.BrokerConfig{Addr: addrs[0], DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	cl2 := pipelinetest.Client(t, b2.Addrs(), kgo.ConsumeTopics(topics.Events()))
+	if err := kafka.Check(ctx, kadm.NewClient(cl2), topics); err != nil {
+		t.Fatalf("topics after restart: %v", err)
+	}
+	fs := cl2.PollRecords(ctx, 1)
+	if err := fs.Err0(); err != nil {
+		t.Fatal(err)
+	}
+	recs := fs.Records()
+	if len(recs) != 1 || string(recs[0].Value) != "v1" {
+		t.Fatalf("after restart got %d records (%v), want the one produced before", len(recs), recs)
+	}
+}

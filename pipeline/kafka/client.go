@@ -1,0 +1,123 @@
+package kafka
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+)
+
+// Config is how to reach a Kafka cluster.
+type Config struct {
+	// Brokers are the seed brokers (KAFKA_BROKERS, comma separated).
+	// Default 127.0.0.1:9092, the embedded broker of `onceflow dev`.
+	Brokers []string
+	// ClientID names the client in broker logs and quotas. Default "onceflow".
+	ClientID string
+	// SASLMechanism is "", "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512"
+	// (KAFKA_SASL_MECHANISM), with SASLUser and SASLPassword
+	// (KAFKA_SASL_USER, KAFKA_SASL_PASSWORD).
+	SASLMechanism string
+	SASLUser      string
+	SASLPassword  string
+	// TLS enables TLS (KAFKA_TLS=true); TLSCAFile adds a CA bundle
+	// (KAFKA_TLS_CA_FILE) to the system roots.
+	TLS       bool
+	TLSCAFile string
+	// Logger receives franz-go's warnings and errors; nil is silent.
+	Logger *slog.Logger
+}
+
+// ParseBrokers splits a comma-separated broker list.
+func ParseBrokers(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func (c Config) validate() error {
+	switch c.SASLMechanism {
+	case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+	default:
+		return fmt.Errorf("kafka: unknown SASL mechanism %q (want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", c.SASLMechanism)
+	}
+	if c.SASLMechanism != "" && c.SASLUser == "" {
+		return errors.New("kafka: SASL needs a user")
+	}
+	return nil
+}
+
+// Opts returns the franz-go options that connect to the cluster. Role
+// packages append their own (groups, transactions, isolation).
+func (c Config) Opts() ([]kgo.Opt, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	brokers := c.Brokers
+	if len(brokers) == 0 {
+		brokers = []string{"127.0.0.1:9092"}
+	}
+	id := c.ClientID
+	if id == "" {
+		id = "onceflow"
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id)}
+	if c.Logger != nil {
+		opts = append(opts, kgo.WithLogger(kgoLogger{c.Logger.With("lib", "franz-go")}))
+	}
+	if m := c.mechanism(); m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
+	if c.TLS {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.TLSCAFile != "" {
+			pem, err := os.ReadFile(c.TLSCAFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka: read CA file: %w", err)
+			}
+			pool, err := x509.SystemCertPool()
+			if err != nil {
+				pool = x509.NewCertPool()
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("kafka: no certificates in %s", c.TLSCAFile)
+			}
+			tc.RootCAs = pool
+		}
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	return opts, nil
+}
+
+func (c Config) mechanism() sasl.Mechanism {
+	switch c.SASLMechanism {
+	case "PLAIN":
+		return plain.Auth{User: c.SASLUser, Pass: c.SASLPassword}.AsMechanism()
+	case "SCRAM-SHA-256":
+		return scram.Auth{User: c.SASLUser, Pass: c.SASLPassword}.AsSha256Mechanism()
+	case "SCRAM-SHA-512":
+		return scram.Auth{User: c.SASLUser, Pass: c.SASLPassword}.AsSha512Mechanism()
+	}
+	return nil
+}
+
+// NewClient builds a client from the configuration plus extra options.
+func (c Config) NewClient(extra ...kgo.Opt) (*kgo.Client, error) {
+	opts, err := c.Opts()
+	if err != nil {
+		return nil, err
+	}
+	return kgo.NewClient(append(opts, extra...)...)
+}

@@ -1,0 +1,154 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+// Topics names onceflow's topics (DESIGN §5) and how to create them.
+type Topics struct {
+	// Prefix is ONCEFLOW_TOPIC_PREFIX. Default "ledger".
+	Prefix string
+	// Partitions of the commands, state and events topics (commands and
+	// state must be equal: state is co-partitioned with commands).
+	// Default 8. The DLQ gets the same count.
+	Partitions int32
+	// ReplicationFactor of created topics; -1 (default) uses the broker's.
+	ReplicationFactor int16
+	// CommandsRetention is the retention of {prefix}.commands. Default 7
+	// days. The processor's dedup window must be at least this long.
+	CommandsRetention time.Duration
+	// DLQRetention is the retention of {prefix}.commands.dlq. Default 30 days.
+	DLQRetention time.Duration
+}
+
+func (t Topics) withDefaults() Topics {
+	if t.Prefix == "" {
+		t.Prefix = "ledger"
+	}
+	if t.Partitions == 0 {
+		t.Partitions = 8
+	}
+	if t.ReplicationFactor == 0 {
+		t.ReplicationFactor = -1
+	}
+	if t.CommandsRetention == 0 {
+		t.CommandsRetention = 7 * 24 * time.Hour
+	}
+	if t.DLQRetention == 0 {
+		t.DLQRetention = 30 * 24 * time.Hour
+	}
+	return t
+}
+
+// Commands is "{prefix}.commands", the pipeline's input.
+func (t Topics) Commands() string { return t.withDefaults().Prefix + ".commands" }
+
+// Events is "{prefix}.events", the replay source.
+func (t Topics) Events() string { return t.withDefaults().Prefix + ".events" }
+
+// State is "{prefix}.state", the processor's compacted snapshots.
+func (t Topics) State() string { return t.withDefaults().Prefix + ".state" }
+
+// DLQ is "{prefix}.commands.dlq", poison commands with reason headers.
+func (t Topics) DLQ() string { return t.withDefaults().Prefix + ".commands.dlq" }
+
+// TopicSpec is one topic's wanted shape.
+type TopicSpec struct {
+	Name       string
+	Partitions int32
+	Configs    map[string]string
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// Specs returns the four topics with their cleanup policy and retention.
+func (t Topics) Specs() []TopicSpec {
+	t = t.withDefaults()
+	return []TopicSpec{
+		{t.Commands(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": ms(t.CommandsRetention)}},
+		{t.Events(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": "-1"}},
+		{t.State(), t.Partitions, map[string]string{"cleanup.policy": "compact"}},
+		{t.DLQ(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": ms(t.DLQRetention)}},
+	}
+}
+
+// Provision creates the topics that do not exist yet, then checks them all
+// (Check). Creating is idempotent: concurrent callers both succeed.
+func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
+	t = t.withDefaults()
+	for _, spec := range t.Specs() {
+		configs := make(map[string]*string, len(spec.Configs))
+		for k, v := range spec.Configs {
+			configs[k] = kadm.StringPtr(v)
+		}
+		resp, err := adm.CreateTopic(ctx, spec.Partitions, t.ReplicationFactor, configs, spec.Name)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", spec.Name, err)
+		}
+	}
+	return Check(ctx, adm, t)
+}
+
+// Check verifies that the topics exist with the cleanup policies of DESIGN
+// §5 and that commands and state have the same partition count (the
+// processor restores a commands partition's state from the same-numbered
+// state partition; unequal counts would restore the wrong aggregates).
+// Components call it at start and refuse to run on a mismatch.
+func Check(ctx context.Context, adm *kadm.Client, t Topics) error {
+	t = t.withDefaults()
+	specs := t.Specs()
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	details, err := adm.ListTopics(ctx, names...)
+	if err != nil {
+		return fmt.Errorf("list topics: %w", err)
+	}
+	var errs []error
+	for _, name := range names {
+		d, ok := details[name]
+		if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+			errs = append(errs, fmt.Errorf("topic %s does not exist (run `onceflow topics create`)", name))
+		} else if d.Err != nil {
+			errs = append(errs, fmt.Errorf("topic %s: %w", name, d.Err))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if c, s := len(details[t.Commands()].Partitions), len(details[t.State()].Partitions); c != s {
+		return fmt.Errorf("topic %s has %d partitions but %s has %d: they must be equal (state is co-partitioned with commands)",
+			t.Commands(), c, t.State(), s)
+	}
+	cfgs, err := adm.DescribeTopicConfigs(ctx, names...)
+	if err != nil {
+		return fmt.Errorf("describe topic configs: %w", err)
+	}
+	for _, spec := range specs {
+		rc, err := cfgs.On(spec.Name, nil)
+		if err != nil {
+			return fmt.Errorf("describe configs of %s: %w", spec.Name, err)
+		}
+		if rc.Err != nil {
+			return fmt.Errorf("describe configs of %s: %w", spec.Name, rc.Err)
+		}
+		want := spec.Configs["cleanup.policy"]
+		for _, c := range rc.Configs {
+			if c.Key == "cleanup.policy" && c.MaybeValue() != want {
+				errs = append(errs, fmt.Errorf("topic %s has cleanup.policy=%s, want %s", spec.Name, c.MaybeValue(), want))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

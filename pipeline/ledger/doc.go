@@ -1,0 +1,17 @@
+// Package ledger is onceflow's reference domain (DESIGN §4): accounts with
+// deposits, withdrawals, closing, and transfers between accounts of one
+// tenant. Every test, demo and benchmark runs it.
+//
+// It is written the way a user of onceflow writes a domain: command and
+// event types bound to the Avro schemas in schemas/, a pure Decider over the
+// Account state, and Postgres projections (accounts, command_status) that
+// the projector runtime applies inside its transaction.
+//
+// Transfers cross aggregates. RequestTransfer on the source debits it and,
+// in the same Kafka transaction, sends CreditTransfer to the target with a
+// command id derived from the transfer id and the request's command id. A
+// target that cannot accept rejects the credit and sends RefundTransfer
+// back, which the source always accepts. Money is conserved at every
+// committed point: the sum of balances plus the amounts of credits and
+// refunds in flight is the sum of deposits minus withdrawals.
+package ledger

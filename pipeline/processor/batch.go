@@ -1,0 +1,339 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+)
+
+// DLQ reasons (the dlq-reason header and the reason label of
+// onceflow_dlq_records_total).
+const (
+	ReasonMissingCommandID    = "missing-command-id"
+	ReasonInvalidCommandID    = "invalid-command-id"
+	ReasonMissingTenant       = "missing-tenant"
+	ReasonInvalidKey          = "invalid-key"
+	ReasonTenantMismatch      = "tenant-mismatch"
+	ReasonUnknownSchema       = "unknown-schema"
+	ReasonUndecodable         = "undecodable"
+	ReasonUnknownType         = "unknown-command-type"
+	ReasonCommandTypeMismatch = "command-type-mismatch"
+	ReasonDeciderPanic        = "decider-panic"
+	ReasonDeciderError        = "decider-error"
+	ReasonEncode              = "unencodable-decision"
+)
+
+// HeaderDLQDetail carries the human-readable detail of a DLQ reason.
+const HeaderDLQDetail = "dlq-detail"
+
+// batch is one transaction's work. Aggregates it touches are copied into
+// the overlay; the overlay replaces the processor's state only if the
+// transaction commits.
+type batch[S any] struct {
+	p       *Processor[S]
+	ctx     context.Context
+	cl      *kgo.Client
+	promise *kgo.FirstErrPromise
+	overlay map[string]*aggregate[S]
+
+	accepted, rejected, dedup int
+	dlq                       map[string]int
+}
+
+func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client) *batch[S] {
+	return &batch[S]{
+		p: p, ctx: ctx, cl: cl,
+		promise: kgo.AbortingFirstErrPromise(cl),
+		overlay: make(map[string]*aggregate[S]),
+		dlq:     make(map[string]int),
+	}
+}
+
+func (b *batch[S]) produce(r *kgo.Record) { b.cl.Produce(b.ctx, r, b.promise.Promise()) }
+
+// poison is a record that cannot be handled, with the DLQ reason.
+type poison struct {
+	reason string
+	err    error
+}
+
+func (e *poison) Error() string { return e.reason + ": " + e.err.Error() }
+
+func poisoned(reason string, format string, args ...any) *poison {
+	return &poison{reason, fmt.Errorf(format, args...)}
+}
+
+// handle decides one command record.
+func (b *batch[S]) handle(r *kgo.Record) {
+	cmd, perr := b.parse(r)
+	if perr != nil {
+		b.deadLetter(r, perr)
+		return
+	}
+	agg := b.load(r.Partition, cmd.AggregateID)
+	if agg.seen(cmd.ID) {
+		b.dedup++
+		return
+	}
+	out, perr := b.decide(agg, cmd)
+	if perr != nil {
+		b.deadLetter(r, perr)
+		return
+	}
+	// Encode everything before producing anything, so a command either
+	// produces its whole decision or goes to the DLQ.
+	recs := make([]*kgo.Record, 0, len(out.events)+len(out.effects))
+	for _, ev := range out.events {
+		rec, err := b.eventRecord(ev)
+		if err != nil {
+			b.deadLetter(r, &poison{ReasonEncode, err})
+			return
+		}
+		recs = append(recs, rec)
+	}
+	for _, ef := range out.effects {
+		rec, err := b.commandRecord(cmd, ef)
+		if err != nil {
+			b.deadLetter(r, &poison{ReasonEncode, err})
+			return
+		}
+		recs = append(recs, rec)
+	}
+	for _, rec := range recs {
+		b.produce(rec)
+	}
+	if out.rejected {
+		b.rejected++
+	} else {
+		b.accepted++
+	}
+	agg.state, agg.version = out.state, out.version
+	agg.remember(cmd.ID, cmd.Time, b.p.cfg.DedupWindow)
+	agg.dirty = true
+}
+
+// parse checks a command record's headers and decodes its value.
+func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison) {
+	var idHdr, tenant, cmdType, traceparent string
+	var haveID bool
+	for _, h := range r.Headers {
+		switch h.Key {
+		case pipeline.HeaderCommandID:
+			idHdr, haveID = string(h.Value), true
+		case pipeline.HeaderTenant:
+			tenant = string(h.Value)
+		case pipeline.HeaderCommandType:
+			cmdType = string(h.Value)
+		case pipeline.HeaderTraceparent:
+			traceparent = string(h.Value)
+		}
+	}
+	if !haveID || idHdr == "" {
+		return pipeline.Command{}, poisoned(ReasonMissingCommandID, "record has no %s header", pipeline.HeaderCommandID)
+	}
+	id, err := pipeline.ParseID(idHdr)
+	if err != nil {
+		return pipeline.Command{}, poisoned(ReasonInvalidCommandID, "%s %q: %v", pipeline.HeaderCommandID, idHdr, err)
+	}
+	if tenant == "" {
+		return pipeline.Command{}, poisoned(ReasonMissingTenant, "record has no %s header", pipeline.HeaderTenant)
+	}
+	aggTenant, _, err := pipeline.SplitAggregateID(string(r.Key))
+	if err != nil {
+		return pipeline.Command{}, poisoned(ReasonInvalidKey, "%v", err)
+	}
+	if aggTenant != tenant {
+		return pipeline.Command{}, poisoned(ReasonTenantMismatch, "aggregate %q belongs to tenant %q, not %q", r.Key, aggTenant, tenant)
+	}
+	v, err := b.p.serdes.Commands.Decode(b.ctx, r.Value)
+	switch {
+	case errors.Is(err, pipeline.ErrUnknownSchema):
+		return pipeline.Command{}, &poison{ReasonUnknownSchema, err}
+	case errors.Is(err, pipeline.ErrUnknownType):
+		return pipeline.Command{}, &poison{ReasonUnknownType, err}
+	case err != nil:
+		return pipeline.Command{}, &poison{ReasonUndecodable, err}
+	}
+	msg, ok := v.(pipeline.Message)
+	if !ok {
+		return pipeline.Command{}, poisoned(ReasonUnknownType, "decoded a %T, which is not a command", v)
+	}
+	if cmdType != "" && cmdType != msg.MessageType() {
+		return pipeline.Command{}, poisoned(ReasonCommandTypeMismatch, "header says %q, value is %q", cmdType, msg.MessageType())
+	}
+	return pipeline.Command{
+		ID: id, Tenant: tenant, AggregateID: string(r.Key), Time: r.Timestamp,
+		Traceparent: traceparent, Payload: msg,
+	}, nil
+}
+
+// load returns the batch's copy of an aggregate, copying it on first touch.
+func (b *batch[S]) load(part int32, id string) *aggregate[S] {
+	if a, ok := b.overlay[id]; ok {
+		return a
+	}
+	var a *aggregate[S]
+	if cur, ok := b.p.parts[part][id]; ok {
+		a = cur.clone()
+	} else {
+		a = &aggregate[S]{partition: part}
+	}
+	b.overlay[id] = a
+	return a
+}
+
+// outcome is a command's decision with the aggregate it leads to.
+type outcome[S any] struct {
+	events   []pipeline.Event
+	effects  []pipeline.Effect
+	rejected bool
+	state    S
+	version  int64
+}
+
+// decide runs the decider on agg (without changing it), turning a panic
+// into a poison record, and returns the events with their ids and
+// versions, the follow-up commands and the new state.
+func (b *batch[S]) decide(agg *aggregate[S], cmd pipeline.Command) (out outcome[S], perr *poison) {
+	defer func() {
+		if v := recover(); v != nil {
+			out, perr = outcome[S]{}, poisoned(ReasonDeciderPanic, "decider panicked on %s: %v", cmd.Type(), v)
+		}
+	}()
+	d, err := b.p.decider.Decide(agg.state, cmd)
+	base := pipeline.Event{CommandID: cmd.ID, Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
+	out = outcome[S]{effects: d.Commands, state: agg.state, version: agg.version}
+	if rej, ok := pipeline.AsRejection(err); ok {
+		ev := base
+		ev.ID = pipeline.EventID(cmd.ID, 0)
+		ev.Version = agg.version // a rejection does not change the aggregate
+		ev.Payload = pipeline.CommandRejected{CommandType: cmd.Type(), Reason: rej.Reason, Detail: rej.Detail}
+		out.events, out.rejected = []pipeline.Event{ev}, true
+		return out, nil
+	}
+	if err != nil {
+		return outcome[S]{}, &poison{ReasonDeciderError, err}
+	}
+	for i, m := range d.Events {
+		out.version++
+		ev := base
+		ev.ID = pipeline.EventID(cmd.ID, i)
+		ev.Version = out.version
+		ev.Payload = m
+		out.state = b.p.decider.Evolve(out.state, ev)
+		out.events = append(out.events, ev)
+	}
+	return out, nil
+}
+
+func (b *batch[S]) eventRecord(ev pipeline.Event) (*kgo.Record, error) {
+	value, err := b.p.serdes.Events.Encode(b.ctx, ev.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", ev.Type(), err)
+	}
+	rec := &kgo.Record{
+		Topic: b.p.cfg.Topics.Events(), Key: []byte(ev.AggregateID), Value: value, Timestamp: ev.Time,
+		Headers: []kgo.RecordHeader{
+			{Key: pipeline.HeaderEventID, Value: []byte(ev.ID.String())},
+			{Key: pipeline.HeaderEventType, Value: []byte(ev.Type())},
+			{Key: pipeline.HeaderCommandID, Value: []byte(ev.CommandID.String())},
+			{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(ev.Version, 10))},
+			{Key: pipeline.HeaderTenant, Value: []byte(ev.Tenant)},
+		},
+	}
+	if ev.Traceparent != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderTraceparent, Value: []byte(ev.Traceparent)})
+	}
+	return rec, nil
+}
+
+func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*kgo.Record, error) {
+	tenant, _, err := pipeline.SplitAggregateID(ef.AggregateID)
+	if err != nil {
+		return nil, err
+	}
+	value, err := b.p.serdes.Commands.Encode(b.ctx, ef.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
+	}
+	rec := &kgo.Record{
+		Topic: b.p.cfg.Topics.Commands(), Key: []byte(ef.AggregateID), Value: value, Timestamp: cause.Time,
+		Headers: []kgo.RecordHeader{
+			{Key: pipeline.HeaderCommandID, Value: []byte(ef.CommandID.String())},
+			{Key: pipeline.HeaderTenant, Value: []byte(tenant)},
+			{Key: pipeline.HeaderCommandType, Value: []byte(ef.Payload.MessageType())},
+		},
+	}
+	if cause.Traceparent != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderTraceparent, Value: []byte(cause.Traceparent)})
+	}
+	return rec, nil
+}
+
+// deadLetter produces r to the DLQ with its reason, in the transaction.
+func (b *batch[S]) deadLetter(r *kgo.Record, p *poison) {
+	b.p.logger.Warn("poison command to dlq", "partition", r.Partition, "offset", r.Offset, "reason", p.reason, "err", p.err)
+	headers := append(append([]kgo.RecordHeader(nil), r.Headers...),
+		kgo.RecordHeader{Key: pipeline.HeaderDLQReason, Value: []byte(p.reason)},
+		kgo.RecordHeader{Key: HeaderDLQDetail, Value: []byte(p.err.Error())},
+		kgo.RecordHeader{Key: pipeline.HeaderDLQSourceTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: pipeline.HeaderDLQSourcePartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
+		kgo.RecordHeader{Key: pipeline.HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+	)
+	b.produce(&kgo.Record{Topic: b.p.cfg.Topics.DLQ(), Key: r.Key, Value: r.Value, Headers: headers, Timestamp: r.Timestamp})
+	b.dlq[p.reason]++
+}
+
+// snapshot produces the changed aggregates' snapshots to the state topic.
+func (b *batch[S]) snapshot() {
+	for id, a := range b.overlay {
+		if !a.dirty {
+			continue
+		}
+		value, err := b.p.serdes.State.Encode(b.ctx, Snapshot[S]{Version: a.version, Processed: a.processed, State: a.state})
+		if err != nil {
+			// The transaction must not commit without this snapshot.
+			b.promise.Promise()(nil, fmt.Errorf("encode snapshot of %s: %w", id, err))
+			continue
+		}
+		b.produce(&kgo.Record{Topic: b.p.cfg.Topics.State(), Partition: a.partition, Key: []byte(id), Value: value, Timestamp: time.UnixMilli(a.lastAt())})
+	}
+}
+
+func (a *aggregate[S]) lastAt() int64 {
+	if n := len(a.processed); n > 0 {
+		return a.processed[n-1].AtMs
+	}
+	return 0
+}
+
+// commit installs the overlay after the transaction committed.
+func (b *batch[S]) commit() {
+	p := b.p
+	p.mu.Lock()
+	for id, a := range b.overlay {
+		if !a.dirty {
+			continue
+		}
+		a.dirty = false
+		aggs, owned := p.parts[a.partition]
+		if !owned {
+			continue
+		}
+		aggs[id] = a
+	}
+	p.metrics.aggregates.Set(float64(p.countLocked()))
+	p.mu.Unlock()
+	p.metrics.commands.WithLabelValues("accepted").Add(float64(b.accepted))
+	p.metrics.commands.WithLabelValues("rejected").Add(float64(b.rejected))
+	p.metrics.dedup.Add(float64(b.dedup))
+	for reason, n := range b.dlq {
+		p.metrics.dlq.WithLabelValues(reason).Add(float64(n))
+	}
+}

@@ -1,0 +1,65 @@
+package processor
+
+import (
+	"errors"
+	"os"
+	"time"
+
+	"github.com/onceflow/onceflow/pipeline/kafka"
+)
+
+// Config configures a processor. Zero values mean the defaults.
+type Config struct {
+	// Topics names the topics. Required (a zero value means prefix "ledger").
+	Topics kafka.Topics
+	// Group is the consumer group. Default "onceflow-processor".
+	Group string
+	// InstanceID names this instance; the transactional id is
+	// "{Group}-{InstanceID}". Restarting an instance with the same id
+	// fences its previous incarnation at once (its open transaction is
+	// aborted), so give every instance a stable, unique id. Default: the
+	// host name.
+	InstanceID string
+	// DedupWindow is how long an aggregate remembers a command id, measured
+	// in command time. It must be at least the commands topic's retention
+	// so a re-delivered command is always recognized. Default 7 days.
+	DedupWindow time.Duration
+	// MaxPollRecords bounds a batch (one transaction). Default 5000.
+	MaxPollRecords int
+	// SessionTimeout is the group session timeout. Default 10s.
+	SessionTimeout time.Duration
+	// TransactionTimeout must be below SessionTimeout. Default 8s.
+	TransactionTimeout time.Duration
+}
+
+func (c *Config) setDefaults() error {
+	if c.Group == "" {
+		c.Group = "onceflow-processor"
+	}
+	if c.InstanceID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return err
+		}
+		c.InstanceID = h
+	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = 7 * 24 * time.Hour
+	}
+	if c.MaxPollRecords == 0 {
+		c.MaxPollRecords = 5000
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = 10 * time.Second
+	}
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = c.SessionTimeout * 8 / 10
+	}
+	if c.TransactionTimeout >= c.SessionTimeout {
+		return errors.New("processor: TransactionTimeout must be below SessionTimeout")
+	}
+	return nil
+}
+
+// TransactionalID returns the Kafka transactional id of this instance.
+func (c Config) TransactionalID() string { return c.Group + "-" + c.InstanceID }

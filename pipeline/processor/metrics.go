@@ -1,0 +1,50 @@
+package processor
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	commands     *prometheus.CounterVec
+	dedup        prometheus.Counter
+	dlq          *prometheus.CounterVec
+	transactions *prometheus.CounterVec
+	batch        prometheus.Histogram
+	restore      prometheus.Histogram
+	aggregates   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_processor_commands_total",
+			Help: "Commands handled in committed transactions, by outcome (accepted, rejected).",
+		}, []string{"outcome"}),
+		dedup: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_command_dedup_total",
+			Help: "Commands skipped because their aggregate had already handled their command id.",
+		}),
+		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_dlq_records_total",
+			Help: "Poison commands sent to the DLQ in committed transactions, by reason.",
+		}, []string{"reason"}),
+		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_processor_transactions_total",
+			Help: "Kafka transactions ended, by result (committed, aborted).",
+		}, []string{"result"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_processor_batch_duration_seconds",
+			Help:    "Time from polling a batch to the end of its transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		restore: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_processor_restore_duration_seconds",
+			Help:    "Time to restore one partition's state from the state topic.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		aggregates: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_processor_aggregates",
+			Help: "Aggregates held in memory for the assigned partitions.",
+		}),
+	}
+	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.restore, m.aggregates)
+	return m
+}

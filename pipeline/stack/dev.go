@@ -1,0 +1,150 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+)
+
+// DevConfig configures `onceflow dev`.
+type DevConfig struct {
+	RunConfig
+	// DataDir holds the broker's data (DataDir/kafka) and, when
+	// DATABASE_URL does not answer, the private Postgres cluster
+	// (DataDir/postgres). Default ".data".
+	DataDir string
+	// BrokerAddr is where the embedded broker listens. Default
+	// "127.0.0.1:9092".
+	BrokerAddr string
+	// RegistryAddr serves the embedded schema registry. Default ":8081".
+	RegistryAddr string
+	// BrokerOnly runs just the broker and the registry, so the components
+	// can run as separate processes against them.
+	BrokerOnly bool
+	// APIKey is the demo tenant's key (ONCEFLOW_DEV_API_KEY); empty
+	// generates one and prints it.
+	APIKey string
+	// Out receives the banner.
+	Out io.Writer
+}
+
+// DemoTenant is the tenant `onceflow dev` creates.
+const DemoTenant = "demo"
+
+// RunDev runs the embedded default: a Kafka-compatible broker and a schema
+// registry in process, Postgres (DATABASE_URL or a private cluster), the
+// demo tenant, and all four components, until ctx ends.
+func RunDev(ctx context.Context, dc DevConfig) error {
+	if dc.DataDir == "" {
+		dc.DataDir = ".data"
+	}
+	if dc.BrokerAddr == "" {
+		dc.BrokerAddr = "127.0.0.1:9092"
+	}
+	if dc.RegistryAddr == "" {
+		dc.RegistryAddr = ":8081"
+	}
+	logger := dc.Logger.With("component", "dev")
+
+	broker, err := kafka.StartBroker(kafka.BrokerConfig{
+		Addr:    dc.BrokerAddr,
+		DataDir: filepath.Join(dc.DataDir, "kafka"),
+		Logger:  logger,
+	})
+	if err != nil {
+		return err
+	}
+	defer broker.Close()
+	dc.Kafka.Brokers = broker.Addrs()
+
+	// The dev stack always serves its own registry, so other clients
+	// (kcat, other processes) can use the same ids.
+	reg, err := EmbeddedRegistry(ctx, dc.Topics)
+	if err != nil {
+		return err
+	}
+	registryLn, err := net.Listen("tcp", dc.RegistryAddr)
+	if err != nil {
+		return fmt.Errorf("registry listen: %w", err)
+	}
+	registrySrv := &http.Server{Handler: reg.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go registrySrv.Serve(registryLn)
+	defer registrySrv.Close()
+
+	if err := EnsureTopics(ctx, dc.Config); err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
+	registryURL := "http://" + loopback(registryLn.Addr().String())
+
+	if dc.BrokerOnly {
+		fmt.Fprintf(dc.Out, "onceflow dev (broker only) is running\n  kafka      %s   (data %s)\n  registry   %s\nRun the components against them with KAFKA_BROKERS=%s SCHEMA_REGISTRY_URL=%s.\n",
+			broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, broker.Addrs()[0], registryURL)
+		<-ctx.Done()
+		return nil
+	}
+
+	dc.DatabaseURL, err = postgres.Resolve(ctx, dc.DatabaseURL, postgres.Local{
+		Dir:  filepath.Join(dc.DataDir, "postgres"),
+		Logf: func(f string, a ...any) { logger.Info(fmt.Sprintf(f, a...)) },
+	})
+	if err != nil {
+		return err
+	}
+	pool, err := OpenDatabase(ctx, dc.Config, 4)
+	if err != nil {
+		return err
+	}
+	key := dc.APIKey
+	if key == "" {
+		key = ingest.NewAPIKey()
+	}
+	err = ingest.CreateAPIKey(ctx, pool, DemoTenant, "onceflow dev", key)
+	pool.Close()
+	if err != nil {
+		return err
+	}
+
+	rc := dc.RunConfig
+	rc.Config = dc.Config
+	rc.Components = All
+	rc.Registry = reg
+	rc.Started = func(a Addrs) {
+		fmt.Fprintf(dc.Out, `onceflow dev is running
+  kafka      %s   (data %s)
+  registry   %s
+  postgres   %s
+  ingest     http://%s
+  admin      http://%s/metrics  /healthz  /readyz
+  tenant %q  API key: %s
+
+Try:
+  curl -s -X POST http://%s/v1/accounts -H 'Authorization: Bearer %s' \
+    -H 'Idempotency-Key: open-acc-1' -H 'Content-Type: application/json' \
+    -d '{"account_id":"acc-1","currency":"EUR"}'
+`, broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, dc.DatabaseURL,
+			loopback(a.HTTP), loopback(a.Admin), DemoTenant, key, loopback(a.HTTP), key)
+	}
+	err = Run(ctx, rc)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// loopback turns ":8080" or "[::]:8080" into "127.0.0.1:8080" for printing.
+func loopback(addr string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort("127.0.0.1", port)
+}

@@ -1,0 +1,203 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/pipeline/admin"
+	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/relay"
+)
+
+// Components selects what one process runs.
+type Components struct {
+	Ingest, Relay, Processor, Projector bool
+}
+
+// All is every component (the dev stack).
+var All = Components{Ingest: true, Relay: true, Processor: true, Projector: true}
+
+// RunConfig is one process: which components, their settings, and where
+// it listens.
+type RunConfig struct {
+	Config
+	Components Components
+	// HTTPAddr is ingest's address (HTTP_ADDR). Default ":8080".
+	HTTPAddr string
+	// AdminAddr serves /metrics, /healthz, /readyz (ADMIN_ADDR). Default ":9090".
+	AdminAddr string
+	// Registry, if set, is used instead of building one (the dev stack
+	// shares the registry it serves over HTTP).
+	Registry avro.Registry
+	// Metrics, if set, receives the metrics instead of a new registry.
+	Metrics *prometheus.Registry
+	// Admin, if set, also receives the process's routes (the dev stack
+	// adds the schema registry).
+	AdminRoutes func(*admin.Server)
+
+	Ingest    ingest.Config
+	Relay     relay.Config
+	Processor processor.Config
+	Projector projector.Config
+
+	// ShutdownTimeout bounds the graceful shutdown after ctx ends: work in
+	// flight is finished and committed, then Run returns. Default 20s.
+	ShutdownTimeout time.Duration
+	// Started, if set, is called once every component has started (the
+	// admin and HTTP listeners are bound).
+	Started func(Addrs)
+}
+
+// Addrs are the addresses a running process listens on.
+type Addrs struct {
+	HTTP, Admin string
+}
+
+// Run builds and runs the selected components until ctx ends, then shuts
+// them down gracefully. A component that fails ends the process.
+func Run(ctx context.Context, rc RunConfig) error {
+	c := rc.Components
+	if !c.Ingest && !c.Relay && !c.Processor && !c.Projector {
+		return errors.New("no component selected")
+	}
+	if rc.ShutdownTimeout == 0 {
+		rc.ShutdownTimeout = 20 * time.Second
+	}
+	logger := rc.Logger
+	metrics := rc.Metrics
+	if metrics == nil {
+		metrics = admin.NewRegistry()
+	}
+	adm := admin.New(rc.AdminAddr, metrics, logger)
+	if rc.AdminRoutes != nil {
+		rc.AdminRoutes(adm)
+	}
+
+	if err := EnsureTopics(ctx, rc.Config); err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
+	reg := rc.Registry
+	if reg == nil {
+		var err error
+		if reg, err = Registry(ctx, rc.Config); err != nil {
+			return err
+		}
+	}
+	serdes, err := NewSerdes(ctx, reg, rc.Topics)
+	if err != nil {
+		return err
+	}
+
+	// Listeners are bound before anything runs, so Started can report them.
+	adminLn, err := net.Listen("tcp", orDefault(rc.AdminAddr, ":9090"))
+	if err != nil {
+		return fmt.Errorf("admin listen: %w", err)
+	}
+	defer adminLn.Close()
+
+	// runCtx ends the components; it is canceled when ctx ends or when any
+	// of them fails.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	g, gctx := errgroup.WithContext(runCtx)
+	addrs := Addrs{Admin: adminLn.Addr().String()}
+
+	if c.Ingest || c.Relay || c.Projector {
+		pool, err := OpenDatabase(ctx, rc.Config, 0)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		adm.AddCheck("postgres", func(ctx context.Context) error { return pool.Ping(ctx) })
+
+		var rel *relay.Relay
+		if c.Relay {
+			r, closeProducer, err := NewRelay(rc.Config, rc.Relay, pool, metrics)
+			if err != nil {
+				return err
+			}
+			defer closeProducer()
+			rel = r
+			g.Go(func() error { return rel.Run(gctx) })
+		}
+		if c.Ingest {
+			icfg := rc.Ingest
+			if rel != nil && icfg.OnAccept == nil {
+				icfg.OnAccept = rel.Wake // same process: wake the relay after each commit
+			}
+			srv, err := NewIngest(rc.Config, icfg, pool, serdes, metrics)
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", orDefault(rc.HTTPAddr, ":8080"))
+			if err != nil {
+				return fmt.Errorf("ingest listen: %w", err)
+			}
+			addrs.HTTP = ln.Addr().String()
+			g.Go(func() error { return srv.Serve(gctx, ln) })
+		}
+		if c.Projector {
+			proj, err := NewProjector(rc.Config, rc.Projector, pool, serdes, metrics)
+			if err != nil {
+				return err
+			}
+			adm.AddCheck("projector", readyCheck(proj.Ready()))
+			g.Go(func() error { return proj.Run(gctx) })
+		}
+	}
+	if c.Processor {
+		proc, err := NewProcessor(rc.Config, rc.Processor, serdes, metrics)
+		if err != nil {
+			return err
+		}
+		adm.AddCheck("processor", readyCheck(proc.Ready()))
+		g.Go(func() error { return proc.Run(gctx) })
+	}
+	g.Go(func() error { return adm.Serve(gctx, adminLn) })
+	if rc.Started != nil {
+		rc.Started(addrs)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done: // a component failed (or all stopped)
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down: finishing work in flight", "timeout", rc.ShutdownTimeout)
+	cancel()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(rc.ShutdownTimeout):
+		return fmt.Errorf("shutdown did not finish within %s", rc.ShutdownTimeout)
+	}
+}
+
+func readyCheck(ready <-chan struct{}) func(context.Context) error {
+	return func(context.Context) error {
+		select {
+		case <-ready:
+			return nil
+		default:
+			return errors.New("starting")
+		}
+	}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

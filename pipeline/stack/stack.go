@@ -1,0 +1,186 @@
+// Package stack assembles onceflow's reference pipeline (the ledger) from
+// configuration: the schema registry and serdes, and each component ready
+// to Run. The binaries in cmd/ and `onceflow dev` call it, so a component
+// started on its own and the same component inside the dev stack are built
+// the same way.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/relay"
+	"github.com/onceflow/onceflow/schemas"
+)
+
+// Config is what every component needs (DESIGN §9).
+type Config struct {
+	Kafka             kafka.Config
+	Topics            kafka.Topics
+	DatabaseURL       string // DATABASE_URL
+	SchemaRegistryURL string // SCHEMA_REGISTRY_URL; empty uses the embedded registry
+	InstanceID        string // processor instance id (transactional id suffix)
+	Logger            *slog.Logger
+}
+
+// Registry returns the Confluent-compatible registry at SchemaRegistryURL,
+// or an embedded one with the ledger's schemas registered in a fixed order
+// (commands, events, state), so every process that builds one assigns the
+// same ids.
+func Registry(ctx context.Context, cfg Config) (avro.Registry, error) {
+	if cfg.SchemaRegistryURL != "" {
+		return avro.NewClient(cfg.SchemaRegistryURL)
+	}
+	return EmbeddedRegistry(ctx, cfg.Topics)
+}
+
+// EmbeddedRegistry returns an in-process registry holding the ledger's
+// schemas for topics, registered in a fixed order so ids are the same in
+// every process.
+func EmbeddedRegistry(ctx context.Context, topics kafka.Topics) (*avro.Embedded, error) {
+	reg := avro.NewEmbedded()
+	for _, suffix := range []string{schemas.Commands, schemas.Events, schemas.State} {
+		schema, err := schemas.FS.ReadFile(schemas.File(suffix))
+		if err != nil {
+			return nil, err
+		}
+		if _, err := reg.Register(ctx, avro.ValueSubject(topicOf(topics, suffix)), string(schema)); err != nil {
+			return nil, fmt.Errorf("register %s schema: %w", suffix, err)
+		}
+	}
+	return reg, nil
+}
+
+func topicOf(t kafka.Topics, suffix string) string {
+	switch suffix {
+	case schemas.Commands:
+		return t.Commands()
+	case schemas.Events:
+		return t.Events()
+	}
+	return t.State()
+}
+
+// Serdes are the ledger's serdes over a registry.
+type Serdes struct {
+	Commands, Events, State *avro.Serde
+}
+
+// NewSerdes builds the ledger's serdes and registers their schemas.
+func NewSerdes(ctx context.Context, reg avro.Registry, topics kafka.Topics) (Serdes, error) {
+	mk := func(topic, suffix string, types map[string]any) (*avro.Serde, error) {
+		schema, err := schemas.FS.ReadFile(schemas.File(suffix))
+		if err != nil {
+			return nil, err
+		}
+		s, err := avro.NewSerde(reg, avro.ValueSubject(topic), string(schema), types)
+		if err != nil {
+			return nil, fmt.Errorf("%s serde: %w", suffix, err)
+		}
+		if _, err := s.Register(ctx); err != nil {
+			return nil, fmt.Errorf("register %s schema: %w", suffix, err)
+		}
+		return s, nil
+	}
+	var s Serdes
+	var err error
+	if s.Commands, err = mk(topics.Commands(), schemas.Commands, ledger.CommandTypes()); err != nil {
+		return s, err
+	}
+	if s.Events, err = mk(topics.Events(), schemas.Events, ledger.EventTypes()); err != nil {
+		return s, err
+	}
+	s.State, err = mk(topics.State(), schemas.State, map[string]any{"onceflow.Snapshot": processor.Snapshot[ledger.Account]{}})
+	return s, err
+}
+
+// ProcessorSerdes adapts Serdes for the processor.
+func (s Serdes) ProcessorSerdes() processor.Serdes {
+	return processor.Serdes{Commands: s.Commands, Events: s.Events, State: s.State}
+}
+
+// OpenDatabase connects to DatabaseURL and applies pending migrations
+// (under goose's advisory lock, so components starting together migrate
+// once), retrying while the database is not up yet.
+func OpenDatabase(ctx context.Context, cfg Config, maxConns int32) (*pgxpool.Pool, error) {
+	if cfg.DatabaseURL == "" {
+		return nil, errors.New("DATABASE_URL is required")
+	}
+	var err error
+	for attempt := 0; attempt < 30; attempt++ {
+		if err = postgres.Migrate(ctx, cfg.DatabaseURL, nil); err == nil {
+			break
+		}
+		if !postgres.IsUnavailable(err) {
+			return nil, err
+		}
+		cfg.Logger.Warn("database not reachable yet", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return postgres.Connect(ctx, cfg.DatabaseURL, maxConns)
+}
+
+// EnsureTopics creates the topics if missing and checks them (cleanup
+// policies, equal partition counts for commands and state).
+func EnsureTopics(ctx context.Context, cfg Config) error {
+	cl, err := cfg.Kafka.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return kafka.Provision(ctx, kadm.NewClient(cl), cfg.Topics)
+}
+
+// NewIngest builds the ingest server.
+func NewIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, s Serdes, reg prometheus.Registerer) (*ingest.Server, error) {
+	icfg.CommandsTopic = cfg.Topics.Commands()
+	return ingest.New(icfg, pool, s.Commands, cfg.Logger, reg)
+}
+
+// NewRelay builds the relay with its own idempotent producer; close the
+// returned function's client when the relay has stopped.
+func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*relay.Relay, func(), error) {
+	cl, err := cfg.Kafka.NewClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	return relay.New(rcfg, pool, cl, cfg.Logger, reg), cl.Close, nil
+}
+
+// NewProcessor builds the ledger processor.
+func NewProcessor(cfg Config, pcfg processor.Config, s Serdes, reg prometheus.Registerer) (*processor.Processor[ledger.Account], error) {
+	pcfg.Topics = cfg.Topics
+	if pcfg.InstanceID == "" {
+		pcfg.InstanceID = cfg.InstanceID
+	}
+	return processor.New(pcfg, cfg.Kafka, ledger.Decider{}, s.ProcessorSerdes(), cfg.Logger, reg)
+}
+
+// NewProjector builds the ledger projector.
+func NewProjector(cfg Config, pcfg projector.Config, pool *pgxpool.Pool, s Serdes, reg prometheus.Registerer) (*projector.Projector, error) {
+	pcfg.Topic = cfg.Topics.Events()
+	return projector.New(pcfg, cfg.Kafka, pool, s.Events, ledger.Projections(), cfg.Logger, reg)
+}
