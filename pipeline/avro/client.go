@@ -1,0 +1,106 @@
+package avro
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/sr"
+)
+
+// Client is a Registry backed by a Confluent-compatible schema registry over
+// HTTP, through franz-go's sr client. It caches what it learns, forever:
+// ids and the schemas behind them are immutable. Errors and unknown ids are
+// not cached.
+type Client struct {
+	cl *sr.Client
+
+	mu      sync.RWMutex
+	ids     map[subjectSchema]int
+	schemas map[int]string
+}
+
+type subjectSchema struct{ subject, schema string }
+
+// NewClient returns a Client for the registry at url (for example
+// http://localhost:8081). opts are passed to sr.NewClient after sr.URLs(url),
+// for authentication, TLS or an *http.Client with other timeouts.
+func NewClient(url string, opts ...sr.ClientOpt) (*Client, error) {
+	cl, err := sr.NewClient(append([]sr.ClientOpt{sr.URLs(url)}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("schema registry client: %w", err)
+	}
+	return &Client{cl: cl, ids: map[subjectSchema]int{}, schemas: map[int]string{}}, nil
+}
+
+// Register implements Registry with one POST /subjects/{subject}/versions,
+// which registers the schema unless the subject already has it. When the
+// registry does not let this client register (401, 403, or read-only mode)
+// it looks the schema up instead, so a schema registered by a deployment
+// step still resolves.
+// A schema the registry rejects as invalid returns an error wrapping
+// ErrInvalidSchema.
+func (c *Client) Register(ctx context.Context, subject, schema string) (int, error) {
+	key := subjectSchema{subject, schema}
+	c.mu.RLock()
+	id, ok := c.ids[key]
+	c.mu.RUnlock()
+	if ok {
+		return id, nil
+	}
+	s := sr.Schema{Schema: schema, Type: sr.TypeAvro}
+	id, err := c.cl.RegisterSchema(ctx, subject, s, -1, -1)
+	var re *sr.ResponseError
+	if errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden || re.ErrorCode == codeNotPermitted) {
+		// Registries where producers may not register (read-only mode, no
+		// write permission) still answer a lookup of a registered schema.
+		ss, lerr := c.cl.LookupSchema(ctx, subject, s)
+		if lerr != nil {
+			return 0, fmt.Errorf("register schema under %s: %w (lookup: %v)", subject, err, lerr)
+		}
+		id, err = ss.ID, nil
+	}
+	if err != nil {
+		if errors.As(err, &re) && re.ErrorCode == codeInvalidSchema {
+			return 0, fmt.Errorf("register schema under %s: %w: %v", subject, ErrInvalidSchema, err)
+		}
+		return 0, fmt.Errorf("register schema under %s: %w", subject, err)
+	}
+	if id <= 0 {
+		return 0, fmt.Errorf("register schema under %s: registry answered id %d", subject, id)
+	}
+	c.mu.Lock()
+	c.ids[key] = id
+	c.mu.Unlock()
+	return id, nil
+}
+
+// SchemaByID implements Registry with GET /schemas/ids/{id}.
+func (c *Client) SchemaByID(ctx context.Context, id int) (string, error) {
+	c.mu.RLock()
+	s, ok := c.schemas[id]
+	c.mu.RUnlock()
+	if ok {
+		return s, nil
+	}
+	if id <= 0 { // not a registry id: spare the request
+		return "", fmt.Errorf("schema id %d: %w", id, ErrUnknownSchema)
+	}
+	got, err := c.cl.SchemaByID(ctx, id)
+	if err != nil {
+		var re *sr.ResponseError
+		if errors.As(err, &re) && (re.ErrorCode == codeSchemaNotFound || re.StatusCode == http.StatusNotFound) {
+			return "", fmt.Errorf("schema id %d: %w: %v", id, ErrUnknownSchema, err)
+		}
+		return "", fmt.Errorf("fetch schema id %d: %w", id, err)
+	}
+	if got.Type != sr.TypeAvro {
+		return "", fmt.Errorf("schema id %d is a %s schema, not AVRO", id, got.Type)
+	}
+	c.mu.Lock()
+	c.schemas[id] = got.Schema
+	c.mu.Unlock()
+	return got.Schema, nil
+}
