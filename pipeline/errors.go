@@ -132,6 +132,7 @@ var (
 	// ErrUndecodable: the bytes are not a valid encoding (bad header,
 	// truncated or trailing data, invalid Avro).
 	ErrUndecodable = errors.New("undecodable")
-	// ErrUnknownType: the record decodes to a type this reader does not know.
-	ErrUnknownType = errors.New("unknown type")
+	// ErrIncompatible: the writer's schema cannot be read as this reader's
+	// types (a type the reader does not know, a field without a default).
+	ErrIncompatible = errors.New("writer schema incompatible with reader schema")
 )

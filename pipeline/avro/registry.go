@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"github.com/linkedin/goavro/v2"
+
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 // Registry gives Confluent-compatible schema ids. Embedded and Client
@@ -25,8 +27,10 @@ type Registry interface {
 }
 
 var (
-	// ErrUnknownSchema is returned for a schema id the registry does not have.
-	ErrUnknownSchema = errors.New("unknown schema id")
+	// ErrUnknownSchema is returned for a schema id the registry does not
+	// have. It is pipeline.ErrUnknownSchema, so consumers can classify it
+	// without importing this package.
+	ErrUnknownSchema = pipeline.ErrUnknownSchema
 
 	// ErrInvalidSchema is returned by Register for text that is not a valid
 	// Avro schema.

@@ -2,8 +2,9 @@ package avro
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
+
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 // Errors callers branch on. Each error a Decode returns wraps at most one
@@ -19,12 +20,12 @@ var (
 	// ErrMalformed marks a record that is not a valid Confluent-framed Avro
 	// datum of its writer schema: short or bad header, undecodable bytes,
 	// trailing bytes after the datum, a value out of range for its Go type.
-	ErrMalformed = errors.New("malformed avro record")
+	ErrMalformed = pipeline.ErrUndecodable
 
 	// ErrIncompatible marks a writer schema that cannot be resolved to the
 	// reader schema (a reader field without default the writer lacks, a
 	// branch or enum symbol the reader does not have, a type mismatch).
-	ErrIncompatible = errors.New("writer schema incompatible with reader schema")
+	ErrIncompatible = pipeline.ErrIncompatible
 )
 
 // HeaderSize is the size of the Confluent wire-format header.

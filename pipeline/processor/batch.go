@@ -44,6 +44,7 @@ type batch[S any] struct {
 
 	accepted, rejected, dedup int
 	dlq                       map[string]int
+	failed                    error // a transient failure: the batch aborts
 }
 
 func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client) *batch[S] {
@@ -71,7 +72,15 @@ func poisoned(reason string, format string, args ...any) *poison {
 
 // handle decides one command record.
 func (b *batch[S]) handle(r *kgo.Record) {
+	if b.failed != nil {
+		return
+	}
 	cmd, perr := b.parse(r)
+	if perr != nil && perr.reason == "" {
+		b.failed = perr.err
+		b.promise.Promise()(nil, perr.err) // abort the transaction
+		return
+	}
 	if perr != nil {
 		b.deadLetter(r, perr)
 		return
@@ -155,10 +164,14 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison) {
 	switch {
 	case errors.Is(err, pipeline.ErrUnknownSchema):
 		return pipeline.Command{}, &poison{ReasonUnknownSchema, err}
-	case errors.Is(err, pipeline.ErrUnknownType):
+	case errors.Is(err, pipeline.ErrIncompatible):
 		return pipeline.Command{}, &poison{ReasonUnknownType, err}
-	case err != nil:
+	case errors.Is(err, pipeline.ErrUndecodable):
 		return pipeline.Command{}, &poison{ReasonUndecodable, err}
+	case err != nil:
+		// Not the record's fault (the registry is unreachable): the
+		// batch aborts and is decided again after a pause.
+		return pipeline.Command{}, &poison{reason: "", err: err}
 	}
 	msg, ok := v.(pipeline.Message)
 	if !ok {

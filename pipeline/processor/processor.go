@@ -161,7 +161,14 @@ func (p *Processor[S]) processBatch(ctx context.Context, sess *kgo.GroupTransact
 	}
 	if !committed {
 		p.metrics.transactions.WithLabelValues("aborted").Inc()
-		p.logger.Warn("transaction aborted; the batch will be decided again", "records", len(records), "produce_err", b.promise.Err())
+		p.logger.Warn("transaction aborted; the batch will be decided again", "records", len(records), "err", b.promise.Err())
+		if b.failed != nil {
+			// Give what failed (the schema registry) a moment.
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
 		return nil
 	}
 	p.metrics.transactions.WithLabelValues("committed").Inc()

@@ -202,6 +202,9 @@ func (p *Projector) apply(ctx context.Context, cl *kgo.Client, records []*kgo.Re
 			}
 			ev, err := p.decode(ctx, r)
 			if err != nil {
+				if !poison(err) {
+					return nil, err // the registry is unreachable: retry the batch
+				}
 				p.park(cl, &parkError{r.Partition, "undecodable", fmt.Errorf("offset %d: %w", r.Offset, err)})
 				continue
 			}
@@ -220,6 +223,14 @@ func (p *Projector) apply(ctx context.Context, cl *kgo.Client, records []*kgo.Re
 		return offsets, err
 	}
 }
+
+// poison reports whether a decode error is the record's own fault.
+func poison(err error) bool {
+	return errors.Is(err, pipeline.ErrUndecodable) || errors.Is(err, pipeline.ErrUnknownSchema) ||
+		errors.Is(err, pipeline.ErrIncompatible) || errors.Is(err, errBadHeader)
+}
+
+var errBadHeader = errors.New("bad event header")
 
 func dropParked(evs []event, p *Projector) []event {
 	out := evs[:0]
@@ -320,11 +331,11 @@ func (p *Projector) decode(ctx context.Context, r *kgo.Record) (event, error) {
 			e.Traceparent = string(h.Value)
 		}
 		if err != nil {
-			return e, fmt.Errorf("header %s: %w", h.Key, err)
+			return e, fmt.Errorf("%w %s: %v", errBadHeader, h.Key, err)
 		}
 	}
 	if e.ID.IsZero() {
-		return e, fmt.Errorf("no %s header", pipeline.HeaderEventID)
+		return e, fmt.Errorf("%w: no %s", errBadHeader, pipeline.HeaderEventID)
 	}
 	v, err := p.dec.Decode(ctx, r.Value)
 	if err != nil {
@@ -332,7 +343,7 @@ func (p *Projector) decode(ctx context.Context, r *kgo.Record) (event, error) {
 	}
 	msg, ok := v.(pipeline.Message)
 	if !ok {
-		return e, fmt.Errorf("decoded a %T, which is not an event", v)
+		return e, fmt.Errorf("%w: decoded a %T, which is not an event", pipeline.ErrIncompatible, v)
 	}
 	e.Payload = msg
 	return e, nil

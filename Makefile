@@ -1,0 +1,74 @@
+# onceflow — run `make help` for the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+GO      ?= go
+BIN     := bin
+PKGS    := ./...
+# Packages that start goroutines; `make test` runs them under the race detector.
+RACE_PKGS := ./pipeline/...
+TEST_TIMEOUT ?= 30m
+BENCH_TIME   ?= 1x
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_\/-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build every binary into bin/
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: pg-up
+pg-up: build ## start (or reuse) the private Postgres cluster in .data/postgres and print its URL
+	@$(BIN)/onceflow postgres up
+
+.PHONY: pg-down
+pg-down: build ## stop the private Postgres cluster
+	@$(BIN)/onceflow postgres down
+
+.PHONY: test
+test: build ## run every test (race detector on the pipeline packages) against Postgres and the embedded broker
+	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	DATABASE_URL="$$url" $(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS) && \
+	DATABASE_URL="$$url" $(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list $(PKGS) | grep -v '/pipeline')
+
+.PHONY: test/race
+test/race: build ## run every test under the race detector
+	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	DATABASE_URL="$$url" $(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
+
+.PHONY: test/short
+test/short: build ## unit tests only (skips the multi-process end-to-end tests)
+	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	DATABASE_URL="$$url" $(GO) test -short -timeout $(TEST_TIMEOUT) $(PKGS)
+
+.PHONY: demo
+demo: build ## run `onceflow dev`, drive a scripted workload over HTTP and check the balances
+	@scripts/demo.sh
+
+.PHONY: dev
+dev: build ## run the embedded default (broker, registry, Postgres, all components) in the foreground
+	$(BIN)/onceflow dev
+
+.PHONY: bench
+bench: build ## run the benchmarks; each prints its figures next to a baseline measured in the same run
+	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	DATABASE_URL="$$url" $(GO) test -run '^$$' -bench . -benchtime $(BENCH_TIME) -timeout 60m ./pipeline/... | tee $(BIN)/bench.txt
+
+.PHONY: fuzz
+fuzz: ## run each fuzz target for FUZZ_TIME (default 30s)
+	@for pkg in $$($(GO) list ./pipeline/...); do \
+	  for f in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $${FUZZ_TIME:-30s} $$pkg || exit 1; \
+	  done; \
+	done
+
+.PHONY: lint
+lint: ## gofmt, go vet and the module's tidiness
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+
+.PHONY: clean
+clean: ## remove build output (keeps .data; `make pg-down` first to stop Postgres)
+	rm -rf $(BIN)

@@ -1,0 +1,369 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "onceflow-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	if err := Build(ctx, dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cancel()
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// deployment is a pipeline with one process per component and a tenant.
+type deployment struct {
+	*Pipeline
+	pool   *pgxpool.Pool
+	client *apiclient.Client
+	comps  map[string]*Component
+}
+
+func deploy(t *testing.T, ctx context.Context) *deployment {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("multi-process end-to-end test; skipped with -short")
+	}
+	pool, url := pipelinetest.Pool(t)
+	pl := NewPipeline(binDir, t.TempDir(), url)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("process logs:\n%s", pl.Logs(60))
+		}
+		pl.KillAll()
+	})
+	if _, err := pl.StartBroker(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d := &deployment{Pipeline: pl, pool: pool, comps: map[string]*Component{}}
+	d.startAll(t, ctx)
+	key := ingest.NewAPIKey()
+	if err := ingest.CreateAPIKey(ctx, pool, "acme", "e2e", key); err != nil {
+		t.Fatal(err)
+	}
+	d.client = &apiclient.Client{BaseURL: d.comps["ingest"].HTTP, APIKey: key}
+	return d
+}
+
+func (d *deployment) startAll(t *testing.T, ctx context.Context) {
+	t.Helper()
+	for _, kind := range []string{"ingest", "relay", "processor", "projector"} {
+		c, err := d.StartComponent(ctx, kind, kind, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.comps[kind] = c
+	}
+	if d.client != nil {
+		d.client.BaseURL = d.comps["ingest"].HTTP
+	}
+}
+
+// ledgerModel is what the client knows it asked for: every command id it
+// got a 202 for, and the balance those commands add up to.
+type ledgerModel struct {
+	mu       sync.Mutex
+	commands map[string]string // command id -> account
+	balance  map[string]int64
+}
+
+func newModel() *ledgerModel {
+	return &ledgerModel{commands: map[string]string{}, balance: map[string]int64{}}
+}
+
+func (m *ledgerModel) accepted(cmdID, account string, amount int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, seen := m.commands[cmdID]; seen {
+		return // a replayed response names the same command
+	}
+	m.commands[cmdID] = account
+	m.balance[account] += amount
+}
+
+// send posts until it gets an answer from the server (a client that
+// retries with the same key through timeouts, 503s and restarts), and
+// returns the command id.
+func send(ctx context.Context, c *apiclient.Client, key string, post func(key string) (apiclient.Accepted, *apiclient.Response, error)) (apiclient.Accepted, *apiclient.Response, error) {
+	for {
+		acc, resp, err := post(key)
+		if err == nil || (resp != nil && resp.Status < 500) {
+			return acc, resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return acc, resp, fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// workload opens accounts and deposits into them. A share of requests is
+// retried with the same key (once right after the first answer, sometimes
+// concurrently with it), and a share is sent again with a new key on
+// purpose: the first must count once, the second twice.
+func workload(t *testing.T, ctx context.Context, c func() *apiclient.Client, m *ledgerModel, accounts, depositsPerAccount int, pace time.Duration) {
+	t.Helper()
+	run := fmt.Sprintf("%x", rand.Uint32())
+	var wg sync.WaitGroup
+	errs := make(chan error, accounts)
+	for a := 0; a < accounts; a++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(a), 7))
+			acct := fmt.Sprintf("acc-%s-%d", run, a)
+			acc, _, err := send(ctx, c(), "open-"+acct, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+				return c().OpenAccount(ctx, k, acct, "EUR")
+			})
+			if err != nil {
+				errs <- fmt.Errorf("open %s: %w", acct, err)
+				return
+			}
+			m.accepted(acc.CommandID, acct, 0)
+			for i := 0; i < depositsPerAccount; i++ {
+				amount := int64(1 + rng.IntN(1000))
+				key := fmt.Sprintf("dep-%s-%d", acct, i)
+				post := func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+					return c().Deposit(ctx, k, acct, amount)
+				}
+				switch r := rng.IntN(10); {
+				case r < 2: // a concurrent retry with the same key
+					var wg2 sync.WaitGroup
+					results := make([]apiclient.Accepted, 2)
+					for j := range results {
+						wg2.Add(1)
+						go func() {
+							defer wg2.Done()
+							results[j], _, err = send(ctx, c(), key, post)
+						}()
+					}
+					wg2.Wait()
+					if results[0].CommandID != results[1].CommandID {
+						errs <- fmt.Errorf("same key %s gave commands %s and %s", key, results[0].CommandID, results[1].CommandID)
+						return
+					}
+					m.accepted(results[0].CommandID, acct, amount)
+				case r < 4: // a later retry with the same key
+					first, _, err := send(ctx, c(), key, post)
+					if err != nil {
+						errs <- err
+						return
+					}
+					again, resp, err := send(ctx, c(), key, post)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if !resp.Replayed() || again.CommandID != first.CommandID {
+						errs <- fmt.Errorf("retry of %s: replayed=%v, command %s, want replay of %s", key, resp.Replayed(), again.CommandID, first.CommandID)
+						return
+					}
+					m.accepted(first.CommandID, acct, amount)
+				case r < 5: // the same deposit again with a new key: a second deposit
+					for _, k := range []string{key, key + "-again"} {
+						acc, _, err := send(ctx, c(), k, post)
+						if err != nil {
+							errs <- err
+							return
+						}
+						m.accepted(acc.CommandID, acct, amount)
+					}
+				default:
+					acc, _, err := send(ctx, c(), key, post)
+					if err != nil {
+						errs <- err
+						return
+					}
+					m.accepted(acc.CommandID, acct, amount)
+				}
+				if pace > 0 {
+					time.Sleep(pace)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// checkExact waits for every accepted command to have its outcome, then
+// checks the read models and the events topic against the model.
+func (d *deployment) checkExact(t *testing.T, ctx context.Context, m *ledgerModel) {
+	t.Helper()
+	ids := make([]string, 0, len(m.commands))
+	for id := range m.commands {
+		ids = append(ids, id)
+	}
+	pipelinetest.Eventually(t, 90*time.Second, func() error {
+		var pending int
+		err := d.pool.QueryRow(ctx, `SELECT count(*) FROM command_status WHERE command_id = ANY($1::uuid[]) AND status <> 'accepted'`, ids).Scan(&pending)
+		if err != nil {
+			return err
+		}
+		if pending > 0 {
+			return fmt.Errorf("%d of %d commands not accepted yet", pending, len(ids))
+		}
+		return nil
+	})
+	// One outcome per command, and nothing the client did not ask for.
+	var rows, withOneEvent int
+	if err := d.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE cardinality(event_ids) = 1) FROM command_status`).Scan(&rows, &withOneEvent); err != nil {
+		t.Fatal(err)
+	}
+	if rows != len(ids) || withOneEvent != len(ids) {
+		t.Errorf("command_status: %d rows, %d with exactly one event; want %d and %d", rows, withOneEvent, len(ids), len(ids))
+	}
+	for acct, want := range m.balance {
+		a, err := d.client.Account(ctx, acct)
+		if err != nil {
+			t.Fatalf("account %s: %v", acct, err)
+		}
+		if a.Balance != want {
+			t.Errorf("account %s: balance %d, want %d", acct, a.Balance, want)
+		}
+	}
+	// The events topic, read_committed, holds each event once: one per
+	// accepted command, no duplicates, versions 1..n per account.
+	events := readEvents(t, ctx, d.BrokerAddr, d.Prefix+".events")
+	seen := map[string]bool{}
+	versions := map[string]int64{}
+	for _, r := range events {
+		id := header(r, pipeline.HeaderEventID)
+		if seen[id] {
+			t.Errorf("event %s appears twice in the events topic", id)
+		}
+		seen[id] = true
+		v := header(r, pipeline.HeaderAggregateVersion)
+		var ver int64
+		fmt.Sscan(v, &ver)
+		if ver != versions[string(r.Key)]+1 {
+			t.Errorf("%s: version %d after %d", r.Key, ver, versions[string(r.Key)])
+		}
+		versions[string(r.Key)] = ver
+	}
+	if len(seen) != len(ids) {
+		t.Errorf("events topic holds %d events, want %d (one per accepted command)", len(seen), len(ids))
+	}
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// readEvents reads a topic read_committed from the start to its end.
+func readEvents(t *testing.T, ctx context.Context, broker, topic string) []*kgo.Record {
+	t.Helper()
+	cl := pipelinetest.Client(t, []string{broker}, kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var out []*kgo.Record
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if errors.Is(pctx.Err(), context.DeadlineExceeded) && fs.NumRecords() == 0 {
+			return out
+		}
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+}
+
+// Many deposits over HTTP, some retried with the same key (also
+// concurrently) and some sent twice with different keys on purpose, give
+// exactly the expected balances and one outcome per command.
+func TestDepositsExactlyOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	d := deploy(t, ctx)
+	m := newModel()
+	workload(t, ctx, func() *apiclient.Client { return d.client }, m, 20, 25, 0)
+	if t.Failed() {
+		return
+	}
+	d.checkExact(t, ctx, m)
+}
+
+// Every component is stopped mid-stream and started again, twice: once
+// gracefully (SIGTERM) and once by SIGKILL. They continue from their stored
+// offsets and the balances are still exact.
+func TestRestartMidStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	d := deploy(t, ctx)
+	m := newModel()
+
+	var mu sync.Mutex
+	current := func() *apiclient.Client {
+		mu.Lock()
+		defer mu.Unlock()
+		return &apiclient.Client{BaseURL: d.client.BaseURL, APIKey: d.client.APIKey, HTTP: d.client.HTTP}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		workload(t, ctx, current, m, 10, 40, 10*time.Millisecond)
+	}()
+
+	for round, stop := range []func(p *Component){
+		func(p *Component) {
+			if err := p.Stop(15 * time.Second); err != nil {
+				t.Errorf("%s: graceful stop: %v", p.Name, err)
+			}
+		},
+		func(p *Component) { p.Kill() },
+	} {
+		time.Sleep(time.Duration(800+rand.IntN(800)) * time.Millisecond)
+		for _, kind := range []string{"ingest", "relay", "processor", "projector"} {
+			stop(d.comps[kind])
+		}
+		t.Logf("round %d: every component stopped", round+1)
+		time.Sleep(300 * time.Millisecond)
+		mu.Lock()
+		d.startAll(t, ctx)
+		mu.Unlock()
+	}
+	<-done
+	if t.Failed() {
+		return
+	}
+	d.checkExact(t, ctx, m)
+	if n, err := d.comps["processor"].Metric(ctx, "onceflow_command_dedup_total"); err == nil {
+		t.Logf("processor dedup after the last restart: %v", n)
+	}
+}
+

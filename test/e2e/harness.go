@@ -1,0 +1,325 @@
+// Package e2e runs onceflow as its users do, as separate processes: the
+// embedded broker (`onceflow dev --broker-only`) and the ingest, relay,
+// processor and projector binaries against a real Postgres. Its tests are
+// black-box: they talk HTTP to ingest, read Kafka and Postgres, and stop,
+// kill and pause the processes. The helpers here are also what the chaos
+// harness builds on.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Build compiles the binaries of cmd/ into dir.
+func Build(ctx context.Context, dir string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(os.PathSeparator), "./cmd/...")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func repoRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", fmt.Errorf("cannot locate the repository")
+	}
+	return filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Proc is one running process.
+type Proc struct {
+	Name    string
+	Admin   string // admin base URL, "" if none
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+	err     error
+}
+
+// Start starts bin with args and env (added to a clean environment),
+// writing its output to logPath.
+func Start(bin string, name string, args []string, env map[string]string, logPath, admin string) (*Proc, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Its own process group, so a test's signals reach only it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	fmt.Fprintf(logFile, "=== start %s %s\n", name, strings.Join(args, " "))
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	p := &Proc{Name: name, Admin: admin, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		fmt.Fprintf(logFile, "=== exit %s: %v\n", name, p.err)
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Pid returns the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop sends SIGTERM and waits up to timeout for a graceful exit, then
+// kills. It returns the exit error of a graceful exit.
+func (p *Proc) Stop(timeout time.Duration) error {
+	if p.Exited() {
+		return p.err
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		p.Kill()
+		return fmt.Errorf("%s did not stop within %s after SIGTERM", p.Name, timeout)
+	}
+}
+
+// Kill sends SIGKILL (no cleanup, no flush: a crash) and waits.
+func (p *Proc) Kill() {
+	if p.Exited() {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Pause stops the process with SIGSTOP (a zombie: alive but silent).
+func (p *Proc) Pause() { p.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process.
+func (p *Proc) Resume() { p.cmd.Process.Signal(syscall.SIGCONT) }
+
+// WaitReady waits until the process's /readyz answers 200.
+func (p *Proc) WaitReady(ctx context.Context) error {
+	for {
+		if p.Exited() {
+			return fmt.Errorf("%s exited before it was ready: %v\n%s", p.Name, p.err, p.Tail(40))
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.Admin+"/readyz", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready: %w\n%s", p.Name, ctx.Err(), p.Tail(40))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Tail returns the last n lines of the process's log.
+func (p *Proc) Tail(n int) string {
+	f, err := os.Open(p.logPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Metric reads one sample of a metric (name with its labels as printed,
+// e.g. `onceflow_command_dedup_total`) from the process's /metrics.
+func (p *Proc) Metric(ctx context.Context, series string) (float64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.Admin+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("metric %s not found", series)
+}
+
+// Pipeline is a whole onceflow deployment of separate processes.
+type Pipeline struct {
+	Bin         string // directory of the built binaries
+	Dir         string // logs and broker data
+	DatabaseURL string
+	BrokerAddr  string
+	RegistryURL string
+	Prefix      string
+
+	mu    sync.Mutex
+	procs map[string]*Proc
+}
+
+// NewPipeline prepares a deployment; nothing runs yet.
+func NewPipeline(bin, dir, databaseURL string) *Pipeline {
+	return &Pipeline{
+		Bin: bin, Dir: dir, DatabaseURL: databaseURL,
+		BrokerAddr:  fmt.Sprintf("127.0.0.1:%d", FreePort()),
+		RegistryURL: fmt.Sprintf("http://127.0.0.1:%d", FreePort()),
+		Prefix:      "ledger",
+		procs:       map[string]*Proc{},
+	}
+}
+
+// StartBroker starts `onceflow dev --broker-only` with a data directory.
+func (pl *Pipeline) StartBroker(ctx context.Context) (*Proc, error) {
+	reg := strings.TrimPrefix(pl.RegistryURL, "http://")
+	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "broker",
+		[]string{"dev", "--broker-only", "--data-dir", filepath.Join(pl.Dir, "data"), "--registry-addr", reg},
+		map[string]string{"KAFKA_BROKERS": pl.BrokerAddr, "ONCEFLOW_TOPIC_PREFIX": pl.Prefix},
+		filepath.Join(pl.Dir, "broker.log"), "")
+	if err != nil {
+		return nil, err
+	}
+	pl.set("broker", p)
+	// The broker has no admin server: wait until the registry answers,
+	// which happens after the topics exist.
+	for {
+		resp, err := http.Get(pl.RegistryURL + "/subjects")
+		if err == nil {
+			resp.Body.Close()
+			return p, nil
+		}
+		if p.Exited() {
+			return nil, fmt.Errorf("broker exited: %s", p.Tail(40))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("broker not ready: %w\n%s", ctx.Err(), p.Tail(40))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Component is one running component with its addresses.
+type Component struct {
+	*Proc
+	HTTP string // ingest base URL
+}
+
+// StartComponent starts one component binary (ingest, relay, processor,
+// projector) named instance, with extra environment, and waits until it
+// is ready.
+func (pl *Pipeline) StartComponent(ctx context.Context, kind, instance string, extra map[string]string) (*Component, error) {
+	admin := fmt.Sprintf("127.0.0.1:%d", FreePort())
+	env := map[string]string{
+		"KAFKA_BROKERS":         pl.BrokerAddr,
+		"DATABASE_URL":          pl.DatabaseURL,
+		"SCHEMA_REGISTRY_URL":   pl.RegistryURL,
+		"ONCEFLOW_TOPIC_PREFIX": pl.Prefix,
+		"ADMIN_ADDR":            admin,
+		"ONCEFLOW_INSTANCE_ID":  instance,
+		"LOG_LEVEL":             "info",
+	}
+	c := &Component{}
+	if kind == "ingest" {
+		httpAddr := fmt.Sprintf("127.0.0.1:%d", FreePort())
+		env["HTTP_ADDR"] = httpAddr
+		c.HTTP = "http://" + httpAddr
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	p, err := Start(filepath.Join(pl.Bin, kind), instance, nil, env, filepath.Join(pl.Dir, instance+".log"), "http://"+admin)
+	if err != nil {
+		return nil, err
+	}
+	c.Proc = p
+	pl.set(instance, p)
+	if err := p.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (pl *Pipeline) set(name string, p *Proc) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	pl.procs[name] = p
+}
+
+// KillAll kills every process still running (test cleanup).
+func (pl *Pipeline) KillAll() {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	for _, p := range pl.procs {
+		p.Kill()
+	}
+}
+
+// Logs returns the tails of every process's log, for a failing test.
+func (pl *Pipeline) Logs(n int) string {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	var b strings.Builder
+	for name, p := range pl.procs {
+		fmt.Fprintf(&b, "----- %s -----\n%s\n", name, p.Tail(n))
+	}
+	return b.String()
+}
