@@ -14,6 +14,18 @@ import (
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
+func init() {
+	register("dev", "run the embedded default: broker, registry, Postgres and all four components", runDev)
+	register("demo", "drive a scripted workload against a running ingest and check the balances", runDemo)
+	register("migrate", "apply the Postgres migrations", runMigrate)
+	register("migrate version", "print the database's migration version and the newest this binary has", runMigrateVersion)
+	register("topics create", "create the topics (cleanup policies, retention, partitions) and check them", runTopicsCreate)
+	register("tenants create", "create a tenant's API key and print it once: tenants create NAME", runTenantsCreate)
+	register("tenants revoke", "revoke an API key at once: tenants revoke KEY", runTenantsRevoke)
+	register("postgres up", "start (or reuse) the private Postgres cluster and print its URL", runPostgresUp)
+	register("postgres down", "stop the private Postgres cluster", runPostgresDown)
+}
+
 // parse parses a subcommand's flags (the shared ones plus its own).
 func parse(name string, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*cli.Common, *flag.FlagSet, error) {
 	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)

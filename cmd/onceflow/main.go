@@ -33,16 +33,15 @@ type command struct {
 	run   func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error
 }
 
-var commands = map[string]command{
-	"dev":             {"run the embedded default: broker, registry, Postgres and all four components", runDev},
-	"demo":            {"drive a scripted workload against a running ingest and check the balances", runDemo},
-	"migrate":         {"apply the Postgres migrations", runMigrate},
-	"topics create":   {"create the topics (cleanup policies, retention, partitions) and check them", runTopicsCreate},
-	"tenants create":  {"create a tenant's API key and print it once: tenants create NAME", runTenantsCreate},
-	"postgres up":     {"start (or reuse) the private Postgres cluster and print its URL", runPostgresUp},
-	"postgres down":   {"stop the private Postgres cluster", runPostgresDown},
-	"tenants revoke":  {"revoke an API key at once: tenants revoke KEY", runTenantsRevoke},
-	"migrate version": {"print the database's migration version and the newest this binary has", runMigrateVersion},
+// commands are the subcommands by name ("topics create"). Each file of
+// this package registers its own in an init function.
+var commands = map[string]command{}
+
+func register(name, usage string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
+	if _, dup := commands[name]; dup {
+		panic("onceflow: command registered twice: " + name)
+	}
+	commands[name] = command{usage, run}
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
