@@ -51,6 +51,13 @@ func deploy(t *testing.T, ctx context.Context) *deployment {
 	if testing.Short() {
 		t.Skip("multi-process end-to-end test; skipped with -short")
 	}
+	return deployOn(t, ctx, "")
+}
+
+// deployOn is deploy against the Kafka at broker, or against a broker of
+// its own (`onceflow dev --broker-only`) when broker is empty.
+func deployOn(t *testing.T, ctx context.Context, broker string) *deployment {
+	t.Helper()
 	pool, url := pipelinetest.Pool(t)
 	pl := NewPipeline(binDir, t.TempDir(), url)
 	t.Cleanup(func() {
@@ -59,8 +66,14 @@ func deploy(t *testing.T, ctx context.Context) *deployment {
 		}
 		pl.KillAll()
 	})
-	if _, err := pl.StartBroker(ctx); err != nil {
-		t.Fatal(err)
+	if broker == "" {
+		if _, err := pl.StartBroker(ctx); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		// Each component builds the embedded registry, whose ids are the
+		// same in every process.
+		pl.BrokerAddr, pl.RegistryURL = broker, ""
 	}
 	d := &deployment{Pipeline: pl, pool: pool, comps: map[string]*Component{}}
 	d.startAll(t, ctx)

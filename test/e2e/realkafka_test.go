@@ -1,0 +1,44 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/testcontainers/testcontainers-go"
+	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
+
+	"github.com/onceflow/onceflow/pipeline/apiclient"
+)
+
+// The same exactly-once workload as TestDepositsExactlyOnce, on Apache
+// Kafka (Confluent's single-node KRaft image) instead of the embedded
+// broker: transactions, read_committed, stable offset fetches and group
+// rebalances behave as the pipeline expects on the real thing. Needs a
+// Docker engine; skipped where there is none (the CI machines of this
+// project have only the Docker client).
+func TestDepositsExactlyOnceOnApacheKafka(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Docker; skipped with -short")
+	}
+	testcontainers.SkipIfProviderIsNotHealthy(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+
+	kc, err := tckafka.Run(ctx, "confluentinc/confluent-local:7.7.1", tckafka.WithClusterID("onceflow"))
+	testcontainers.CleanupContainer(t, kc)
+	if err != nil {
+		t.Fatalf("start Kafka: %v", err)
+	}
+	brokers, err := kc.Brokers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deployOn(t, ctx, brokers[0])
+	m := newModel()
+	workload(t, ctx, func() *apiclient.Client { return d.client }, m, 10, 20, 0)
+	if t.Failed() {
+		return
+	}
+	d.checkExact(t, ctx, m)
+}
