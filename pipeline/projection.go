@@ -16,3 +16,24 @@ type Projection[Tx any] interface {
 	// Apply applies one event inside tx.
 	Apply(ctx context.Context, tx Tx, ev Event) error
 }
+
+// BatchProjection is a Projection that applies a whole batch at once: a few
+// set-based statements per batch instead of some per event, which is what
+// lets a projector catch up on a backlog quickly. The runtime calls
+// ApplyBatch instead of Apply when a projection implements it; Apply stays
+// the meaning of one event (ApplyBatch of a single event must agree with it).
+type BatchProjection[Tx any] interface {
+	Projection[Tx]
+	// ApplyBatch applies events, in log order, inside tx. It returns one
+	// outcome per event, as Apply would have returned it for that event
+	// applied after the ones before it: nil (applied, or nothing to do),
+	// ErrDuplicate, a *VersionGapError, or a Permanent error (the event can
+	// never be applied; the runtime parks its partition). A non-nil err
+	// fails the whole batch, which the runtime rolls back and retries.
+	//
+	// A versioned read model keeps the guard of Apply: an aggregate's
+	// events in the batch are applied only on top of the version they
+	// follow (stored version = first event's version - 1), checked in the
+	// statement that writes them.
+	ApplyBatch(ctx context.Context, tx Tx, events []Event) (outcomes []error, err error)
+}

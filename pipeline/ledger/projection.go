@@ -4,113 +4,322 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pipeline"
 )
 
-// Accounts projects account events onto the accounts table. Every update is
-// guarded by version = event version - 1; a miss is classified by
-// pipeline.CheckVersion against the stored version.
+// The ledger's projections are batch projections: the projector hands them
+// a poll batch at a time and each writes it with a few set-based statements.
+// Their SQL names tables without a schema, so a rebuild can point them at
+// shadow tables through the search path (see pipeline/projector).
+
+// Accounts projects account events onto the accounts table. Versions are
+// guarded: an account's events in a batch are folded in Go on top of the
+// stored version (a duplicate is at or below it, a gap above it + 1) and
+// written by a statement that matches only the version they follow.
 type Accounts struct{}
 
-var _ pipeline.Projection[pgx.Tx] = Accounts{}
+var _ pipeline.BatchProjection[pgx.Tx] = Accounts{}
 
 // Name implements pipeline.Projection.
 func (Accounts) Name() string { return "accounts" }
 
+// Tables names what a rebuild of accounts rebuilds.
+func (Accounts) Tables() []string { return []string{"accounts"} }
+
 const (
-	openAccountSQL = `INSERT INTO accounts (tenant, account_id, currency, balance, status, version, updated_at)
-		SELECT $1, $2, $3, 0, 'open', $4::bigint, $5 WHERE $4::bigint = 1
+	accountVersionsSQL = `SELECT a.tenant, a.account_id, a.version
+		FROM unnest($1::text[], $2::text[]) AS k(tenant, account_id)
+		JOIN accounts a ON a.tenant = k.tenant AND a.account_id = k.account_id`
+	insertAccountsSQL = `INSERT INTO accounts (tenant, account_id, currency, balance, status, version, updated_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::timestamptz[])
 		ON CONFLICT (tenant, account_id) DO NOTHING`
-	moveBalanceSQL = `UPDATE accounts SET balance = balance + $3::bigint, version = $4::bigint, updated_at = $5
-		WHERE tenant = $1 AND account_id = $2 AND version = $4::bigint - 1`
-	closeAccountSQL = `UPDATE accounts SET status = 'closed', version = $3::bigint, updated_at = $4
-		WHERE tenant = $1 AND account_id = $2 AND version = $3::bigint - 1`
-	accountVersionSQL = `SELECT version FROM accounts WHERE tenant = $1 AND account_id = $2`
+	// The version guard: a row is written only at the version the folded
+	// events follow.
+	updateAccountsSQL = `UPDATE accounts a SET
+			balance = a.balance + v.delta,
+			status = CASE WHEN v.closed THEN 'closed' ELSE a.status END,
+			version = v.version,
+			updated_at = v.at
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bool[], $5::bigint[], $6::timestamptz[], $7::bigint[])
+			AS v(tenant, account_id, delta, closed, version, at, expected)
+		WHERE a.tenant = v.tenant AND a.account_id = v.account_id AND a.version = v.expected`
 )
 
-// Apply implements pipeline.Projection.
-func (Accounts) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
-	tenant, id, err := pipeline.SplitAggregateID(ev.AggregateID)
-	if err != nil {
-		return pipeline.Permanent(err)
-	}
-	var delta int64
-	switch e := ev.Payload.(type) {
-	case AccountOpened:
-		return guarded(ctx, tx, tenant, id, ev)(tx.Exec(ctx, openAccountSQL, tenant, id, e.Currency, ev.Version, ev.Time))
-	case AccountClosed:
-		return guarded(ctx, tx, tenant, id, ev)(tx.Exec(ctx, closeAccountSQL, tenant, id, ev.Version, ev.Time))
-	case Deposited:
-		delta = e.Amount
-	case Withdrawn:
-		delta = -e.Amount
-	case TransferDebited:
-		delta = -e.Amount
-	case TransferCredited:
-		delta = e.Amount
-	case TransferRefunded:
-		delta = e.Amount
-	default: // CommandRejected changes no account
-		return nil
-	}
-	return guarded(ctx, tx, tenant, id, ev)(tx.Exec(ctx, moveBalanceSQL, tenant, id, delta, ev.Version, ev.Time))
+// account is one account's events of a batch, folded.
+type account struct {
+	tenant, id string
+	exists     bool  // a row is stored
+	stored     int64 // its version (0 when none)
+	version    int64 // after the events applied so far
+	delta      int64
+	currency   string
+	closed     bool
+	at         time.Time
+	gap        error // set once a gap is found: later events are not applied
 }
 
-// guarded turns a version-guarded statement's outcome into nil (applied),
-// pipeline.ErrDuplicate or a *pipeline.VersionGapError.
-func guarded(ctx context.Context, tx pgx.Tx, tenant, id string, ev pipeline.Event) func(tag interface{ RowsAffected() int64 }, err error) error {
-	return func(tag interface{ RowsAffected() int64 }, err error) error {
+// Apply implements pipeline.Projection.
+func (a Accounts) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
+	return single(a.ApplyBatch(ctx, tx, []pipeline.Event{ev}))
+}
+
+// ApplyBatch implements pipeline.BatchProjection.
+func (Accounts) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
+	out := make([]error, len(evs))
+	byID := make(map[string]*account)
+	var order []*account
+	for i, ev := range evs {
+		if _, ok := ev.Payload.(pipeline.CommandRejected); ok {
+			continue // a rejection leaves the account as it is
+		}
+		if _, ok := byID[ev.AggregateID]; ok {
+			continue
+		}
+		tenant, id, err := pipeline.SplitAggregateID(ev.AggregateID)
 		if err != nil {
-			return fmt.Errorf("apply %s v%d to %s: %w", ev.Type(), ev.Version, ev.AggregateID, err)
+			out[i] = pipeline.Permanent(err)
+			continue
 		}
-		if tag.RowsAffected() == 1 {
-			return nil
-		}
-		var stored int64
-		if err := tx.QueryRow(ctx, accountVersionSQL, tenant, id).Scan(&stored); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("read version of %s: %w", ev.AggregateID, err)
-		}
-		return pipeline.CheckVersion(ev.AggregateID, stored, ev.Version)
+		a := &account{tenant: tenant, id: id}
+		byID[ev.AggregateID] = a
+		order = append(order, a)
 	}
+	if len(order) == 0 {
+		return out, nil
+	}
+	tenants, ids := make([]string, len(order)), make([]string, len(order))
+	for i, a := range order {
+		tenants[i], ids[i] = a.tenant, a.id
+	}
+	rows, err := tx.Query(ctx, accountVersionsSQL, tenants, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read account versions: %w", err)
+	}
+	var tenant, id string
+	var version int64
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &id, &version}, func() error {
+		a := byID[pipeline.AggregateID(tenant, id)]
+		a.exists, a.stored, a.version = true, version, version
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read account versions: %w", err)
+	}
+
+	for i, ev := range evs {
+		a := byID[ev.AggregateID]
+		if a == nil || out[i] != nil {
+			continue
+		}
+		if _, ok := ev.Payload.(pipeline.CommandRejected); ok {
+			continue
+		}
+		if a.gap != nil {
+			out[i] = a.gap
+			continue
+		}
+		switch {
+		case ev.Version <= a.version:
+			out[i] = pipeline.ErrDuplicate
+			continue
+		case ev.Version > a.version+1:
+			a.gap = pipeline.CheckVersion(ev.AggregateID, a.version, ev.Version)
+			out[i] = a.gap
+			continue
+		}
+		opened, isOpen := ev.Payload.(AccountOpened)
+		if !a.exists && a.version == 0 && !isOpen {
+			// An account's first event must open it: anything else means
+			// the opening is missing.
+			a.gap = &pipeline.VersionGapError{AggregateID: ev.AggregateID, Stored: 0, Got: ev.Version}
+			out[i] = a.gap
+			continue
+		}
+		switch e := ev.Payload.(type) {
+		case AccountOpened:
+			a.currency = opened.Currency
+		case AccountClosed:
+			a.closed = true
+		case Deposited:
+			a.delta += e.Amount
+		case Withdrawn:
+			a.delta -= e.Amount
+		case TransferDebited:
+			a.delta -= e.Amount
+		case TransferCredited:
+			a.delta += e.Amount
+		case TransferRefunded:
+			a.delta += e.Amount
+		}
+		// Any other event of the account still moves its version: the
+		// account changed in a way this read model does not show.
+		a.version = ev.Version
+		a.at = ev.Time
+	}
+
+	var ins, upd accountColumns
+	for _, a := range order {
+		if a.version == a.stored {
+			continue // nothing new (duplicates, a gap first, rejections only)
+		}
+		if a.exists {
+			upd.add(a)
+		} else {
+			ins.add(a)
+		}
+	}
+	if n := len(ins.tenant); n > 0 {
+		tag, err := tx.Exec(ctx, insertAccountsSQL, ins.tenant, ins.id, ins.currency, ins.delta, ins.status, ins.version, ins.at)
+		if err != nil {
+			return nil, fmt.Errorf("insert accounts: %w", err)
+		}
+		if tag.RowsAffected() != int64(n) {
+			return nil, fmt.Errorf("insert accounts: %d of %d rows written: %w", tag.RowsAffected(), n, errConcurrentWrite)
+		}
+	}
+	if n := len(upd.tenant); n > 0 {
+		tag, err := tx.Exec(ctx, updateAccountsSQL, upd.tenant, upd.id, upd.delta, upd.closed, upd.version, upd.at, upd.expected)
+		if err != nil {
+			return nil, fmt.Errorf("update accounts: %w", err)
+		}
+		if tag.RowsAffected() != int64(n) {
+			return nil, fmt.Errorf("update accounts: %d of %d rows at the expected version: %w", tag.RowsAffected(), n, errConcurrentWrite)
+		}
+	}
+	return out, nil
+}
+
+// errConcurrentWrite: a row changed between reading its version and writing
+// it. The projector serializes the writers of a partition, so this means a
+// writer from outside the projector; the batch is rolled back and retried.
+var errConcurrentWrite = errors.New("read model changed concurrently")
+
+// accountColumns are the arrays one statement writes.
+type accountColumns struct {
+	tenant, id, currency, status []string
+	delta, version, expected     []int64
+	closed                       []bool
+	at                           []time.Time
+}
+
+func (c *accountColumns) add(a *account) {
+	status := "open"
+	if a.closed {
+		status = "closed"
+	}
+	c.tenant = append(c.tenant, a.tenant)
+	c.id = append(c.id, a.id)
+	c.currency = append(c.currency, a.currency)
+	c.status = append(c.status, status)
+	c.delta = append(c.delta, a.delta)
+	c.version = append(c.version, a.version)
+	c.expected = append(c.expected, a.stored)
+	c.closed = append(c.closed, a.closed)
+	c.at = append(c.at, a.at)
+}
+
+// single is Apply's result from a one-event ApplyBatch.
+func single(outcomes []error, err error) error {
+	if err != nil {
+		return err
+	}
+	return outcomes[0]
 }
 
 // CommandStatus projects each command's outcome onto command_status:
 // accepted with the ids of the events it produced, or rejected with the
 // reason. Ingest inserts the pending row; a command produced straight to
-// Kafka gets its row here.
+// Kafka gets its row here. Recording an event id is idempotent (an id
+// already in event_ids is not added again), so the table stays right even
+// for an event the inbox no longer remembers.
 type CommandStatus struct{}
 
-var _ pipeline.Projection[pgx.Tx] = CommandStatus{}
+var _ pipeline.BatchProjection[pgx.Tx] = CommandStatus{}
 
 // Name implements pipeline.Projection.
 func (CommandStatus) Name() string { return "command_status" }
 
-const upsertCommandStatusSQL = `INSERT INTO command_status
-		(command_id, tenant, aggregate_id, command_type, status, reason, detail, event_ids, updated_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, ARRAY[$8::uuid], now())
+// Tables names what a rebuild of command_status rebuilds.
+func (CommandStatus) Tables() []string { return []string{"command_status"} }
+
+// created_at and updated_at of a row the projector writes are its event's
+// time (the command's time), so a rebuild writes the same values.
+const upsertCommandStatusSQL = `INSERT INTO command_status AS c
+		(command_id, tenant, aggregate_id, command_type, status, reason, detail, event_ids, created_at, updated_at)
+	SELECT v.command_id, v.tenant, v.aggregate_id, v.command_type, v.status, v.reason, v.detail, v.event_ids::uuid[], v.at, v.at
+	FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
+		AS v(command_id, tenant, aggregate_id, command_type, status, reason, detail, event_ids, at)
 	ON CONFLICT (command_id) DO UPDATE SET
 		status = EXCLUDED.status,
 		reason = EXCLUDED.reason,
 		detail = EXCLUDED.detail,
-		event_ids = CASE WHEN $8::uuid = ANY (command_status.event_ids) THEN command_status.event_ids
-		                 ELSE command_status.event_ids || $8::uuid END,
-		updated_at = now()`
+		event_ids = c.event_ids || ARRAY(SELECT e FROM unnest(EXCLUDED.event_ids) e WHERE e <> ALL (c.event_ids)),
+		updated_at = EXCLUDED.updated_at`
 
 // Apply implements pipeline.Projection.
-func (CommandStatus) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
-	status, cmdType := "accepted", commandTypeOf(ev.Payload)
-	var reason, detail *string
-	if r, ok := ev.Payload.(pipeline.CommandRejected); ok {
-		status, cmdType = "rejected", r.CommandType
-		reason, detail = &r.Reason, &r.Detail
+func (c CommandStatus) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
+	return single(c.ApplyBatch(ctx, tx, []pipeline.Event{ev}))
+}
+
+// ApplyBatch implements pipeline.BatchProjection.
+func (CommandStatus) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
+	type outcome struct {
+		status, cmdType   string
+		reason, detail    *string
+		eventIDs          strings.Builder // a uuid[] literal
+		tenant, aggregate string
+		at                time.Time
 	}
-	_, err := tx.Exec(ctx, upsertCommandStatusSQL,
-		ev.CommandID.String(), ev.Tenant, ev.AggregateID, cmdType, status, reason, detail, ev.ID.String())
+	byCmd := make(map[pipeline.ID]*outcome, len(evs))
+	var order []pipeline.ID
+	for _, ev := range evs {
+		o := byCmd[ev.CommandID]
+		if o == nil {
+			o = &outcome{status: "accepted", cmdType: commandTypeOf(ev.Payload), tenant: ev.Tenant, aggregate: ev.AggregateID}
+			o.eventIDs.WriteByte('{')
+			byCmd[ev.CommandID] = o
+			order = append(order, ev.CommandID)
+		} else {
+			o.eventIDs.WriteByte(',')
+		}
+		if r, ok := ev.Payload.(pipeline.CommandRejected); ok {
+			o.status, o.cmdType = "rejected", r.CommandType
+			o.reason, o.detail = &r.Reason, &r.Detail
+		}
+		o.eventIDs.WriteString(ev.ID.String())
+		o.at = ev.Time
+	}
+	n := len(order)
+	ids := make([][16]byte, n)
+	tenants, aggs, types, statuses, eventIDs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	reasons, details := make([]*string, n), make([]*string, n)
+	ats := make([]time.Time, n)
+	for i, id := range order {
+		o := byCmd[id]
+		o.eventIDs.WriteByte('}')
+		ids[i], tenants[i], aggs[i], types[i], statuses[i] = [16]byte(id), o.tenant, o.aggregate, o.cmdType, o.status
+		reasons[i], details[i], eventIDs[i], ats[i] = o.reason, o.detail, o.eventIDs.String(), o.at
+	}
+	if _, err := tx.Exec(ctx, upsertCommandStatusSQL, ids, tenants, aggs, types, statuses, reasons, details, eventIDs, ats); err != nil {
+		return nil, fmt.Errorf("record command outcomes: %w", err)
+	}
+	return make([]error, len(evs)), nil
+}
+
+// BeforeSwap keeps, when a rebuilt command_status replaces the live one,
+// the rows only ingest knows: commands accepted over HTTP whose outcome is
+// not in the events yet (pending). The projector calls it inside the swap
+// transaction, with the live table locked against writers.
+func (CommandStatus) BeforeSwap(ctx context.Context, tx pgx.Tx, table, live, shadow string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+shadow+` SELECT * FROM `+live+` WHERE status = 'pending'
+		ON CONFLICT (command_id) DO NOTHING`)
 	if err != nil {
-		return fmt.Errorf("record outcome of command %s: %w", ev.CommandID, err)
+		return fmt.Errorf("keep pending commands: %w", err)
 	}
 	return nil
 }
@@ -139,5 +348,5 @@ func commandTypeOf(m pipeline.Message) string {
 // Projections returns the ledger's read models in the order the projector
 // applies them.
 func Projections() []pipeline.Projection[pgx.Tx] {
-	return []pipeline.Projection[pgx.Tx]{Accounts{}, CommandStatus{}}
+	return []pipeline.Projection[pgx.Tx]{Accounts{}, CommandStatus{}, AuditLog{}}
 }

@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	applied    prometheus.Counter
 	duplicates prometheus.Counter
+	fenced     prometheus.Counter
 	gaps       prometheus.Counter
 	parked     prometheus.Gauge
 	errors     prometheus.Counter
@@ -20,6 +21,9 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_projector_duplicates_total", Help: "Events absorbed as duplicates by the inbox or a version guard.", ConstLabels: l,
 		}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_projector_fenced_records_total", Help: "Records skipped because the stored offset was already past them (another member applied them).", ConstLabels: l,
+		}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_projector_version_gaps_total", Help: "Version gaps found; each parks its partition.", ConstLabels: l,
 		}),
@@ -34,6 +38,6 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
-	reg.MustRegister(m.applied, m.duplicates, m.gaps, m.parked, m.errors, m.batch)
+	reg.MustRegister(m.applied, m.duplicates, m.fenced, m.gaps, m.parked, m.errors, m.batch)
 	return m
 }

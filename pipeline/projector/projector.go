@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -32,11 +31,17 @@ type Config struct {
 	// Consumer names this projector: its consumer group, its inbox rows
 	// and its stored offsets. Default "onceflow-projector".
 	Consumer string
-	// MaxPollRecords bounds a batch (one Postgres transaction). Default 2000.
+	// MaxPollRecords bounds a batch (one Postgres transaction). Default 5000.
 	MaxPollRecords int
 	// MaxBackoff caps the wait between retries while Postgres is
 	// unavailable. Default 5s.
 	MaxBackoff time.Duration
+	// ParkCheckInterval is how often a projector with parked partitions
+	// looks for an operator's `onceflow projections unpark`. Default 2s.
+	ParkCheckInterval time.Duration
+	// Hold is a test hook called at each crash point of a batch (see
+	// Hold). Nil, its default, is what production runs.
+	Hold Hold
 }
 
 func (c *Config) setDefaults() error {
@@ -44,46 +49,70 @@ func (c *Config) setDefaults() error {
 		return errors.New("projector: Topic is required")
 	}
 	if c.Consumer == "" {
-		c.Consumer = "onceflow-projector"
+		c.Consumer = DefaultConsumer
 	}
 	if c.MaxPollRecords == 0 {
-		c.MaxPollRecords = 2000
+		c.MaxPollRecords = 5000
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
 	}
+	if c.ParkCheckInterval == 0 {
+		c.ParkCheckInterval = 2 * time.Second
+	}
 	return nil
 }
 
+// DefaultConsumer is the consumer name (and consumer group) of a projector
+// whose Config leaves it empty.
+const DefaultConsumer = "onceflow-projector"
+
 // Projector applies events to projections.
 type Projector struct {
-	cfg         Config
-	kafka       kafka.Config
-	pool        *pgxpool.Pool
-	dec         Decoder
-	projections []pipeline.Projection[pgx.Tx]
-	logger      *slog.Logger
-	metrics     *metrics
+	cfg     Config
+	kafka   kafka.Config
+	pool    *pgxpool.Pool
+	dec     Decoder
+	app     *applier
+	logger  *slog.Logger
+	metrics *metrics
 
 	mu     sync.Mutex
 	parked map[int32]string // partition -> why
+
+	lastParkCheck time.Time
 
 	ready chan struct{}
 	once  sync.Once
 }
 
-// New returns a projector applying projections, in order, to each event.
+// New returns a projector applying projections, in order, to each batch.
 func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, projections []pipeline.Projection[pgx.Tx], logger *slog.Logger, reg prometheus.Registerer) (*Projector, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	if err := checkNames(projections); err != nil {
+		return nil, err
+	}
 	return &Projector{
-		cfg: cfg, kafka: kcfg, pool: pool, dec: dec, projections: projections,
+		cfg: cfg, kafka: kcfg, pool: pool, dec: dec,
+		app:     &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold},
 		logger:  logger.With("component", "projector", "consumer", cfg.Consumer),
 		metrics: newMetrics(reg, cfg.Consumer),
 		parked:  make(map[int32]string),
 		ready:   make(chan struct{}),
 	}, nil
+}
+
+func checkNames(projections []pipeline.Projection[pgx.Tx]) error {
+	seen := make(map[string]bool)
+	for _, p := range projections {
+		if seen[p.Name()] {
+			return fmt.Errorf("projector: two projections named %q", p.Name())
+		}
+		seen[p.Name()] = true
+	}
+	return nil
 }
 
 // Ready is closed once the projector has joined its group and loaded its
@@ -92,7 +121,7 @@ func (p *Projector) Ready() <-chan struct{} { return p.ready }
 
 func (p *Projector) markReady() { p.once.Do(func() { close(p.ready) }) }
 
-// Parked returns the parked partitions and why.
+// Parked returns the partitions this member has parked, and why.
 func (p *Projector) Parked() map[int32]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -106,6 +135,9 @@ func (p *Projector) Parked() map[int32]string {
 // Run projects until ctx ends. The batch in flight either commits or is
 // rolled back (and read again after a restart); Run then leaves the group.
 func (p *Projector) Run(ctx context.Context) error {
+	if err := p.ensurePartitions(ctx); err != nil {
+		return nil // ctx ended
+	}
 	cl, err := p.kafka.NewClient(
 		kgo.ConsumerGroup(p.cfg.Consumer),
 		kgo.ConsumeTopics(p.cfg.Topic),
@@ -118,8 +150,8 @@ func (p *Projector) Run(ctx context.Context) error {
 				p.markReady() // a member without partitions is ready at once
 			}
 		}),
-		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.unpark(m[p.cfg.Topic]) }),
-		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.unpark(m[p.cfg.Topic]) }),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.forget(m[p.cfg.Topic]) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.forget(m[p.cfg.Topic]) }),
 	)
 	if err != nil {
 		return fmt.Errorf("projector client: %w", err)
@@ -128,225 +160,106 @@ func (p *Projector) Run(ctx context.Context) error {
 	p.logger.Info("projector started", "topic", p.cfg.Topic)
 
 	for {
-		fetches := cl.PollRecords(ctx, p.cfg.MaxPollRecords)
+		pollCtx, cancel := ctx, context.CancelFunc(func() {})
+		if p.hasParked() {
+			// Wake up now and then to see whether an operator unparked.
+			pollCtx, cancel = context.WithTimeout(ctx, p.cfg.ParkCheckInterval)
+		}
+		fetches := cl.PollRecords(pollCtx, p.cfg.MaxPollRecords)
+		cancel()
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			cl.AllowRebalance()
 			return nil
 		}
 		fetches.EachError(func(topic string, part int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 			}
 		})
-		records := fetches.Records()
+		var records []*kgo.Record
+		fetches.EachRecord(func(r *kgo.Record) {
+			if !p.isParked(r.Partition) {
+				records = append(records, r)
+			}
+		})
 		if len(records) > 0 {
-			p.applyWithRetry(ctx, cl, records)
+			p.process(ctx, cl, records)
 		}
+		p.checkUnparked(ctx, cl)
 		cl.AllowRebalance()
 	}
 }
 
-// applyWithRetry applies a batch, retrying while Postgres is unavailable,
-// until it is applied or ctx ends (the batch is then read again later).
-func (p *Projector) applyWithRetry(ctx context.Context, cl *kgo.Client, records []*kgo.Record) {
-	backoff := 50 * time.Millisecond
+func (p *Projector) ensurePartitions(ctx context.Context) error {
+	wait := 50 * time.Millisecond
 	for {
-		offsets, err := p.apply(ctx, cl, records)
+		err := ensureInboxPartitions(ctx, p.pool)
+		if err == nil || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.logger.Warn("create inbox partitions: retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = backoff(wait, p.cfg.MaxBackoff)
+	}
+}
+
+// process decodes and applies a batch, retrying while Postgres (or the
+// schema registry) is unavailable, until it is applied or ctx ends (the
+// batch is then read again from the stored offsets later).
+func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.Record) {
+	wait := 50 * time.Millisecond
+	for {
+		start := time.Now()
+		res, err := p.processOnce(ctx, records)
 		if err == nil {
-			if len(offsets) > 0 {
+			p.metrics.batch.Observe(time.Since(start).Seconds())
+			p.metrics.applied.Add(float64(res.applied))
+			p.metrics.duplicates.Add(float64(res.duplicates))
+			p.metrics.fenced.Add(float64(res.fenced))
+			for _, pk := range res.parks {
+				p.park(cl, pk)
+			}
+			if len(res.next) > 0 {
 				// Monitoring only: Postgres holds the offsets that count.
-				cl.CommitOffsets(context.WithoutCancel(ctx), map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: offsets}, nil)
+				cl.CommitOffsets(context.WithoutCancel(ctx), map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: res.next}, nil)
 			}
 			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
+		if isMissingPartition(err) {
+			if perr := ensureInboxPartitions(ctx, p.pool); perr == nil {
+				continue
+			}
+		}
 		p.metrics.errors.Inc()
-		p.logger.Warn("apply batch failed; retrying", "err", err, "backoff", backoff, "records", len(records))
+		p.logger.Warn("apply batch failed; retrying", "err", err, "backoff", wait, "records", len(records))
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, p.cfg.MaxBackoff)
+		wait = backoff(wait, p.cfg.MaxBackoff)
 	}
 }
 
-// event is a decoded record.
-type event struct {
-	pipeline.Event
-	rec *kgo.Record
-}
-
-// parkError parks one partition.
-type parkError struct {
-	partition int32
-	reason    string
-	err       error
-}
-
-func (e *parkError) Error() string {
-	return fmt.Sprintf("partition %d: %s: %v", e.partition, e.reason, e.err)
-}
-
-// apply applies records in one transaction and returns the next offset of
-// each partition it advanced. A partition that must park is excluded and
-// the rest applied again.
-func (p *Projector) apply(ctx context.Context, cl *kgo.Client, records []*kgo.Record) (map[int32]kgo.EpochOffset, error) {
-	for {
-		var evs []event
-		for _, r := range records {
-			if p.isParked(r.Partition) {
-				continue
-			}
-			ev, err := p.decode(ctx, r)
-			if err != nil {
-				if !poison(err) {
-					return nil, err // the registry is unreachable: retry the batch
-				}
-				p.park(cl, &parkError{r.Partition, "undecodable", fmt.Errorf("offset %d: %w", r.Offset, err)})
-				continue
-			}
-			evs = append(evs, ev)
-		}
-		evs = dropParked(evs, p)
-		if len(evs) == 0 {
-			return nil, nil
-		}
-		offsets, err := p.applyEvents(ctx, evs)
-		var pe *parkError
-		if errors.As(err, &pe) {
-			p.park(cl, pe)
-			continue // again without the parked partition
-		}
-		return offsets, err
-	}
-}
-
-// poison reports whether a decode error is the record's own fault.
-func poison(err error) bool {
-	return errors.Is(err, pipeline.ErrUndecodable) || errors.Is(err, pipeline.ErrUnknownSchema) ||
-		errors.Is(err, pipeline.ErrIncompatible) || errors.Is(err, errBadHeader)
-}
-
-var errBadHeader = errors.New("bad event header")
-
-func dropParked(evs []event, p *Projector) []event {
-	out := evs[:0]
-	for _, e := range evs {
-		if !p.isParked(e.rec.Partition) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-const (
-	inboxSQL = `INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::uuid[])
-		ON CONFLICT DO NOTHING RETURNING event_id::text`
-	saveOffsetSQL = `INSERT INTO consumer_offsets (consumer, topic, partition, next_offset, updated_at)
-		VALUES ($1, $2, $3, $4, now())
-		ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()`
-)
-
-// applyEvents is one Postgres transaction over evs.
-func (p *Projector) applyEvents(ctx context.Context, evs []event) (map[int32]kgo.EpochOffset, error) {
-	start := time.Now()
-	ids := make([]string, len(evs))
-	for i, e := range evs {
-		ids[i] = e.ID.String()
-	}
-	offsets := make(map[int32]kgo.EpochOffset)
-	var applied, dups int
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, inboxSQL, p.cfg.Consumer, ids)
-		if err != nil {
-			return fmt.Errorf("inbox insert: %w", err)
-		}
-		fresh, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("inbox insert: %w", err)
-		}
-		isNew := make(map[string]bool, len(fresh))
-		for _, id := range fresh {
-			isNew[id] = true
-		}
-		for i, e := range evs {
-			r := e.rec
-			offsets[r.Partition] = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
-			if !isNew[ids[i]] {
-				dups++
-				continue
-			}
-			isNew[ids[i]] = false // the same id twice in one batch applies once
-			for _, proj := range p.projections {
-				err := proj.Apply(ctx, tx, e.Event)
-				var gap *pipeline.VersionGapError
-				switch {
-				case err == nil:
-				case errors.Is(err, pipeline.ErrDuplicate):
-					dups++
-				case errors.As(err, &gap):
-					return &parkError{r.Partition, "version-gap", fmt.Errorf("%s at offset %d: %w", proj.Name(), r.Offset, err)}
-				default:
-					return fmt.Errorf("%s: apply %s %s: %w", proj.Name(), e.Type(), e.ID, err)
-				}
-			}
-			applied++
-		}
-		for part, off := range offsets {
-			if _, err := tx.Exec(ctx, saveOffsetSQL, p.cfg.Consumer, p.cfg.Topic, part, off.Offset); err != nil {
-				return fmt.Errorf("save offset: %w", err)
-			}
-		}
-		return nil
-	})
+func (p *Projector) processOnce(ctx context.Context, records []*kgo.Record) (result, error) {
+	evs, parks, err := decodeAll(ctx, p.dec, records)
 	if err != nil {
-		return nil, err
+		return result{}, err
 	}
-	p.metrics.applied.Add(float64(applied))
-	p.metrics.duplicates.Add(float64(dups))
-	p.metrics.batch.Observe(time.Since(start).Seconds())
-	return offsets, nil
+	return p.app.apply(ctx, evs, parks)
 }
 
-// decode turns a record into an event.
-func (p *Projector) decode(ctx context.Context, r *kgo.Record) (event, error) {
-	e := event{rec: r}
-	e.AggregateID = string(r.Key)
-	e.Time = r.Timestamp
-	var err error
-	for _, h := range r.Headers {
-		switch h.Key {
-		case pipeline.HeaderEventID:
-			e.ID, err = pipeline.ParseID(string(h.Value))
-		case pipeline.HeaderCommandID:
-			e.CommandID, err = pipeline.ParseID(string(h.Value))
-		case pipeline.HeaderAggregateVersion:
-			e.Version, err = strconv.ParseInt(string(h.Value), 10, 64)
-		case pipeline.HeaderTenant:
-			e.Tenant = string(h.Value)
-		case pipeline.HeaderTraceparent:
-			e.Traceparent = string(h.Value)
-		}
-		if err != nil {
-			return e, fmt.Errorf("%w %s: %v", errBadHeader, h.Key, err)
-		}
-	}
-	if e.ID.IsZero() {
-		return e, fmt.Errorf("%w: no %s", errBadHeader, pipeline.HeaderEventID)
-	}
-	v, err := p.dec.Decode(ctx, r.Value)
-	if err != nil {
-		return e, err
-	}
-	msg, ok := v.(pipeline.Message)
-	if !ok {
-		return e, fmt.Errorf("%w: decoded a %T, which is not an event", pipeline.ErrIncompatible, v)
-	}
-	e.Payload = msg
-	return e, nil
+func (p *Projector) hasParked() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.parked) > 0
 }
 
 func (p *Projector) isParked(part int32) bool {
@@ -356,23 +269,27 @@ func (p *Projector) isParked(part int32) bool {
 	return ok
 }
 
-func (p *Projector) park(cl *kgo.Client, pe *parkError) {
+// park stops fetching a partition whose record at pk.offset cannot be
+// applied. Its stored offset and its projector_parked row (both written in
+// the batch's transaction) point at that record.
+func (p *Projector) park(cl *kgo.Client, pk park) {
 	p.mu.Lock()
-	p.parked[pe.partition] = pe.Error()
+	p.parked[pk.partition] = pk.reason + ": " + pk.detail
 	n := len(p.parked)
 	p.mu.Unlock()
-	cl.PauseFetchPartitions(map[string][]int32{p.cfg.Topic: {pe.partition}})
-	if pe.reason == "version-gap" {
+	cl.PauseFetchPartitions(map[string][]int32{p.cfg.Topic: {pk.partition}})
+	if pk.reason == reasonGap {
 		p.metrics.gaps.Inc()
 	}
 	p.metrics.parked.Set(float64(n))
-	p.logger.Error("partition parked; an operator must look at it", "partition", pe.partition, "reason", pe.reason, "err", pe.err)
+	p.logger.Error("partition parked; an operator must look at it (onceflow lag, onceflow projections unpark)",
+		"partition", pk.partition, "offset", pk.offset, "reason", pk.reason, "detail", pk.detail)
 }
 
-// unpark forgets parked partitions this member no longer owns: a new owner
-// (or this one after a restart) starts from the stored offsets and parks
-// again if the gap is still there.
-func (p *Projector) unpark(parts []int32) {
+// forget drops parked partitions this member no longer owns: the next
+// owner (or this one after a restart) starts from the stored offset, at the
+// record that parked it, and parks again if it still cannot be applied.
+func (p *Projector) forget(parts []int32) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, part := range parts {
@@ -381,13 +298,57 @@ func (p *Projector) unpark(parts []int32) {
 	p.metrics.parked.Set(float64(len(p.parked)))
 }
 
+const (
+	parkedRowsSQL = `SELECT partition FROM projector_parked WHERE consumer = $1 AND topic = $2`
+	offsetOfSQL   = `SELECT next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2 AND partition = $3`
+)
+
+// checkUnparked resumes the parked partitions whose projector_parked row
+// an operator has deleted: fetching starts again at the stored offset.
+func (p *Projector) checkUnparked(ctx context.Context, cl *kgo.Client) {
+	if !p.hasParked() || time.Since(p.lastParkCheck) < p.cfg.ParkCheckInterval {
+		return
+	}
+	p.lastParkCheck = time.Now()
+	rows, err := p.pool.Query(ctx, parkedRowsSQL, p.cfg.Consumer, p.cfg.Topic)
+	if err != nil {
+		return // checked again next time
+	}
+	still, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return
+	}
+	for part := range p.Parked() {
+		if containsInt32(still, part) {
+			continue
+		}
+		var off int64
+		if err := p.pool.QueryRow(ctx, offsetOfSQL, p.cfg.Consumer, p.cfg.Topic, part).Scan(&off); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return
+		}
+		cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: {part: {Epoch: -1, Offset: off}}})
+		cl.ResumeFetchPartitions(map[string][]int32{p.cfg.Topic: {part}})
+		p.forget([]int32{part})
+		p.logger.Info("partition unparked by an operator; trying again", "partition", part, "offset", off)
+	}
+}
+
+func containsInt32(s []int32, v int32) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
 const loadOffsetsSQL = `SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`
 
 // loadOffsets replaces the group's fetched offsets with those stored in
 // Postgres; partitions without a stored offset start at the beginning.
 func (p *Projector) loadOffsets(ctx context.Context, fetched map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	var stored map[int32]int64
-	backoff := 50 * time.Millisecond
+	wait := 50 * time.Millisecond
 	for {
 		rows, err := p.pool.Query(ctx, loadOffsetsSQL, p.cfg.Consumer, p.cfg.Topic)
 		if err == nil {
@@ -406,9 +367,9 @@ func (p *Projector) loadOffsets(ctx context.Context, fetched map[string]map[int3
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, p.cfg.MaxBackoff)
+		wait = backoff(wait, p.cfg.MaxBackoff)
 	}
 	out := make(map[string]map[int32]kgo.Offset, len(fetched))
 	for topic, parts := range fetched {

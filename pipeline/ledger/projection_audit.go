@@ -1,0 +1,137 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pipeline"
+)
+
+// AuditLog records every event once in audit_log, whose primary key is the
+// event id: an event the inbox no longer remembers is still recorded once
+// (reported as a duplicate). Rows are never updated or deleted.
+type AuditLog struct{}
+
+var _ pipeline.BatchProjection[pgx.Tx] = AuditLog{}
+
+// Name implements pipeline.Projection.
+func (AuditLog) Name() string { return "audit_log" }
+
+// Tables names what a rebuild of audit_log rebuilds.
+func (AuditLog) Tables() []string { return []string{"audit_log"} }
+
+const insertAuditSQL = `INSERT INTO audit_log (event_id, tenant, aggregate_id, version, event_type, command_id, payload, occurred_at)
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::uuid[], $7::jsonb[], $8::timestamptz[])
+	ON CONFLICT (event_id) DO NOTHING
+	RETURNING event_id`
+
+// Apply implements pipeline.Projection.
+func (a AuditLog) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
+	return single(a.ApplyBatch(ctx, tx, []pipeline.Event{ev}))
+}
+
+// ApplyBatch implements pipeline.BatchProjection.
+func (AuditLog) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
+	n := len(evs)
+	ids, cmds := make([][16]byte, n), make([][16]byte, n)
+	tenants, aggs, types, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	versions := make([]int64, n)
+	ats := make([]time.Time, n)
+	for i, ev := range evs {
+		p, err := fieldsJSON(ev.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("audit %s %s: %w", ev.Type(), ev.ID, err)
+		}
+		ids[i], cmds[i] = [16]byte(ev.ID), [16]byte(ev.CommandID)
+		tenants[i], aggs[i], types[i], payloads[i] = ev.Tenant, ev.AggregateID, ev.Type(), string(p)
+		versions[i], ats[i] = ev.Version, ev.Time
+	}
+	rows, err := tx.Query(ctx, insertAuditSQL, ids, tenants, aggs, versions, types, cmds, payloads, ats)
+	if err != nil {
+		return nil, fmt.Errorf("insert audit log: %w", err)
+	}
+	written, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return nil, fmt.Errorf("insert audit log: %w", err)
+	}
+	out := make([]error, n)
+	if len(written) == n {
+		return out, nil
+	}
+	isNew := make(map[[16]byte]bool, len(written))
+	for _, id := range written {
+		isNew[id] = true
+	}
+	for i := range evs {
+		if !isNew[ids[i]] {
+			out[i] = pipeline.ErrDuplicate
+		}
+		isNew[ids[i]] = false // the same id twice in the batch is recorded once
+	}
+	return out, nil
+}
+
+// fieldsJSON encodes an event's fields as a JSON object named as in the
+// Avro schema (the avro tag, else the snake_case field name), so the audit
+// log reads like the events topic.
+func fieldsJSON(m pipeline.Message) ([]byte, error) {
+	v := reflect.ValueOf(m)
+	if v.Kind() != reflect.Struct {
+		return json.Marshal(m)
+	}
+	names := fieldNames(v.Type())
+	obj := make(map[string]any, len(names))
+	for i, name := range names {
+		if name != "" {
+			obj[name] = v.Field(i).Interface()
+		}
+	}
+	return json.Marshal(obj)
+}
+
+var fieldNameCache sync.Map // reflect.Type -> []string
+
+func fieldNames(t reflect.Type) []string {
+	if v, ok := fieldNameCache.Load(t); ok {
+		return v.([]string)
+	}
+	names := make([]string, t.NumField())
+	for i := range names {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("avro"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = snake(f.Name)
+		}
+		names[i] = name
+	}
+	fieldNameCache.Store(t, names)
+	return names
+}
+
+func snake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

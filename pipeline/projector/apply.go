@@ -1,0 +1,434 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+)
+
+// event is a decoded record with where it came from.
+type event struct {
+	pipeline.Event
+	partition int32
+	offset    int64
+	epoch     int32
+}
+
+// park is a partition stopping at the record at offset.
+type park struct {
+	partition int32
+	offset    int64
+	reason    string // reasonGap, reasonUndecodable, reasonRefused
+	detail    string
+}
+
+// Park reasons, as stored in projector_parked and shown by `onceflow lag`.
+const (
+	reasonGap         = "version-gap"
+	reasonUndecodable = "undecodable"
+	reasonRefused     = "rejected-by-projection"
+)
+
+// result is what a committed batch did.
+type result struct {
+	next                        map[int32]kgo.EpochOffset // offsets stored, by partition
+	parks                       []park                    // partitions parked by this batch
+	applied, duplicates, fenced int
+}
+
+// applier applies batches of events for one consumer: the transaction
+// described in the package doc. The projector and a rebuild share it.
+type applier struct {
+	consumer    string
+	topic       string
+	pool        *pgxpool.Pool
+	projections []pipeline.Projection[pgx.Tx]
+	hold        Hold
+}
+
+const (
+	// lockOffsetsSQL takes the row lock on each partition's offset (creating
+	// the row at 0 if there is none) and returns the stored offset. Every
+	// transaction that writes a partition's events takes this lock first,
+	// in partition order, so writers of one partition are serialized: a
+	// zombie member of the group waits, then finds the offset moved past its
+	// records and skips them.
+	lockOffsetsSQL = `INSERT INTO consumer_offsets AS o (consumer, topic, partition, next_offset)
+		SELECT $1, $2, p, 0 FROM unnest($3::int[]) AS p
+		ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = o.next_offset
+		RETURNING partition, next_offset`
+	// inboxSQL inserts the ids not yet in the inbox and returns them. The
+	// lookup spans every partition of the inbox (its primary key includes
+	// received_at, so ON CONFLICT could not see an id stored on another
+	// day); the offset lock above makes lookup-then-insert race-free.
+	inboxSQL = `WITH seen AS (
+			SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY ($2::uuid[])
+		)
+		INSERT INTO inbox (consumer, event_id)
+		SELECT DISTINCT $1, id FROM unnest($2::uuid[]) AS id
+		WHERE id NOT IN (SELECT event_id FROM seen)
+		RETURNING event_id`
+	saveOffsetsSQL = `UPDATE consumer_offsets o SET next_offset = v.next, updated_at = now()
+		FROM unnest($3::int[], $4::bigint[]) AS v(partition, next)
+		WHERE o.consumer = $1 AND o.topic = $2 AND o.partition = v.partition`
+	saveParkedSQL = `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail)
+		SELECT $1, $2, * FROM unnest($3::int[], $4::bigint[], $5::text[], $6::text[])
+		ON CONFLICT (consumer, topic, partition) DO UPDATE SET
+			next_offset = EXCLUDED.next_offset, reason = EXCLUDED.reason, detail = EXCLUDED.detail, parked_at = now()`
+	// clearParkedSQL forgets a parked partition once it has moved past the
+	// record it stopped on.
+	clearParkedSQL = `DELETE FROM projector_parked p
+		USING unnest($3::int[], $4::bigint[]) AS v(partition, next)
+		WHERE p.consumer = $1 AND p.topic = $2 AND p.partition = v.partition AND p.next_offset < v.next`
+)
+
+// apply applies evs (in log order) and parks found while decoding, in one
+// transaction. When a projection reports a gap or refuses an event, the
+// transaction is rolled back and run again with that partition stopped at
+// the event. Errors are transient: the caller retries the whole batch.
+func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result, error) {
+	for {
+		var res result
+		var more []park
+		if a.hold != nil {
+			a.hold(HoldBeforeTx, 0)
+		}
+		tx, err := a.pool.Begin(ctx)
+		if err != nil {
+			return result{}, fmt.Errorf("begin: %w", err)
+		}
+		res, more, err = a.applyInTx(ctx, tx, evs, parks)
+		if err == nil && len(more) == 0 && a.hold != nil {
+			a.hold(HoldInTx, tx.Conn().PgConn().PID())
+		}
+		if err != nil || len(more) > 0 {
+			tx.Rollback(context.WithoutCancel(ctx))
+			if err != nil {
+				return result{}, err
+			}
+			parks = mergeParks(parks, more)
+			evs = stopAtParks(evs, parks)
+			continue
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return result{}, fmt.Errorf("commit: %w", err)
+		}
+		if a.hold != nil {
+			a.hold(HoldAfterCommit, 0)
+		}
+		return res, nil
+	}
+}
+
+// applyInTx is the body of a batch's transaction. It returns the parks
+// the projections asked for (then nothing must be committed), or the
+// result to commit.
+func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park) (result, []park, error) {
+	res := result{next: make(map[int32]kgo.EpochOffset)}
+	var parts []int32
+	for _, e := range evs {
+		parts = append(parts, e.partition)
+	}
+	for _, pk := range parks {
+		parts = append(parts, pk.partition)
+	}
+	slices.Sort(parts)
+	parts = slices.Compact(parts)
+	if len(parts) == 0 {
+		return res, nil, nil
+	}
+
+	// 1. Lock the partitions' offsets; skip what is already below them.
+	stored := make(map[int32]int64, len(parts))
+	rows, err := tx.Query(ctx, lockOffsetsSQL, a.consumer, a.topic, parts)
+	if err != nil {
+		return res, nil, fmt.Errorf("lock offsets: %w", err)
+	}
+	var part int32
+	var off int64
+	if _, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { stored[part] = off; return nil }); err != nil {
+		return res, nil, fmt.Errorf("lock offsets: %w", err)
+	}
+	kept := evs[:0:0]
+	for _, e := range evs {
+		if e.offset < stored[e.partition] {
+			res.fenced++
+			continue
+		}
+		kept = append(kept, e)
+		res.next[e.partition] = kgo.EpochOffset{Epoch: e.epoch, Offset: e.offset + 1}
+	}
+	var keptParks []park
+	for _, pk := range parks {
+		if pk.offset < stored[pk.partition] {
+			continue // someone else got past it meanwhile
+		}
+		keptParks = append(keptParks, pk)
+		res.next[pk.partition] = kgo.EpochOffset{Epoch: -1, Offset: pk.offset}
+	}
+
+	// 2. The inbox: only ids it did not hold go to the projections.
+	var fresh []event
+	if len(kept) > 0 {
+		ids := make([][16]byte, len(kept))
+		for i, e := range kept {
+			ids[i] = [16]byte(e.ID)
+		}
+		rows, err := tx.Query(ctx, inboxSQL, a.consumer, ids)
+		if err != nil {
+			return res, nil, fmt.Errorf("inbox insert: %w", err)
+		}
+		newIDs, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+		if err != nil {
+			return res, nil, fmt.Errorf("inbox insert: %w", err)
+		}
+		isNew := make(map[[16]byte]bool, len(newIDs))
+		for _, id := range newIDs {
+			isNew[id] = true
+		}
+		for i, e := range kept {
+			if !isNew[ids[i]] {
+				res.duplicates++
+				continue
+			}
+			isNew[ids[i]] = false // the same id twice in one batch applies once
+			fresh = append(fresh, e)
+		}
+	}
+
+	// 3. The projections, each over all fresh events at once.
+	var more []park
+	if len(fresh) > 0 {
+		pevs := make([]pipeline.Event, len(fresh))
+		for i, e := range fresh {
+			pevs[i] = e.Event
+		}
+		for _, proj := range a.projections {
+			outcomes, err := applyProjection(ctx, tx, proj, pevs)
+			if err != nil {
+				return res, nil, fmt.Errorf("%s: %w", proj.Name(), err)
+			}
+			for i, o := range outcomes {
+				var gap *pipeline.VersionGapError
+				e := fresh[i]
+				switch {
+				case o == nil:
+				case errors.Is(o, pipeline.ErrDuplicate):
+					res.duplicates++
+				case errors.As(o, &gap):
+					more = append(more, park{e.partition, e.offset, reasonGap,
+						fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+				case pipeline.IsPermanent(o):
+					more = append(more, park{e.partition, e.offset, reasonRefused,
+						fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+				default:
+					return res, nil, fmt.Errorf("%s: apply %s %s: %w", proj.Name(), e.Type(), e.ID, o)
+				}
+			}
+		}
+		if len(more) > 0 {
+			return res, more, nil
+		}
+		res.applied = len(fresh)
+	}
+
+	// 4. Offsets and parked partitions, in the same transaction.
+	offParts, offs := make([]int32, 0, len(res.next)), make([]int64, 0, len(res.next))
+	for p, eo := range res.next {
+		if eo.Offset < stored[p] {
+			eo.Offset = stored[p] // offsets never move back
+			res.next[p] = eo
+		}
+		offParts, offs = append(offParts, p), append(offs, eo.Offset)
+	}
+	if len(offParts) > 0 {
+		if _, err := tx.Exec(ctx, saveOffsetsSQL, a.consumer, a.topic, offParts, offs); err != nil {
+			return res, nil, fmt.Errorf("save offsets: %w", err)
+		}
+		if _, err := tx.Exec(ctx, clearParkedSQL, a.consumer, a.topic, offParts, offs); err != nil {
+			return res, nil, fmt.Errorf("clear parked partitions: %w", err)
+		}
+	}
+	if len(keptParks) > 0 {
+		n := len(keptParks)
+		pp, po, pr, pd := make([]int32, n), make([]int64, n), make([]string, n), make([]string, n)
+		for i, pk := range keptParks {
+			pp[i], po[i], pr[i], pd[i] = pk.partition, pk.offset, pk.reason, pk.detail
+		}
+		if _, err := tx.Exec(ctx, saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd); err != nil {
+			return res, nil, fmt.Errorf("save parked partitions: %w", err)
+		}
+		res.parks = keptParks
+	}
+	return res, nil, nil
+}
+
+// applyProjection runs one projection over evs, batched when it can be.
+func applyProjection(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []pipeline.Event) ([]error, error) {
+	if bp, ok := proj.(pipeline.BatchProjection[pgx.Tx]); ok {
+		out, err := bp.ApplyBatch(ctx, tx, evs)
+		if err == nil && len(out) != len(evs) {
+			err = fmt.Errorf("ApplyBatch returned %d outcomes for %d events", len(out), len(evs))
+		}
+		return out, err
+	}
+	out := make([]error, len(evs))
+	stopped := make(map[string]error) // aggregate -> the gap it stopped on
+	for i, ev := range evs {
+		if gap, ok := stopped[ev.AggregateID]; ok {
+			out[i] = gap // nothing after a gap is applied
+			continue
+		}
+		out[i] = proj.Apply(ctx, tx, ev)
+		var gap *pipeline.VersionGapError
+		if errors.As(out[i], &gap) {
+			stopped[ev.AggregateID] = out[i]
+		}
+		if out[i] != nil && !errors.Is(out[i], pipeline.ErrDuplicate) && gap == nil && !pipeline.IsPermanent(out[i]) {
+			return nil, out[i] // a failure of the statement: the batch is retried
+		}
+	}
+	return out, nil
+}
+
+// mergeParks adds more to parks, keeping the earliest record per partition.
+func mergeParks(parks, more []park) []park {
+	for _, m := range more {
+		found := false
+		for i := range parks {
+			if parks[i].partition == m.partition {
+				found = true
+				if m.offset < parks[i].offset {
+					parks[i] = m
+				}
+			}
+		}
+		if !found {
+			parks = append(parks, m)
+		}
+	}
+	return parks
+}
+
+// stopAtParks drops the events at or after the record each parked
+// partition stops on.
+func stopAtParks(evs []event, parks []park) []event {
+	out := evs[:0:0]
+	for _, e := range evs {
+		stop := false
+		for _, pk := range parks {
+			if pk.partition == e.partition && e.offset >= pk.offset {
+				stop = true
+				break
+			}
+		}
+		if !stop {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// isMissingPartition reports whether err is an insert that found no
+// partition of a partitioned table for its row (the janitor has not
+// created today's inbox partition yet).
+func isMissingPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == "" &&
+		pgErr.TableName == "inbox"
+}
+
+// transient reports whether a failed batch should be retried after a
+// pause: anything but a cancelled context is retried (a projection's own
+// bug included, so it shows in onceflow_projector_batch_errors_total and
+// the log, and nothing is skipped).
+func transient(ctx context.Context, err error) bool { return ctx.Err() == nil && err != nil }
+
+// decode turns a record into an event; errors that are the record's own
+// fault wrap errPoison.
+func decode(ctx context.Context, dec Decoder, r *kgo.Record) (event, error) {
+	e := event{partition: r.Partition, offset: r.Offset, epoch: r.LeaderEpoch}
+	e.AggregateID = string(r.Key)
+	e.Time = r.Timestamp
+	var err error
+	for _, h := range r.Headers {
+		switch h.Key {
+		case pipeline.HeaderEventID:
+			e.ID, err = pipeline.ParseID(string(h.Value))
+		case pipeline.HeaderCommandID:
+			e.CommandID, err = pipeline.ParseID(string(h.Value))
+		case pipeline.HeaderAggregateVersion:
+			e.Version, err = strconv.ParseInt(string(h.Value), 10, 64)
+		case pipeline.HeaderTenant:
+			e.Tenant = string(h.Value)
+		case pipeline.HeaderTraceparent:
+			e.Traceparent = string(h.Value)
+		}
+		if err != nil {
+			return e, fmt.Errorf("%w: %s: %v", errPoison, h.Key, err)
+		}
+	}
+	if e.ID.IsZero() {
+		return e, fmt.Errorf("%w: no %s header", errPoison, pipeline.HeaderEventID)
+	}
+	v, err := dec.Decode(ctx, r.Value)
+	if err != nil {
+		if errors.Is(err, pipeline.ErrUndecodable) || errors.Is(err, pipeline.ErrUnknownSchema) || errors.Is(err, pipeline.ErrIncompatible) {
+			return e, fmt.Errorf("%w: %w", errPoison, err)
+		}
+		return e, err // the registry is unreachable: not the record's fault
+	}
+	msg, ok := v.(pipeline.Message)
+	if !ok {
+		return e, fmt.Errorf("%w: decoded a %T, which is not an event", errPoison, v)
+	}
+	e.Payload = msg
+	return e, nil
+}
+
+var errPoison = errors.New("undecodable event")
+
+// decodeAll decodes records; a record that can never be decoded parks its
+// partition at its offset, and the partition's later records are dropped.
+func decodeAll(ctx context.Context, dec Decoder, records []*kgo.Record) ([]event, []park, error) {
+	evs := make([]event, 0, len(records))
+	var parks []park
+	stopped := make(map[int32]bool)
+	for _, r := range records {
+		if stopped[r.Partition] {
+			continue
+		}
+		e, err := decode(ctx, dec, r)
+		if errors.Is(err, errPoison) {
+			parks = append(parks, park{r.Partition, r.Offset, reasonUndecodable, err.Error()})
+			stopped[r.Partition] = true
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		evs = append(evs, e)
+	}
+	return evs, parks, nil
+}
+
+// ensureInboxPartitions creates the inbox's daily partitions for the coming
+// days (the relay's janitor does it too; a projector must not depend on it).
+func ensureInboxPartitions(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := postgres.EnsureDailyPartitions(ctx, pool, "inbox", 7)
+	return err
+}
+
+// backoff doubles a wait up to max.
+func backoff(d, max time.Duration) time.Duration { return min(d*2, max) }

@@ -1,0 +1,262 @@
+package projector_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/schemas"
+)
+
+// env is one test's broker, topics, database and events serde.
+type env struct {
+	t       testing.TB
+	brokers []string
+	topics  kafka.Topics
+	pool    *pgxpool.Pool
+	url     string
+	serde   *avro.Serde
+	prod    *kgo.Client
+}
+
+func newEnv(t testing.TB, partitions int32) *env {
+	t.Helper()
+	b := pipelinetest.Broker(t)
+	e := &env{t: t, brokers: b.Addrs()}
+	e.topics = pipelinetest.Topics(t, e.brokers, partitions)
+	e.pool, e.url = pipelinetest.Pool(t)
+	e.serde = eventsSerde(t, e.topics)
+	e.prod = pipelinetest.Client(t, e.brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.ProducerBatchMaxBytes(1<<20))
+	return e
+}
+
+func eventsSerde(t testing.TB, topics kafka.Topics) *avro.Serde {
+	t.Helper()
+	ctx := context.Background()
+	schema, err := schemas.FS.ReadFile(schemas.File(schemas.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := avro.NewSerde(avro.NewEmbedded(), avro.ValueSubject(topics.Events()), string(schema), ledger.EventTypes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// record encodes an event as the processor would produce it.
+func (e *env) record(ev pipeline.Event) *kgo.Record {
+	e.t.Helper()
+	value, err := e.serde.Encode(context.Background(), ev.Payload)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return &kgo.Record{
+		Topic: e.topics.Events(), Key: []byte(ev.AggregateID), Value: value, Timestamp: ev.Time,
+		Headers: []kgo.RecordHeader{
+			{Key: pipeline.HeaderEventID, Value: []byte(ev.ID.String())},
+			{Key: pipeline.HeaderEventType, Value: []byte(ev.Type())},
+			{Key: pipeline.HeaderCommandID, Value: []byte(ev.CommandID.String())},
+			{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(ev.Version, 10))},
+			{Key: pipeline.HeaderTenant, Value: []byte(ev.Tenant)},
+		},
+	}
+}
+
+// produce writes records and returns where each landed.
+func (e *env) produce(recs ...*kgo.Record) []*kgo.Record {
+	e.t.Helper()
+	if err := e.prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		e.t.Fatalf("produce: %v", err)
+	}
+	return recs
+}
+
+// emit produces events.
+func (e *env) emit(evs ...pipeline.Event) []*kgo.Record {
+	e.t.Helper()
+	recs := make([]*kgo.Record, len(evs))
+	for i, ev := range evs {
+		recs[i] = e.record(ev)
+	}
+	return e.produce(recs...)
+}
+
+// endOffsets returns the high watermark of every partition of the events
+// topic (the test producer is not transactional, so it is also the last
+// stable offset).
+func (e *env) endOffsets() map[int32]int64 {
+	e.t.Helper()
+	adm := kadm.NewClient(pipelinetest.Client(e.t, e.brokers))
+	ends, err := adm.ListEndOffsets(context.Background(), e.topics.Events())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out
+}
+
+// storedOffsets reads a consumer's offsets from Postgres.
+func (e *env) storedOffsets(consumer string) map[int32]int64 {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`, consumer, e.topics.Events())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[int32]int64{}
+	var p int32
+	var o int64
+	if _, err := pgx.ForEachRow(rows, []any{&p, &o}, func() error { out[p] = o; return nil }); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// waitOffsets waits until the consumer's stored offsets reach want on
+// every partition want names (with a non-zero offset).
+func (e *env) waitOffsets(consumer string, want map[int32]int64, within time.Duration) {
+	e.t.Helper()
+	pipelinetest.Eventually(e.t, within, func() error {
+		got := e.storedOffsets(consumer)
+		for p, o := range want {
+			if o > 0 && got[p] < o {
+				return fmt.Errorf("partition %d at %d, want %d (all: %v)", p, got[p], o, got)
+			}
+		}
+		return nil
+	})
+}
+
+// running is a projector running in the background.
+type running struct {
+	p    *projector.Projector
+	reg  *prometheus.Registry
+	stop func()
+}
+
+func (e *env) start(cfg projector.Config, projections ...pipeline.Projection[pgx.Tx]) *running {
+	e.t.Helper()
+	if cfg.Topic == "" {
+		cfg.Topic = e.topics.Events()
+	}
+	if len(projections) == 0 {
+		projections = ledger.Projections()
+	}
+	reg := prometheus.NewRegistry()
+	p, err := projector.New(cfg, kafka.Config{Brokers: e.brokers}, e.pool, e.serde, projections, quietLogger(), reg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	errc := make(chan error, 1)
+	go func() {
+		defer wg.Done()
+		errc <- p.Run(ctx)
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			if err := <-errc; err != nil {
+				e.t.Errorf("projector: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	select {
+	case <-p.Ready():
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("projector not ready")
+	}
+	return &running{p: p, reg: reg, stop: stop}
+}
+
+// metric reads a projector counter or gauge by name.
+func (r *running) metric(name string) float64 {
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// stream builds an account's events with consecutive versions.
+type stream struct {
+	tenant, id string
+	version    int64
+	seq        int
+	at         time.Time
+}
+
+func newStream(tenant, id string) *stream {
+	return &stream{tenant: tenant, id: id, at: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+func (s *stream) aggregate() string { return pipeline.AggregateID(s.tenant, s.id) }
+
+// next returns the account's next event (a new command each time).
+func (s *stream) next(payload pipeline.Message) pipeline.Event {
+	s.seq++
+	cmd := pipeline.NameID(pipeline.Nil, fmt.Appendf(nil, "%s/%s/%d", s.tenant, s.id, s.seq))
+	ev := pipeline.Event{
+		ID: pipeline.EventID(cmd, 0), CommandID: cmd, Tenant: s.tenant, AggregateID: s.aggregate(),
+		Time: s.at.Add(time.Duration(s.seq) * time.Millisecond), Payload: payload,
+	}
+	if _, rejected := payload.(pipeline.CommandRejected); rejected {
+		ev.Version = s.version
+	} else {
+		s.version++
+		ev.Version = s.version
+	}
+	return ev
+}
+
+// balance reads an account from Postgres.
+func (e *env) balance(tenant, id string) (balance, version int64, err error) {
+	err = e.pool.QueryRow(context.Background(), `SELECT balance, version FROM accounts WHERE tenant = $1 AND account_id = $2`, tenant, id).Scan(&balance, &version)
+	return
+}
+
+func (e *env) count(sql string, args ...any) int64 {
+	e.t.Helper()
+	var n int64
+	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
