@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ func cmd(aggregate string, payload pipeline.Message) pipeline.Command {
 
 var (
 	closedAcc = ledger.Account{Open: true, Closed: true, Currency: "EUR"}
-	openAcc   = func(balance int64) ledger.Account { return ledger.Account{Open: true, Currency: "EUR", Balance: balance} }
+	openAcc   = func(balance int64) ledger.Account {
+		return ledger.Account{Open: true, Currency: "EUR", Balance: balance}
+	}
 )
 
 func TestDecide(t *testing.T) {
@@ -56,7 +59,7 @@ func TestDecide(t *testing.T) {
 		{"refund to a closed account", closedAcc, ledger.RefundTransfer{TransferID: "t1", To: "b", Amount: 5, Reason: "x"}, []pipeline.Message{ledger.TransferRefunded{TransferID: "t1", To: "b", Amount: 5, Reason: "x"}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := ledger.Decider{}.Decide(tc.state, cmd("acme/a", tc.cmd))
+			d, err := ledger.NewDecider().Decide(tc.state, cmd("acme/a", tc.cmd))
 			if tc.reject != "" {
 				r, ok := pipeline.AsRejection(err)
 				if !ok || r.Reason != tc.reject {
@@ -80,7 +83,7 @@ func TestDecide(t *testing.T) {
 func TestTransferRoundTrip(t *testing.T) {
 	t.Parallel()
 	c := cmd("acme/a", ledger.RequestTransfer{TransferID: "t1", To: "b", Amount: 30})
-	d, err := ledger.Decider{}.Decide(openAcc(100), c)
+	d, err := ledger.NewDecider().Decide(openAcc(100), c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,21 +99,21 @@ func TestTransferRoundTrip(t *testing.T) {
 		t.Fatalf("commands: got %+v, want %+v", d.Commands, wantCredit)
 	}
 	// Deciding again gives the same credit id.
-	d2, _ := ledger.Decider{}.Decide(openAcc(100), c)
+	d2, _ := ledger.NewDecider().Decide(openAcc(100), c)
 	if d2.Commands[0].CommandID != wantCredit.CommandID {
 		t.Fatal("deciding the same request again gave another credit id")
 	}
 	// Another request reusing the transfer id gets another credit id.
 	other := c
 	other.ID = pipeline.NewCommandID()
-	if d3, _ := (ledger.Decider{}).Decide(openAcc(100), other); d3.Commands[0].CommandID == wantCredit.CommandID {
+	if d3, _ := ledger.NewDecider().Decide(openAcc(100), other); d3.Commands[0].CommandID == wantCredit.CommandID {
 		t.Fatal("two requests share a credit id")
 	}
 
 	for _, target := range []ledger.Account{{}, closedAcc, {Open: true, Currency: "USD"}} {
 		credit := cmd("acme/b", wantCredit.Payload)
 		credit.ID = wantCredit.CommandID
-		d, err := ledger.Decider{}.Decide(target, credit)
+		d, err := ledger.NewDecider().Decide(target, credit)
 		if _, ok := pipeline.AsRejection(err); !ok {
 			t.Fatalf("target %+v: got %v, want a rejection", target, err)
 		}
@@ -131,7 +134,7 @@ func TestTransferRoundTrip(t *testing.T) {
 // a target through a credit, moves exactly the amount.
 func TestEvolve(t *testing.T) {
 	t.Parallel()
-	d := ledger.Decider{}
+	d := ledger.NewDecider()
 	s := ledger.Account{}
 	for _, e := range []pipeline.Message{
 		ledger.AccountOpened{Currency: "EUR"}, ledger.Deposited{Amount: 100}, ledger.Withdrawn{Amount: 30},
@@ -145,5 +148,24 @@ func TestEvolve(t *testing.T) {
 	}
 	if s = d.Evolve(s, pipeline.Event{Payload: ledger.AccountClosed{}}); !s.Closed {
 		t.Fatal("AccountClosed did not close")
+	}
+}
+
+// Every command of the commands schema has a decide function, and nothing
+// else does: the processor sends a command of an unregistered type to the
+// DLQ, so a gap here would dead-letter valid commands.
+func TestDeciderHandlesEveryCommand(t *testing.T) {
+	t.Parallel()
+	d := ledger.NewDecider()
+	var want []string
+	for _, v := range ledger.CommandTypes() {
+		want = append(want, v.(pipeline.Message).MessageType())
+	}
+	slices.Sort(want)
+	if got := d.CommandTypes(); !slices.Equal(got, want) {
+		t.Fatalf("handled command types: got %v, want %v", got, want)
+	}
+	if d.Handles("Teleport") {
+		t.Fatal("Handles(Teleport) = true")
 	}
 }

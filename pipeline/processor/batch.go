@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -32,31 +31,52 @@ const (
 // HeaderDLQDetail carries the human-readable detail of a DLQ reason.
 const HeaderDLQDetail = "dlq-detail"
 
-// batch is one transaction's work. Aggregates it touches are copied into
-// the overlay; the overlay replaces the processor's state only if the
-// transaction commits.
+// handlesTypes is implemented by deciders that know which command types
+// they accept (pipeline.Aggregate): any other type is poison.
+type handlesTypes interface {
+	Handles(commandType string) bool
+}
+
+// staged is an aggregate as a batch sees it: decoded on first touch, changed
+// by the batch's commands, installed only if the transaction commits.
+type staged[S any] struct {
+	snap      Snapshot[S]
+	partition int32
+	dirty     bool
+	kv        []byte // after snapshot(): aggregate id + encoded snapshot
+}
+
+// batch is one transaction's work.
 type batch[S any] struct {
 	p       *Processor[S]
 	ctx     context.Context
 	cl      *kgo.Client
 	promise *kgo.FirstErrPromise
-	overlay map[string]*aggregate[S]
+	overlay map[string]*staged[S]
+	buf     []byte // scratch for snapshot encoding
 
 	accepted, rejected, dedup int
 	dlq                       map[string]int
 	failed                    error // a transient failure: the batch aborts
 }
 
-func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client) *batch[S] {
+func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client, promise *kgo.FirstErrPromise) *batch[S] {
 	return &batch[S]{
-		p: p, ctx: ctx, cl: cl,
-		promise: kgo.AbortingFirstErrPromise(cl),
-		overlay: make(map[string]*aggregate[S]),
+		p: p, ctx: ctx, cl: cl, promise: promise,
+		overlay: make(map[string]*staged[S]),
 		dlq:     make(map[string]int),
 	}
 }
 
 func (b *batch[S]) produce(r *kgo.Record) { b.cl.Produce(b.ctx, r, b.promise.Promise()) }
+
+// fail aborts the batch: nothing it produced will commit.
+func (b *batch[S]) fail(err error) {
+	if b.failed == nil {
+		b.failed = err
+		b.promise.Promise()(nil, err)
+	}
+}
 
 // poison is a record that cannot be handled, with the DLQ reason.
 type poison struct {
@@ -77,16 +97,19 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	}
 	cmd, perr := b.parse(r)
 	if perr != nil && perr.reason == "" {
-		b.failed = perr.err
-		b.promise.Promise()(nil, perr.err) // abort the transaction
+		b.fail(perr.err)
 		return
 	}
 	if perr != nil {
 		b.deadLetter(r, perr)
 		return
 	}
-	agg := b.load(r.Partition, cmd.AggregateID)
-	if agg.seen(cmd.ID) {
+	agg, err := b.load(r.Partition, cmd.AggregateID)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	if agg.snap.seen(cmd.ID) {
 		b.dedup++
 		return
 	}
@@ -122,8 +145,8 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	} else {
 		b.accepted++
 	}
-	agg.state, agg.version = out.state, out.version
-	agg.remember(cmd.ID, cmd.Time, b.p.cfg.DedupWindow)
+	agg.snap.State, agg.snap.Version = out.state, out.version
+	agg.snap.remember(cmd.ID, cmd.Time, b.p.cfg.DedupWindow)
 	agg.dirty = true
 }
 
@@ -180,25 +203,33 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison) {
 	if cmdType != "" && cmdType != msg.MessageType() {
 		return pipeline.Command{}, poisoned(ReasonCommandTypeMismatch, "header says %q, value is %q", cmdType, msg.MessageType())
 	}
+	if h, ok := b.p.decider.(handlesTypes); ok && !h.Handles(msg.MessageType()) {
+		return pipeline.Command{}, poisoned(ReasonUnknownType, "no decider is registered for command type %s", msg.MessageType())
+	}
 	return pipeline.Command{
 		ID: id, Tenant: tenant, AggregateID: string(r.Key), Time: r.Timestamp,
 		Traceparent: traceparent, Payload: msg,
 	}, nil
 }
 
-// load returns the batch's copy of an aggregate, copying it on first touch.
-func (b *batch[S]) load(part int32, id string) *aggregate[S] {
+// load returns the batch's copy of an aggregate, decoding its committed
+// snapshot on first touch.
+func (b *batch[S]) load(part int32, id string) (*staged[S], error) {
 	if a, ok := b.overlay[id]; ok {
-		return a
+		return a, nil
 	}
-	var a *aggregate[S]
-	if cur, ok := b.p.parts[part][id]; ok {
-		a = cur.clone()
-	} else {
-		a = &aggregate[S]{partition: part}
+	a := &staged[S]{partition: part}
+	if value, ok := b.p.committed(part, id); ok {
+		snap, err := b.p.codec.decode(b.ctx, []byte(value))
+		if err != nil {
+			// Restore decoded it once already; failing now means the
+			// registry is unreachable for an old schema id.
+			return nil, fmt.Errorf("decode state of %s: %w", id, err)
+		}
+		a.snap = snap
 	}
 	b.overlay[id] = a
-	return a
+	return a, nil
 }
 
 // outcome is a command's decision with the aggregate it leads to.
@@ -213,19 +244,20 @@ type outcome[S any] struct {
 // decide runs the decider on agg (without changing it), turning a panic
 // into a poison record, and returns the events with their ids and
 // versions, the follow-up commands and the new state.
-func (b *batch[S]) decide(agg *aggregate[S], cmd pipeline.Command) (out outcome[S], perr *poison) {
+func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S], perr *poison) {
 	defer func() {
 		if v := recover(); v != nil {
 			out, perr = outcome[S]{}, poisoned(ReasonDeciderPanic, "decider panicked on %s: %v", cmd.Type(), v)
 		}
 	}()
-	d, err := b.p.decider.Decide(agg.state, cmd)
+	state, version := agg.snap.State, agg.snap.Version
+	d, err := b.p.decider.Decide(state, cmd)
 	base := pipeline.Event{CommandID: cmd.ID, Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
-	out = outcome[S]{effects: d.Commands, state: agg.state, version: agg.version}
+	out = outcome[S]{effects: d.Commands, state: state, version: version}
 	if rej, ok := pipeline.AsRejection(err); ok {
 		ev := base
 		ev.ID = pipeline.EventID(cmd.ID, 0)
-		ev.Version = agg.version // a rejection does not change the aggregate
+		ev.Version = version // a rejection does not change the aggregate
 		ev.Payload = pipeline.CommandRejected{CommandType: cmd.Type(), Reason: rej.Reason, Detail: rej.Detail}
 		out.events, out.rejected = []pipeline.Event{ev}, true
 		return out, nil
@@ -267,66 +299,53 @@ func (b *batch[S]) eventRecord(ev pipeline.Event) (*kgo.Record, error) {
 }
 
 func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*kgo.Record, error) {
-	tenant, _, err := pipeline.SplitAggregateID(ef.AggregateID)
-	if err != nil {
-		return nil, err
-	}
 	value, err := b.p.serdes.Commands.Encode(b.ctx, ef.Payload)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	rec := &kgo.Record{
-		Topic: b.p.cfg.Topics.Commands(), Key: []byte(ef.AggregateID), Value: value, Timestamp: cause.Time,
-		Headers: []kgo.RecordHeader{
-			{Key: pipeline.HeaderCommandID, Value: []byte(ef.CommandID.String())},
-			{Key: pipeline.HeaderTenant, Value: []byte(tenant)},
-			{Key: pipeline.HeaderCommandType, Value: []byte(ef.Payload.MessageType())},
-		},
-	}
-	if cause.Traceparent != "" {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderTraceparent, Value: []byte(cause.Traceparent)})
-	}
-	return rec, nil
+	return CommandRecord(b.p.cfg.Topics.Commands(), ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
 func (b *batch[S]) deadLetter(r *kgo.Record, p *poison) {
-	b.p.logger.Warn("poison command to dlq", "partition", r.Partition, "offset", r.Offset, "reason", p.reason, "err", p.err)
+	b.p.dlqLog.log(b.p.logger, "poison command to dlq", "partition", r.Partition, "offset", r.Offset, "reason", p.reason, "err", p.err)
+	b.produce(deadLetterRecord(b.p.cfg.Topics.DLQ(), r, p.reason, p.err.Error()))
+	b.dlq[p.reason]++
+}
+
+// deadLetterRecord is r as it goes to the DLQ: key, value, timestamp and
+// headers as they came, plus the reason headers.
+func deadLetterRecord(topic string, r *kgo.Record, reason, detail string) *kgo.Record {
 	headers := append(append([]kgo.RecordHeader(nil), r.Headers...),
-		kgo.RecordHeader{Key: pipeline.HeaderDLQReason, Value: []byte(p.reason)},
-		kgo.RecordHeader{Key: HeaderDLQDetail, Value: []byte(p.err.Error())},
+		kgo.RecordHeader{Key: pipeline.HeaderDLQReason, Value: []byte(reason)},
+		kgo.RecordHeader{Key: HeaderDLQDetail, Value: []byte(detail)},
 		kgo.RecordHeader{Key: pipeline.HeaderDLQSourceTopic, Value: []byte(r.Topic)},
 		kgo.RecordHeader{Key: pipeline.HeaderDLQSourcePartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
 		kgo.RecordHeader{Key: pipeline.HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
-	b.produce(&kgo.Record{Topic: b.p.cfg.Topics.DLQ(), Key: r.Key, Value: r.Value, Headers: headers, Timestamp: r.Timestamp})
-	b.dlq[p.reason]++
+	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: headers, Timestamp: r.Timestamp}
 }
 
-// snapshot produces the changed aggregates' snapshots to the state topic.
+// snapshot produces the changed aggregates' snapshots to the state topic,
+// at the command's partition number.
 func (b *batch[S]) snapshot() {
 	for id, a := range b.overlay {
 		if !a.dirty {
 			continue
 		}
-		value, err := b.p.serdes.State.Encode(b.ctx, Snapshot[S]{Version: a.version, Processed: a.processed, State: a.state})
+		kv, err := b.p.codec.appendEncode(b.ctx, append(make([]byte, 0, len(id)+64), id...), &a.snap)
 		if err != nil {
 			// The transaction must not commit without this snapshot.
-			b.promise.Promise()(nil, fmt.Errorf("encode snapshot of %s: %w", id, err))
-			continue
+			b.fail(fmt.Errorf("encode snapshot of %s: %w", id, err))
+			return
 		}
-		b.produce(&kgo.Record{Topic: b.p.cfg.Topics.State(), Partition: a.partition, Key: []byte(id), Value: value, Timestamp: time.UnixMilli(a.lastAt())})
+		a.kv = kv
+		b.produce(&kgo.Record{Topic: b.p.cfg.Topics.State(), Partition: a.partition, Key: kv[:len(id)], Value: kv[len(id):], Timestamp: a.snap.lastAt()})
 	}
 }
 
-func (a *aggregate[S]) lastAt() int64 {
-	if n := len(a.processed); n > 0 {
-		return a.processed[n-1].AtMs
-	}
-	return 0
-}
-
-// commit installs the overlay after the transaction committed.
+// commit installs the batch's snapshots after its transaction committed,
+// and counts what it did.
 func (b *batch[S]) commit() {
 	p := b.p
 	p.mu.Lock()
@@ -334,12 +353,9 @@ func (b *batch[S]) commit() {
 		if !a.dirty {
 			continue
 		}
-		a.dirty = false
-		aggs, owned := p.parts[a.partition]
-		if !owned {
-			continue
+		if ps, owned := p.parts[a.partition]; owned {
+			ps.install(a.kv, len(id))
 		}
-		aggs[id] = a
 	}
 	p.metrics.aggregates.Set(float64(p.countLocked()))
 	p.mu.Unlock()

@@ -28,8 +28,14 @@ type Config struct {
 	MaxPollRecords int
 	// SessionTimeout is the group session timeout. Default 10s.
 	SessionTimeout time.Duration
-	// TransactionTimeout must be below SessionTimeout. Default 8s.
+	// TransactionTimeout must be below SessionTimeout. Default 8/10 of
+	// SessionTimeout. It bounds how long a zombie's open transaction (a
+	// processor paused mid-batch) holds back the partition's new owner.
 	TransactionTimeout time.Duration
+
+	// atLeastOnce runs batches without transactions: the baseline of the
+	// throughput benchmark (set in export_test.go), not a mode.
+	atLeastOnce bool
 }
 
 func (c *Config) setDefaults() error {
@@ -42,6 +48,9 @@ func (c *Config) setDefaults() error {
 			return err
 		}
 		c.InstanceID = h
+	}
+	if c.DedupWindow < 0 || c.MaxPollRecords < 0 || c.SessionTimeout < 0 || c.TransactionTimeout < 0 {
+		return errors.New("processor: negative DedupWindow, MaxPollRecords, SessionTimeout or TransactionTimeout")
 	}
 	if c.DedupWindow == 0 {
 		c.DedupWindow = 7 * 24 * time.Hour

@@ -10,9 +10,13 @@ type metrics struct {
 	batch        prometheus.Histogram
 	restore      prometheus.Histogram
 	aggregates   prometheus.Gauge
+	sessions     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	m := &metrics{
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_processor_commands_total",
@@ -28,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_processor_transactions_total",
-			Help: "Kafka transactions ended, by result (committed, aborted).",
+			Help: "Kafka transactions ended, by result (committed, aborted, unknown: EndTxn failed and a new session finds out).",
 		}, []string{"result"}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceflow_processor_batch_duration_seconds",
@@ -44,7 +48,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "onceflow_processor_aggregates",
 			Help: "Aggregates held in memory for the assigned partitions.",
 		}),
+		sessions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_processor_session_restarts_total",
+			Help: "Sessions restarted after a transaction of unknown outcome or a fenced producer (a zombie that woke up).",
+		}),
 	}
-	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.restore, m.aggregates)
+	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.restore, m.aggregates, m.sessions)
 	return m
 }

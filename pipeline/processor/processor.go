@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,29 +37,47 @@ type Processor[S any] struct {
 	kafka   kafka.Config
 	decider pipeline.Decider[S]
 	serdes  Serdes
+	codec   *snapshotCodec[S]
 	logger  *slog.Logger
 	metrics *metrics
+	dlqLog  rateLimited
 
 	// parts holds the state of each assigned partition. Rebalances are
-	// blocked while a batch runs, so callbacks and batches never overlap;
-	// the mutex guards readers outside the loop (Snapshot, metrics).
+	// blocked while a batch runs, so a partition's state never changes
+	// under a batch; the mutex guards the map itself, which restores of
+	// newly assigned partitions write while a batch of other partitions
+	// may be running, and readers outside the loop (State, metrics).
 	mu    sync.Mutex
-	parts map[int32]map[string]*aggregate[S]
+	parts map[int32]partitionState
 
 	ready chan struct{}
 	once  sync.Once
 }
 
-// New returns a processor.
+// New returns a processor. decider may be a *pipeline.Aggregate (deciders
+// registered per command type: a command of any other type goes to the
+// DLQ) or any other pipeline.Decider.
 func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serdes Serdes, logger *slog.Logger, reg prometheus.Registerer) (*Processor[S], error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	if decider == nil || serdes.Commands == nil || serdes.Events == nil || serdes.State == nil {
+		return nil, errors.New("processor: a decider and the three serdes are required")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	codec, err := newSnapshotCodec[S](ctx, serdes.State)
+	if err != nil {
+		return nil, fmt.Errorf("processor: %w", err)
+	}
 	return &Processor[S]{
-		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes,
+		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
-		parts:   make(map[int32]map[string]*aggregate[S]),
+		parts:   make(map[int32]partitionState),
 		ready:   make(chan struct{}),
 	}, nil
 }
@@ -69,6 +88,22 @@ func (p *Processor[S]) Ready() <-chan struct{} { return p.ready }
 
 func (p *Processor[S]) markReady() { p.once.Do(func() { close(p.ready) }) }
 
+// errSession marks a failure that ends a session but not the processor:
+// the outcome of a transaction is unknown (EndTxn failed after it was
+// sent), or the producer was fenced (this instance was a zombie). The
+// processor drops its state and starts a new session, which fences any
+// transaction of the old one, rejoins the group and restores state, so
+// whatever the broker decided, the new session starts from it.
+type errSession struct{ err error }
+
+func (e *errSession) Error() string { return e.err.Error() }
+func (e *errSession) Unwrap() error { return e.err }
+
+// maxSessionFailures is how many sessions in a row may fail without
+// committing anything before Run gives up (and the process exits, for its
+// supervisor to restart).
+const maxSessionFailures = 5
+
 // Run processes until ctx ends. It finishes the batch in flight (its
 // transaction commits or aborts) and leaves the group before returning nil.
 func (p *Processor[S]) Run(ctx context.Context) error {
@@ -77,27 +112,64 @@ func (p *Processor[S]) Run(ctx context.Context) error {
 		return err
 	}
 	defer restoreCl.Close()
+	p.checkRetention(ctx, restoreCl)
 
+	failures := 0
+	for {
+		committed, err := p.session(ctx, restoreCl)
+		p.dropAll()
+		if ctx.Err() != nil {
+			return nil
+		}
+		var se *errSession
+		if !errors.As(err, &se) {
+			return err
+		}
+		if committed {
+			failures = 0
+		}
+		failures++
+		if failures > maxSessionFailures {
+			return fmt.Errorf("%d sessions in a row failed: %w", failures, err)
+		}
+		p.metrics.sessions.Inc()
+		backoff := time.Duration(failures) * 250 * time.Millisecond
+		p.logger.Warn("starting a new session", "err", err, "failures", failures, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// consumerOpts are the options of the consuming client common to both
+// delivery modes.
+func (p *Processor[S]) consumerOpts(restoreCl *kgo.Client) ([]kgo.Opt, error) {
 	t := p.cfg.Topics
 	opts, err := p.kafka.Opts()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	opts = append(opts,
+	return append(opts,
 		kgo.ConsumerGroup(p.cfg.Group),
 		kgo.ConsumeTopics(t.Commands()),
-		kgo.TransactionalID(p.cfg.TransactionalID()),
-		kgo.TransactionTimeout(p.cfg.TransactionTimeout),
 		kgo.SessionTimeout(p.cfg.SessionTimeout),
+		kgo.HeartbeatInterval(min(3*time.Second, p.cfg.SessionTimeout/3)),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.RecordPartitioner(statePartitioner{state: t.State(), keyed: kgo.StickyKeyPartitioner(nil)}),
+		// Offsets are fetched with RequireStable, which waits for the
+		// previous owner's transaction; only then is the state read, so it
+		// includes everything those offsets cover.
 		kgo.AdjustFetchOffsetsFn(func(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+			var parts []int32
 			for part := range offsets[t.Commands()] {
-				if err := p.restore(ctx, restoreCl, part); err != nil {
-					return nil, fmt.Errorf("restore partition %d: %w", part, err)
-				}
+				parts = append(parts, part)
+			}
+			if err := p.restoreAll(ctx, restoreCl, parts); err != nil {
+				return nil, err
 			}
 			p.markReady()
 			return offsets, nil
@@ -109,55 +181,85 @@ func (p *Processor[S]) Run(ctx context.Context) error {
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, revoked map[string][]int32) { p.drop(revoked[t.Commands()]) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { p.drop(lost[t.Commands()]) }),
+	), nil
+}
+
+// session is one membership of the group with one transactional producer.
+// It reports whether it committed any transaction.
+func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client) (committed bool, err error) {
+	if p.cfg.atLeastOnce {
+		return p.sessionAtLeastOnce(ctx, restoreCl)
+	}
+	opts, err := p.consumerOpts(restoreCl)
+	if err != nil {
+		return false, err
+	}
+	opts = append(opts,
+		kgo.TransactionalID(p.cfg.TransactionalID()),
+		kgo.TransactionTimeout(p.cfg.TransactionTimeout),
 	)
 	sess, err := kgo.NewGroupTransactSession(opts...)
 	if err != nil {
-		return fmt.Errorf("processor client: %w", err)
+		return false, fmt.Errorf("processor client: %w", err)
 	}
 	defer sess.Close()
-	p.logger.Info("processor started", "group", p.cfg.Group, "transactional_id", p.cfg.TransactionalID())
+	p.logger.Info("processor session started", "group", p.cfg.Group, "transactional_id", p.cfg.TransactionalID())
 
 	for {
 		fetches := sess.PollRecords(ctx, p.cfg.MaxPollRecords)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			sess.AllowRebalance()
-			return nil
+			return committed, nil
 		}
-		fetches.EachError(func(topic string, part int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
-			}
-		})
+		p.logFetchErrors(fetches)
 		if fetches.NumRecords() == 0 {
 			sess.AllowRebalance()
 			continue
 		}
-		err := p.processBatch(ctx, sess, fetches.Records())
+		ok, err := p.transact(ctx, sess, fetches.Records())
 		sess.AllowRebalance()
 		if err != nil {
-			return err
+			return committed, err
 		}
+		committed = committed || ok
 	}
 }
 
-// processBatch handles one poll batch in one transaction.
-func (p *Processor[S]) processBatch(ctx context.Context, sess *kgo.GroupTransactSession, records []*kgo.Record) error {
+func (p *Processor[S]) logFetchErrors(fetches kgo.Fetches) {
+	fetches.EachError(func(topic string, part int32, err error) {
+		if !errors.Is(err, context.Canceled) {
+			p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
+		}
+	})
+}
+
+// transact handles one poll batch in one transaction and reports whether
+// it committed. An aborted transaction is not an error: the session has
+// rewound to the committed offsets and the batch is decided again, from the
+// same state, into the same events with the same ids. An error is an
+// errSession when the outcome is unknown or the producer fenced.
+func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSession, records []*kgo.Record) (bool, error) {
 	start := time.Now()
 	// The transaction is ended even when ctx is canceled meanwhile:
 	// shutdown finishes the batch in flight.
 	txCtx := context.WithoutCancel(ctx)
 	if err := sess.Begin(); err != nil {
-		return fmt.Errorf("begin transaction: %w", err)
+		return false, &errSession{fmt.Errorf("begin transaction: %w", err)}
 	}
-	b := newBatch(p, txCtx, sess.Client())
+	cl := sess.Client()
+	b := newBatch(p, txCtx, cl, kgo.AbortingFirstErrPromise(cl))
 	for _, r := range records {
 		b.handle(r)
 	}
-	b.snapshot()
+	if b.failed == nil {
+		b.snapshot()
+	}
 	committed, err := sess.End(txCtx, kgo.TransactionEndTry(b.promise.Err() == nil))
 	if err != nil {
-		p.metrics.transactions.WithLabelValues("aborted").Inc()
-		return fmt.Errorf("end transaction: %w", err)
+		p.metrics.transactions.WithLabelValues("unknown").Inc()
+		// kgo: "No returned error is retryable": the commit may or may
+		// not have happened. Only a new session can tell.
+		return false, &errSession{fmt.Errorf("end transaction: %w", err)}
 	}
 	if !committed {
 		p.metrics.transactions.WithLabelValues("aborted").Inc()
@@ -169,12 +271,21 @@ func (p *Processor[S]) processBatch(ctx context.Context, sess *kgo.GroupTransact
 			case <-time.After(time.Second):
 			}
 		}
-		return nil
+		return false, nil
 	}
 	p.metrics.transactions.WithLabelValues("committed").Inc()
 	p.metrics.batch.Observe(time.Since(start).Seconds())
 	b.commit()
-	return nil
+	return true, nil
+}
+
+// committed returns the committed snapshot of an aggregate, if any.
+func (p *Processor[S]) committed(part int32, id string) (string, bool) {
+	p.mu.Lock()
+	ps := p.parts[part]
+	p.mu.Unlock()
+	v, ok := ps[id]
+	return v, ok
 }
 
 // drop forgets the state of revoked or lost partitions.
@@ -190,26 +301,38 @@ func (p *Processor[S]) drop(parts []int32) {
 	}
 }
 
+// dropAll forgets every partition (the session ended).
+func (p *Processor[S]) dropAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.parts)
+	p.metrics.aggregates.Set(0)
+}
+
 func (p *Processor[S]) countLocked() int {
 	n := 0
-	for _, aggs := range p.parts {
-		n += len(aggs)
+	for _, ps := range p.parts {
+		n += len(ps)
 	}
 	return n
 }
 
-// State returns a copy of the state of every aggregate held in memory, by
-// aggregate id, with its version (for tests and debugging).
-func (p *Processor[S]) State() map[string]AggregateState[S] {
+// State returns the state of every aggregate held in memory, by aggregate
+// id, decoded from its committed snapshot (for tests and debugging).
+func (p *Processor[S]) State(ctx context.Context) (map[string]AggregateState[S], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[string]AggregateState[S], p.countLocked())
-	for _, aggs := range p.parts {
-		for id, a := range aggs {
-			out[id] = AggregateState[S]{State: a.state, Version: a.version, Processed: len(a.processed)}
+	for _, ps := range p.parts {
+		for id, value := range ps {
+			snap, err := p.codec.decode(ctx, []byte(value))
+			if err != nil {
+				return nil, fmt.Errorf("decode state of %s: %w", id, err)
+			}
+			out[id] = AggregateState[S]{State: snap.State, Version: snap.Version, Processed: len(snap.Processed)}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // AggregateState is one aggregate as the processor holds it.
@@ -239,3 +362,25 @@ type manual struct{}
 
 func (manual) RequiresConsistency(*kgo.Record) bool { return true }
 func (manual) Partition(r *kgo.Record, _ int) int   { return int(r.Partition) }
+
+// rateLimited logs at most one message per interval and counts the rest,
+// for logs in the per-record path (a burst of poison records).
+type rateLimited struct {
+	last       atomic.Int64 // unix nanos of the last logged message
+	suppressed atomic.Int64
+}
+
+const logInterval = time.Second
+
+func (r *rateLimited) log(l *slog.Logger, msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := r.last.Load()
+	if now-last < int64(logInterval) || !r.last.CompareAndSwap(last, now) {
+		r.suppressed.Add(1)
+		return
+	}
+	if n := r.suppressed.Swap(0); n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	l.Warn(msg, args...)
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/pipeline"
 )
@@ -29,18 +30,10 @@ type ProcessedCommand struct {
 	AtMs      int64       `avro:"at_ms"`
 }
 
-// aggregate is one aggregate in memory.
-type aggregate[S any] struct {
-	state     S
-	version   int64
-	processed []ProcessedCommand // in the order handled
-	partition int32
-	dirty     bool // changed in the current batch
-}
-
-func (a *aggregate[S]) seen(id pipeline.ID) bool {
-	for i := range a.processed {
-		if a.processed[i].CommandID == id {
+// seen reports whether the aggregate has handled command id.
+func (s *Snapshot[S]) seen(id pipeline.ID) bool {
+	for i := range s.Processed {
+		if s.Processed[i].CommandID == id {
 			return true
 		}
 	}
@@ -48,60 +41,113 @@ func (a *aggregate[S]) seen(id pipeline.ID) bool {
 }
 
 // remember records id and forgets ids older than window before at. Time
-// is the commands' own, so replays decide the same way.
-func (a *aggregate[S]) remember(id pipeline.ID, at time.Time, window time.Duration) {
+// is the commands' own, so deciding again forgets the same ids.
+func (s *Snapshot[S]) remember(id pipeline.ID, at time.Time, window time.Duration) {
 	ms := at.UnixMilli()
 	cutoff := ms - window.Milliseconds()
-	a.processed = slices.DeleteFunc(a.processed, func(p ProcessedCommand) bool { return p.AtMs < cutoff })
-	a.processed = append(a.processed, ProcessedCommand{CommandID: id, AtMs: ms})
+	s.Processed = slices.DeleteFunc(s.Processed, func(p ProcessedCommand) bool { return p.AtMs < cutoff })
+	s.Processed = append(s.Processed, ProcessedCommand{CommandID: id, AtMs: ms})
 }
 
-func (a *aggregate[S]) clone() *aggregate[S] {
-	c := *a
-	c.processed = slices.Clone(a.processed)
-	return &c
+// lastAt is the command time of the newest remembered command, the
+// snapshot record's timestamp.
+func (s *Snapshot[S]) lastAt() time.Time {
+	if n := len(s.Processed); n > 0 {
+		return time.UnixMilli(s.Processed[n-1].AtMs)
+	}
+	return time.UnixMilli(0)
 }
 
-// restore loads partition part's aggregates from the state topic, reading
-// read_committed up to the last stable offset, and installs them. It uses
-// raw fetch requests so it knows exactly when it has read everything below
-// the last stable offset (transaction markers and compacted gaps included).
+// partitionState is one assigned partition's aggregates, each held as the
+// value of its last committed snapshot: exactly the bytes the transaction
+// wrote to {prefix}.state, which is also what a restore reads back. Keeping
+// the encoded form (about 40 bytes for an account) instead of decoded
+// structs is what keeps a million aggregates within a small heap, and it
+// makes a restore a copy rather than a decode. A batch decodes an
+// aggregate when it first touches it.
+//
+// Key and value share one allocation: the map key is s[:len(id)] and the
+// value s[len(id):] of one string s.
+type partitionState map[string]string
+
+// install stores a committed snapshot; kv is the aggregate id followed by
+// the snapshot value, as built by the batch.
+func (ps partitionState) install(kv []byte, idLen int) {
+	s := string(kv)
+	// Assigning with the new key string also replaces the stored key, so
+	// the previous allocation is freed.
+	ps[s[:idLen]] = s[idLen:]
+}
+
+// restore loads the aggregates of partition part from the state topic,
+// reading read_committed up to the last stable offset, and installs them.
+// Every snapshot is decoded once to check it: state that cannot be read
+// must stop the processor here, not surface later as a fresh aggregate
+// that handles commands twice.
 func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) error {
 	start := time.Now()
 	topic := p.cfg.Topics.State()
-	aggs := make(map[string]*aggregate[S])
-	err := readPartition(ctx, cl, topic, part, func(r *kgo.Record) error {
+	ps := make(partitionState)
+	var kv []byte
+	var records int
+	err := readPartition(ctx, cl, topic, part, true, func(r *kgo.Record) error {
+		records++
 		key := string(r.Key)
 		if r.Value == nil { // tombstone
-			delete(aggs, key)
+			delete(ps, key)
 			return nil
 		}
-		v, err := p.serdes.State.Decode(ctx, r.Value)
-		if err != nil {
-			return fmt.Errorf("decode snapshot of %s at offset %d: %w", key, r.Offset, err)
+		if _, err := p.codec.decode(ctx, r.Value); err != nil {
+			return fmt.Errorf("snapshot of %s at offset %d: %w", key, r.Offset, err)
 		}
-		snap, ok := v.(Snapshot[S])
-		if !ok {
-			return fmt.Errorf("snapshot of %s at offset %d is a %T", key, r.Offset, v)
-		}
-		aggs[key] = &aggregate[S]{state: snap.State, version: snap.Version, processed: snap.Processed, partition: part}
+		kv = append(append(kv[:0], r.Key...), r.Value...)
+		ps.install(kv, len(r.Key))
 		return nil
 	})
 	if err != nil {
 		return err
 	}
 	p.mu.Lock()
-	p.parts[part] = aggs
+	p.parts[part] = ps
 	p.metrics.aggregates.Set(float64(p.countLocked()))
 	p.mu.Unlock()
 	p.metrics.restore.Observe(time.Since(start).Seconds())
-	p.logger.Info("partition restored", "partition", part, "aggregates", len(aggs), "duration", time.Since(start))
+	p.logger.Info("partition restored", "partition", part, "aggregates", len(ps), "records", records, "duration", time.Since(start))
 	return nil
 }
 
+// restoreAll restores the given partitions, a few at a time: each is one
+// sequential read of its state partition.
+func (p *Processor[S]) restoreAll(ctx context.Context, cl *kgo.Client, parts []int32) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(restoreConcurrency)
+	for _, part := range parts {
+		g.Go(func() error {
+			if err := p.restore(gctx, cl, part); err != nil {
+				return fmt.Errorf("restore partition %d: %w", part, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// restoreConcurrency bounds the partitions restored at once.
+const restoreConcurrency = 4
+
 // readPartition calls fn for every committed record of topic/part from the
-// start of the log up to its last stable offset at the time of the call.
-func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32, fn func(*kgo.Record) error) error {
+// start of the log up to its last stable offset at the time of the call
+// (with committed false: every record up to the high watermark, aborted
+// ones included, as a read_uncommitted consumer sees them).
+// It uses raw fetch requests so it knows exactly when it has read
+// everything below the last stable offset (transaction markers and
+// compacted gaps included); a consumer cannot tell "caught up" from "slow"
+// when the log ends in transaction markers.
+func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32, committed bool, fn func(*kgo.Record) error) error {
+	isolation, level := kgo.ReadCommitted(), int8(1)
+	if !committed {
+		isolation, level = kgo.ReadUncommitted(), 0
+	}
 	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
 	if err != nil {
 		return fmt.Errorf("metadata of %s: %w", topic, err)
@@ -122,7 +168,7 @@ func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 		req.MaxWaitMillis = 0
 		req.MinBytes = 0
 		req.MaxBytes = 64 << 20
-		req.IsolationLevel = 1 // read_committed
+		req.IsolationLevel = level
 		req.SessionEpoch = -1
 		rt := kmsg.NewFetchRequestTopic()
 		rt.Topic = topic
@@ -157,10 +203,13 @@ func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 		}
 		if end < 0 {
 			end = presp.LastStableOffset
+			if !committed {
+				end = presp.HighWatermark
+			}
 		}
 		fp, after := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
 			Offset:         next,
-			IsolationLevel: kgo.ReadCommitted(),
+			IsolationLevel: isolation,
 			Topic:          topic,
 			Partition:      part,
 		}, presp, kgo.DefaultDecompressor(), nil)

@@ -1,0 +1,43 @@
+package processor
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// AtLeastOnce turns cfg into the benchmark's at-least-once baseline.
+func AtLeastOnce(cfg *Config) { cfg.atLeastOnce = true }
+
+// ReadPartition exposes readPartition to the tests.
+func ReadPartition(ctx context.Context, cl *kgo.Client, topic string, part int32, committed bool, fn func(*kgo.Record) error) error {
+	return readPartition(ctx, cl, topic, part, committed, fn)
+}
+
+// Restore restores the given partitions into p without joining a group,
+// as a session does on assignment.
+func (p *Processor[S]) Restore(ctx context.Context, cl *kgo.Client, parts []int32) error {
+	return p.restoreAll(ctx, cl, parts)
+}
+
+// Drop forgets every partition.
+func (p *Processor[S]) Drop() { p.dropAll() }
+
+// FastSnapshots reports whether the processor uses the AvroState fast path.
+func (p *Processor[S]) FastSnapshots() bool { return p.codec.fast() }
+
+// EncodeSnapshot and DecodeSnapshot expose the snapshot codec.
+func (p *Processor[S]) EncodeSnapshot(ctx context.Context, snap Snapshot[S]) ([]byte, error) {
+	return p.codec.appendEncode(ctx, nil, &snap)
+}
+
+func (p *Processor[S]) DecodeSnapshot(ctx context.Context, b []byte) (Snapshot[S], error) {
+	return p.codec.decode(ctx, b)
+}
+
+// DecodeSnapshotPayload decodes the Avro payload of a snapshot with the
+// fast path alone (for the fuzz target).
+func DecodeSnapshotPayload[S any](b []byte) (Snapshot[S], error) { return decodeSnapshot[S](b) }
+
+// Config returns the processor's configuration with defaults applied.
+func (p *Processor[S]) Config() Config { return p.cfg }

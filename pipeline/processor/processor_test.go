@@ -1,0 +1,112 @@
+package processor_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+)
+
+// The ledger's every command through a real processor and broker: events
+// with derived ids and versions, rejections as CommandRejected with their
+// reason, a transfer that debits the source and credits the target in one
+// transaction, and transfers the target cannot take coming back as
+// refunds. Money is conserved.
+func TestLedgerCommands(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	p := e.start("p1", nil)
+
+	a, b, usd := "acme/a", "acme/b", "acme/usd"
+	steps := []struct {
+		c      cmd
+		events []string // event types of the outcome, in order
+		reject string
+	}{
+		{newCmd(a, ledger.OpenAccount{Currency: "EUR"}), []string{"AccountOpened"}, ""},
+		{newCmd(b, ledger.OpenAccount{Currency: "EUR"}), []string{"AccountOpened"}, ""},
+		{newCmd(usd, ledger.OpenAccount{Currency: "USD"}), []string{"AccountOpened"}, ""},
+		{newCmd(a, ledger.Deposit{Amount: 100}), []string{"Deposited"}, ""},
+		{newCmd(a, ledger.Withdraw{Amount: 500}), nil, ledger.ReasonInsufficientFunds},
+		{newCmd(a, ledger.Withdraw{Amount: 10}), []string{"Withdrawn"}, ""},
+		{newCmd("acme/ghost", ledger.Deposit{Amount: 5}), nil, ledger.ReasonUnknownAccount},
+		{newCmd(a, ledger.RequestTransfer{TransferID: "t1", To: "b", Amount: 30}), []string{"TransferDebited"}, ""},
+		{newCmd(a, ledger.RequestTransfer{TransferID: "t2", To: "nobody", Amount: 20}), []string{"TransferDebited"}, ""},
+		{newCmd(a, ledger.RequestTransfer{TransferID: "t3", To: "usd", Amount: 5}), []string{"TransferDebited"}, ""},
+		{newCmd(b, ledger.CloseAccount{}), nil, ledger.ReasonBalanceNotZero},
+		{newCmd(usd, ledger.CloseAccount{}), []string{"AccountClosed"}, ""},
+		{newCmd(usd, ledger.Deposit{Amount: 1}), nil, ledger.ReasonAccountClosed},
+	}
+	// The follow-ups: t1's credit lands; t2's credit is refused (unknown
+	// account) and refunded; t3's is refused (currency) and refunded.
+	credit := func(i int, tr string) pipeline.ID { return ledger.CreditCommandID(steps[i].c.id, tr) }
+	followUps := []pipeline.ID{
+		credit(7, "t1"), credit(8, "t2"), credit(9, "t3"),
+		ledger.RefundCommandID(credit(8, "t2")), ledger.RefundCommandID(credit(9, "t3")),
+	}
+	// Commands to different accounts are ordered only per account: the
+	// closes go once the transfers have settled.
+	var ids []pipeline.ID
+	for i, s := range steps {
+		if i == 10 {
+			e.waitOutcomes(30*time.Second, append(ids, followUps...)...)
+		}
+		e.send(s.c)
+		ids = append(ids, s.c.id)
+	}
+	evs := e.waitOutcomes(30*time.Second, append(ids, followUps...)...)
+	byCmd := outcomes(evs)
+	for i, s := range steps {
+		got := byCmd[s.c.id]
+		if s.reject != "" {
+			r, ok := got[0].Payload.(pipeline.CommandRejected)
+			if len(got) != 1 || !ok || r.Reason != s.reject || r.CommandType != s.c.payload.MessageType() {
+				t.Errorf("step %d (%s): got %v, want one CommandRejected %s", i, s.c.payload.MessageType(), got, s.reject)
+			}
+			continue
+		}
+		if len(got) != len(s.events) {
+			t.Errorf("step %d (%s): got %d events, want %v", i, s.c.payload.MessageType(), len(got), s.events)
+			continue
+		}
+		for j, ev := range got {
+			if ev.Type() != s.events[j] {
+				t.Errorf("step %d: event %d is %s, want %s", i, j, ev.Type(), s.events[j])
+			}
+		}
+	}
+	wantOutcome := map[pipeline.ID]string{
+		followUps[0]: "TransferCredited",
+		followUps[1]: "CommandRejected:" + ledger.ReasonUnknownAccount,
+		followUps[2]: "CommandRejected:" + ledger.ReasonCurrencyMismatch,
+		followUps[3]: "TransferRefunded",
+		followUps[4]: "TransferRefunded",
+	}
+	for id, want := range wantOutcome {
+		got := byCmd[id]
+		desc := got[0].Type()
+		if r, ok := got[0].Payload.(pipeline.CommandRejected); ok {
+			desc += ":" + r.Reason
+		}
+		if len(got) != 1 || desc != want {
+			t.Errorf("follow-up %s: got %d events, first %s; want %s", id, len(got), desc, want)
+		}
+	}
+	balances := checkEventLog(t, evs)
+	want := map[string]int64{a: 60, b: 30, usd: 0}
+	for id, w := range want {
+		if balances[id] != w {
+			t.Errorf("%s: balance from events %d, want %d", id, balances[id], w)
+		}
+	}
+	st := stateOf(t, p.Processor)
+	for id, w := range want {
+		if st[id].State.Balance != w {
+			t.Errorf("%s: processor state balance %d, want %d", id, st[id].State.Balance, w)
+		}
+	}
+	if n := p.metric(t, "onceflow_processor_commands_total", "outcome", "rejected"); n != 6 {
+		t.Errorf("rejected commands: %v, want 6", n)
+	}
+}
