@@ -176,7 +176,7 @@ func NewProcessor(cfg Config, pcfg processor.Config, s Serdes, reg prometheus.Re
 	if pcfg.InstanceID == "" {
 		pcfg.InstanceID = cfg.InstanceID
 	}
-	return processor.New(pcfg, cfg.Kafka, ledger.Decider{}, s.ProcessorSerdes(), cfg.Logger, reg)
+	return processor.New(pcfg, cfg.Kafka, ledger.NewDecider(), s.ProcessorSerdes(), cfg.Logger, reg)
 }
 
 // NewProjector builds the ledger projector.
