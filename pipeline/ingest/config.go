@@ -15,10 +15,38 @@ type Config struct {
 	// Shards is the number of outbox shards; it must match the relay's.
 	// Default 16.
 	Shards int
-	// IdempotencyRetention is how long a key is remembered. Default 24h.
+	// IdempotencyRetention is how long a key is remembered
+	// (ONCEFLOW_IDEMPOTENCY_RETENTION, shared with the relay's janitor,
+	// which drops the partitions). Default 24h; at least a minute.
 	IdempotencyRetention time.Duration
-	// MaxBodyBytes bounds request bodies. Default 1 MiB.
+	// MaxBodyBytes bounds request bodies; a larger one is a 413. Default
+	// 1 MiB.
 	MaxBodyBytes int64
+	// RateLimit is each tenant's sustained rate in requests per second, in
+	// this process (ONCEFLOW_TENANT_RATE_LIMIT); above it requests are a
+	// 429 with Retry-After. Default 1000. Negative: no limit.
+	RateLimit float64
+	// RateBurst is how many requests a tenant may send at once before the
+	// rate applies. Default twice RateLimit.
+	RateBurst int
+	// MaxBatch is how many concurrent accepts may share one Postgres
+	// transaction (group commit). Default 128; 1 gives every request its
+	// own transaction.
+	MaxBatch int
+	// Committers is how many accept transactions may be in flight at once;
+	// each holds a connection while it runs. Default half the pool's
+	// connections (at least one), leaving the rest to authentication and
+	// reads.
+	Committers int
+	// MaxPending bounds the accepts waiting for a transaction; beyond it
+	// requests are a 503 with Retry-After instead of piling up. Default
+	// 8192.
+	MaxPending int
+	// RequestTimeout bounds how long a request waits for the database
+	// before it is answered 503 with Retry-After. Default 10s.
+	RequestTimeout time.Duration
+	// MaxWait caps the ?wait= of GET /v1/commands/{id}. Default 30s.
+	MaxWait time.Duration
 	// OnAccept, if set, is called after each transaction that accepted
 	// commands commits: `onceflow dev` wires it to the relay's wake-up so
 	// commands leave the outbox at once instead of at the next poll.
@@ -38,6 +66,24 @@ func (c *Config) setDefaults() {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
+	if c.RateLimit == 0 {
+		c.RateLimit = 1000
+	}
+	if c.RateBurst == 0 {
+		c.RateBurst = max(1, int(2*c.RateLimit))
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 128
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = 8192
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 10 * time.Second
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 30 * time.Second
+	}
 }
 
 func (c *Config) validate() error {
@@ -50,6 +96,18 @@ func (c *Config) validate() error {
 	}
 	if c.IdempotencyRetention < time.Minute {
 		errs = append(errs, errors.New("ingest: IdempotencyRetention must be at least a minute"))
+	}
+	if c.MaxBodyBytes < 1 {
+		errs = append(errs, errors.New("ingest: MaxBodyBytes must be positive"))
+	}
+	if c.RateBurst < 1 {
+		errs = append(errs, errors.New("ingest: RateBurst must be positive"))
+	}
+	if c.MaxBatch < 1 || c.Committers < 1 || c.MaxPending < 1 {
+		errs = append(errs, errors.New("ingest: MaxBatch, Committers and MaxPending must be positive"))
+	}
+	if c.RequestTimeout < 0 || c.MaxWait < 0 {
+		errs = append(errs, errors.New("ingest: RequestTimeout and MaxWait must not be negative"))
 	}
 	return errors.Join(errs...)
 }

@@ -8,6 +8,9 @@ type metrics struct {
 	hits      *prometheus.CounterVec
 	conflicts *prometheus.CounterVec
 	accepted  prometheus.Counter
+
+	batchSize     prometheus.Histogram
+	batchDuration prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -33,7 +36,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "onceflow_api_commands_accepted_total",
 			Help: "Commands accepted into the outbox.",
 		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_api_accept_batch_size",
+			Help:    "Requests per accept transaction (group commit).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
+		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_api_accept_batch_duration_seconds",
+			Help:    "Time of one accept transaction, from BEGIN to COMMIT.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
+		}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted)
+	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted, m.batchSize, m.batchDuration)
 	return m
 }

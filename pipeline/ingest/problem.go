@@ -53,3 +53,20 @@ func errUnavailable(detail string) *Problem {
 	p.retryAfter = time.Second
 	return p
 }
+
+var errKeyReused = problem(http.StatusConflict, "idempotency-key-reused", "Idempotency-Key reused",
+	"this Idempotency-Key was already used with a different request; use a new key for a new operation")
+
+func errRateLimited(retry time.Duration) *Problem {
+	p := problem(http.StatusTooManyRequests, "rate-limited", "Too many requests",
+		"this tenant sends more requests than its rate limit; retry after the time in Retry-After")
+	p.retryAfter = retry
+	return p
+}
+
+// invalid is a 422 listing the fields at fault.
+func invalid(errs ...FieldError) *Problem {
+	p := problem(http.StatusUnprocessableEntity, "invalid-request", "Invalid request", "the request has invalid fields")
+	p.Errors = errs
+	return p
+}

@@ -10,102 +10,31 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ledger"
 )
 
-// MaxIdempotencyKeyLen bounds the Idempotency-Key header (Stripe's limit).
+// MaxIdempotencyKeyLen bounds the Idempotency-Key header, in characters
+// (Stripe's limit).
 const MaxIdempotencyKeyLen = 255
 
 // command is a validated request, ready to be accepted.
 type command struct {
 	localID string // the aggregate's tenant-local id
 	payload pipeline.Message
-	// canonical is the normalized request the idempotency hash covers:
-	// the validated fields re-encoded in a fixed order, so key order,
-	// whitespace and number spelling do not change it.
+	// canonical is the normalized request the idempotency hash covers: the
+	// route's name, the path's resource id and the validated fields
+	// re-encoded in a fixed order, so key order, whitespace and number
+	// spelling do not change it and any changed value does.
 	canonical []byte
 }
 
-// decodeBody reads a JSON object into v, rejecting unknown fields, trailing
-// data and the wrong content type.
-func decodeBody(r *http.Request, maxBytes int64, v any) *Problem {
-	if ct := r.Header.Get("Content-Type"); ct != "" || r.ContentLength != 0 {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				"send Content-Type: application/json")
-		}
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return problem(http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
-				fmt.Sprintf("the body must be at most %d bytes", maxBytes))
-		}
-		return problem(http.StatusBadRequest, "bad-request", "Bad request", "could not read the body")
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		body = []byte("{}")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
-		return invalid(jsonFieldError(err))
-	}
-	if dec.More() {
-		return invalid(FieldError{Field: "", Message: "unexpected data after the JSON object"})
-	}
-	return nil
-}
-
-func jsonFieldError(err error) FieldError {
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		return FieldError{Field: typeErr.Field, Message: "must be a " + typeErr.Type.String()}
-	}
-	msg := err.Error()
-	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return FieldError{Field: strings.Trim(f, `"`), Message: "unknown field"}
-	}
-	return FieldError{Field: "", Message: "malformed JSON: " + strings.TrimPrefix(msg, "json: ")}
-}
-
-func invalid(errs ...FieldError) *Problem {
-	p := problem(http.StatusUnprocessableEntity, "invalid-request", "Invalid request", "the request has invalid fields")
-	p.Errors = errs
-	return p
-}
-
-// amount parses a positive int64 amount in minor units. JSON numbers are
-// accepted in any spelling that denotes an integer (100, 1e2, 100.0).
-func amount(field string, n json.Number, errs *[]FieldError) int64 {
-	if n == "" {
-		*errs = append(*errs, FieldError{field, "is required"})
-		return 0
-	}
-	v, err := n.Int64()
-	if err != nil {
-		f, ferr := n.Float64()
-		if ferr != nil || f != float64(int64(f)) || f >= 1<<63 || f < -(1<<63) {
-			*errs = append(*errs, FieldError{field, "must be an integer number of minor units that fits in 64 bits"})
-			return 0
-		}
-		v = int64(f)
-	}
-	if v <= 0 {
-		*errs = append(*errs, FieldError{field, "must be greater than zero"})
-	}
-	return v
-}
-
-func localID(field, v string, errs *[]FieldError) {
-	if err := pipeline.ValidateLocalID(v); err != nil {
-		*errs = append(*errs, FieldError{field, err.Error()})
-	}
+// requestHash is what a retry with the same Idempotency-Key must match.
+func requestHash(c command) []byte {
+	h := sha256.Sum256(c.canonical)
+	return h[:]
 }
 
 func canonical(route string, fields ...any) []byte {
@@ -113,58 +42,278 @@ func canonical(route string, fields ...any) []byte {
 	return b
 }
 
-// openAccountRequest is POST /v1/accounts.
-type openAccountRequest struct {
-	AccountID string `json:"account_id"`
-	Currency  string `json:"currency"`
+// idempotencyKey returns the request's Idempotency-Key, or a 400.
+func idempotencyKey(r *http.Request) (string, *Problem) {
+	vals := r.Header.Values("Idempotency-Key")
+	if len(vals) == 0 || vals[0] == "" {
+		return "", problem(http.StatusBadRequest, "idempotency-key-missing", "Idempotency-Key missing",
+			"every POST needs an Idempotency-Key header; use a new random value per operation and resend it on retries")
+	}
+	if len(vals) > 1 {
+		return "", problem(http.StatusBadRequest, "idempotency-key-invalid", "Idempotency-Key invalid",
+			"send exactly one Idempotency-Key header")
+	}
+	key := vals[0]
+	if !utf8.ValidString(key) || strings.ContainsFunc(key, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		return "", problem(http.StatusBadRequest, "idempotency-key-invalid", "Idempotency-Key invalid",
+			"the key must be UTF-8 text without control characters")
+	}
+	if n := utf8.RuneCountInString(key); n > MaxIdempotencyKeyLen {
+		return "", problem(http.StatusBadRequest, "idempotency-key-invalid", "Idempotency-Key too long",
+			fmt.Sprintf("the key must be at most %d characters; it has %d", MaxIdempotencyKeyLen, n))
+	}
+	return key, nil
 }
 
-func parseOpenAccount(r *http.Request, maxBytes int64) (command, *Problem) {
-	var req openAccountRequest
-	if p := decodeBody(r, maxBytes, &req); p != nil {
-		return command{}, p
+// readBody checks the content type and reads the body, at most maxBytes.
+// A request without a body (close) may omit the content type.
+func readBody(r *http.Request, maxBytes int64) ([]byte, *Problem) {
+	tooLarge := problem(http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+		fmt.Sprintf("the body must be at most %d bytes", maxBytes))
+	if r.ContentLength > maxBytes {
+		return nil, tooLarge // refuse before reading a byte of it
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" || r.ContentLength > 0 {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return nil, problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+				"send Content-Type: application/json")
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge
+		}
+		return nil, problem(http.StatusBadRequest, "bad-request", "Bad request", "could not read the body")
+	}
+	return body, nil
+}
+
+// object is a decoded top-level JSON object: its members, still encoded.
+type object map[string]json.RawMessage
+
+// decodeObject decodes body as one JSON object whose member names are all
+// in allowed. Unknown and repeated members are field errors (a repeated
+// member is ambiguous: parsers disagree on which value wins, so a proxy
+// could check one value while we accept the other). An empty body is an
+// empty object.
+func decodeObject(body []byte, allowed ...string) (object, []FieldError, *Problem) {
+	obj := object{}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return obj, nil, nil
+	}
+	malformed := func(err error) *Problem {
+		msg := strings.TrimPrefix(err.Error(), "json: ")
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) {
+			msg = fmt.Sprintf("%s (at byte %d)", msg, syn.Offset)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			msg = "unexpected end of the body"
+		}
+		return invalid(FieldError{Field: "", Message: "malformed JSON: " + msg})
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, nil, malformed(err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, nil, invalid(FieldError{Field: "", Message: "the body must be a JSON object"})
 	}
 	var errs []FieldError
-	localID("account_id", req.AccountID, &errs)
-	if !ledger.ValidCurrency(req.Currency) {
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, nil, malformed(err)
+		}
+		name, _ := tok.(string) // inside an object the decoder only yields string keys
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, nil, malformed(err)
+		}
+		switch _, seen := obj[name]; {
+		case seen:
+			errs = append(errs, FieldError{Field: name, Message: "appears more than once"})
+		case !contains(allowed, name):
+			errs = append(errs, FieldError{Field: name, Message: "unknown field"})
+		}
+		obj[name] = raw
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, nil, malformed(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, nil, invalid(FieldError{Field: "", Message: "unexpected data after the JSON object"})
+	}
+	return obj, errs, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// str returns a string member and whether it is one; absent, null and
+// non-string values are field errors.
+func (o object) str(field string, errs *[]FieldError) (string, bool) {
+	raw, ok := o[field]
+	if !ok || string(raw) == "null" {
+		*errs = append(*errs, FieldError{field, "is required"})
+		return "", false
+	}
+	var s string
+	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		*errs = append(*errs, FieldError{field, "must be a string"})
+		return "", false
+	}
+	return s, true
+}
+
+// id returns a string member holding a tenant-local id.
+func (o object) id(field string, errs *[]FieldError) string {
+	v, ok := o.str(field, errs)
+	if ok {
+		if err := pipeline.ValidateLocalID(v); err != nil {
+			*errs = append(*errs, FieldError{field, err.Error()})
+		}
+	}
+	return v
+}
+
+// amount returns a member holding a positive amount in minor units. Any
+// JSON spelling of an integer is accepted (100, 1e2, 100.0, 1.00e2) and
+// read exactly; a string, a fraction, zero, a negative number or one that
+// does not fit in 64 bits is a field error.
+func (o object) amount(field string, errs *[]FieldError) int64 {
+	raw, ok := o[field]
+	if !ok || string(raw) == "null" {
+		*errs = append(*errs, FieldError{field, "is required"})
+		return 0
+	}
+	if c := raw[0]; c != '-' && (c < '0' || c > '9') {
+		*errs = append(*errs, FieldError{field, "must be a number"})
+		return 0
+	}
+	v, err := exactInt64(string(raw))
+	switch {
+	case err != nil:
+		*errs = append(*errs, FieldError{field, err.Error()})
+	case v <= 0:
+		*errs = append(*errs, FieldError{field, "must be greater than zero"})
+	}
+	return v
+}
+
+// pathID validates the {id} of the request's path.
+func pathID(r *http.Request, errs *[]FieldError) string {
+	id := r.PathValue("id")
+	if err := pipeline.ValidateLocalID(id); err != nil {
+		*errs = append(*errs, FieldError{"id", err.Error()})
+	}
+	return id
+}
+
+// parser validates one route's request into a command. Every field error
+// is reported at once, so a client can fix them in one round.
+type parser func(r *http.Request, body []byte) (command, *Problem)
+
+func finish(errs []FieldError, p *Problem, c command) (command, *Problem) {
+	if p != nil {
+		return command{}, p
+	}
+	if len(errs) > 0 {
+		return command{}, invalid(errs...)
+	}
+	return c, nil
+}
+
+// parseOpenAccount is POST /v1/accounts {"account_id","currency"}.
+func parseOpenAccount(_ *http.Request, body []byte) (command, *Problem) {
+	obj, errs, p := decodeObject(body, "account_id", "currency")
+	if p != nil {
+		return command{}, p
+	}
+	id := obj.id("account_id", &errs)
+	cur, ok := obj.str("currency", &errs)
+	if ok && !ledger.ValidCurrency(cur) {
 		errs = append(errs, FieldError{"currency", "must be a three-letter ISO 4217 code in upper case"})
 	}
-	if len(errs) > 0 {
-		return command{}, invalid(errs...)
-	}
-	return command{
-		localID:   req.AccountID,
-		payload:   ledger.OpenAccount{Currency: req.Currency},
-		canonical: canonical("open_account", req.AccountID, req.Currency),
-	}, nil
+	return finish(errs, nil, command{
+		localID:   id,
+		payload:   ledger.OpenAccount{Currency: cur},
+		canonical: canonical("open_account", id, cur),
+	})
 }
 
-// depositRequest is POST /v1/accounts/{id}/deposits.
-type depositRequest struct {
-	Amount json.Number `json:"amount"`
-}
-
-func parseDeposit(r *http.Request, maxBytes int64) (command, *Problem) {
-	var req depositRequest
-	if p := decodeBody(r, maxBytes, &req); p != nil {
+// parseDeposit is POST /v1/accounts/{id}/deposits {"amount"}.
+func parseDeposit(r *http.Request, body []byte) (command, *Problem) {
+	obj, errs, p := decodeObject(body, "amount")
+	if p != nil {
 		return command{}, p
 	}
-	var errs []FieldError
-	id := r.PathValue("id")
-	localID("id", id, &errs)
-	amt := amount("amount", req.Amount, &errs)
-	if len(errs) > 0 {
-		return command{}, invalid(errs...)
-	}
-	return command{
+	id := pathID(r, &errs)
+	amt := obj.amount("amount", &errs)
+	return finish(errs, nil, command{
 		localID:   id,
 		payload:   ledger.Deposit{Amount: amt},
 		canonical: canonical("deposit", id, amt),
-	}, nil
+	})
 }
 
-// requestHash is what a retry with the same Idempotency-Key must match.
-func requestHash(c command) []byte {
-	h := sha256.Sum256(c.canonical)
-	return h[:]
+// parseWithdraw is POST /v1/accounts/{id}/withdrawals {"amount"}.
+func parseWithdraw(r *http.Request, body []byte) (command, *Problem) {
+	obj, errs, p := decodeObject(body, "amount")
+	if p != nil {
+		return command{}, p
+	}
+	id := pathID(r, &errs)
+	amt := obj.amount("amount", &errs)
+	return finish(errs, nil, command{
+		localID:   id,
+		payload:   ledger.Withdraw{Amount: amt},
+		canonical: canonical("withdraw", id, amt),
+	})
+}
+
+// parseClose is POST /v1/accounts/{id}/close, with no body or {}.
+func parseClose(r *http.Request, body []byte) (command, *Problem) {
+	_, errs, p := decodeObject(body)
+	if p != nil {
+		return command{}, p
+	}
+	id := pathID(r, &errs)
+	return finish(errs, nil, command{
+		localID:   id,
+		payload:   ledger.CloseAccount{},
+		canonical: canonical("close", id),
+	})
+}
+
+// parseTransfer is POST /v1/transfers {"transfer_id","from","to","amount"}:
+// a RequestTransfer on the source account, which debits it and credits
+// the target (DESIGN §4).
+func parseTransfer(_ *http.Request, body []byte) (command, *Problem) {
+	obj, errs, p := decodeObject(body, "transfer_id", "from", "to", "amount")
+	if p != nil {
+		return command{}, p
+	}
+	tid := obj.id("transfer_id", &errs)
+	from := obj.id("from", &errs)
+	to := obj.id("to", &errs)
+	if from != "" && from == to {
+		errs = append(errs, FieldError{"to", "must differ from from"})
+	}
+	amt := obj.amount("amount", &errs)
+	return finish(errs, nil, command{
+		localID:   from,
+		payload:   ledger.RequestTransfer{TransferID: tid, To: to, Amount: amt},
+		canonical: canonical("transfer", tid, from, to, amt),
+	})
 }

@@ -8,13 +8,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/openapi"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
@@ -27,39 +30,61 @@ type Encoder interface {
 
 // Server is the ingest HTTP server.
 type Server struct {
-	cfg     Config
-	pool    *pgxpool.Pool
-	enc     Encoder
-	logger  *slog.Logger
-	metrics *metrics
-	mux     *http.ServeMux
+	cfg       Config
+	pool      *pgxpool.Pool
+	enc       Encoder
+	logger    *slog.Logger
+	metrics   *metrics
+	limiter   *limiter
+	keys      keyCache
+	committer *committer
+	mux       *http.ServeMux
+	routes    []string // the API's routes, "METHOD /path", for the OpenAPI check
 }
 
-// New returns a server. reg receives its metrics.
+// New returns a server. reg receives its metrics. Nothing runs until Run
+// or Serve.
 func New(cfg Config, pool *pgxpool.Pool, enc Encoder, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
 	cfg.setDefaults()
+	if cfg.Committers == 0 {
+		cfg.Committers = max(1, int(pool.Config().MaxConns)/2)
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, pool: pool, enc: enc, logger: logger.With("component", "ingest"), metrics: newMetrics(reg), mux: http.NewServeMux()}
-	s.route("POST /v1/accounts", s.accept(parseOpenAccount))
-	s.route("POST /v1/accounts/{id}/deposits", s.accept(parseDeposit))
-	s.route("GET /v1/accounts/{id}", s.getAccount)
-	s.route("GET /v1/commands/{id}", s.getCommand)
+	logger = logger.With("component", "ingest")
+	m := newMetrics(reg)
+	s := &Server{
+		cfg: cfg, pool: pool, enc: enc, logger: logger, metrics: m,
+		limiter:   newLimiter(cfg.RateLimit, cfg.RateBurst),
+		committer: newCommitter(pool, cfg, logger, m),
+		mux:       http.NewServeMux(),
+	}
+	s.route("POST /v1/accounts", s.accept(parseOpenAccount), true)
+	s.route("POST /v1/accounts/{id}/deposits", s.accept(parseDeposit), true)
+	s.route("POST /v1/accounts/{id}/withdrawals", s.accept(parseWithdraw), true)
+	s.route("POST /v1/accounts/{id}/close", s.accept(parseClose), true)
+	s.route("POST /v1/transfers", s.accept(parseTransfer), true)
+	s.route("GET /v1/accounts/{id}", s.getAccount, false)
+	s.route("GET /v1/commands/{id}", s.getCommand, false)
+	s.mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(openapi.JSON)
+	})
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem(http.StatusNotFound, "not-found", "Not found", "no route "+r.Method+" "+r.URL.Path))
 	})
 	return s, nil
 }
 
-// Handler returns the server's routes.
-func (s *Server) Handler() http.Handler { return s.mux }
-
 // handlerFunc is a route handler that reports failures as a *Problem.
-type handlerFunc func(w http.ResponseWriter, r *http.Request, tenant string) *Problem
+type handlerFunc func(w http.ResponseWriter, r *http.Request, c caller) *Problem
 
-// route registers h behind authentication, metrics and error handling.
-func (s *Server) route(pattern string, h handlerFunc) {
+// route registers h behind metrics, authentication and the tenant's rate
+// limit. cachedAuth lets the route take the tenant from the key cache
+// (commands, whose transaction checks the key again; see authenticate).
+func (s *Server) route(pattern string, h handlerFunc, cachedAuth bool) {
+	s.routes = append(s.routes, pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
@@ -67,30 +92,43 @@ func (s *Server) route(pattern string, h handlerFunc) {
 			s.metrics.requests.WithLabelValues(pattern, strconv.Itoa(rec.status)).Inc()
 			s.metrics.duration.WithLabelValues(pattern).Observe(time.Since(start).Seconds())
 		}()
-		tenant, err := s.authenticate(r.Context(), r.Header.Get("Authorization"))
+		c, err := s.authenticate(r.Context(), r.Header.Get("Authorization"), cachedAuth)
 		if err != nil {
 			writeProblem(rec, s.internal(r, err))
 			return
 		}
-		if tenant == "" {
-			writeProblem(rec, errUnauthorized)
+		if c.tenant == "" {
+			unauthorized(rec)
 			return
 		}
-		if p := h(rec, r, tenant); p != nil {
+		if ok, retry := s.limiter.allow(c.tenant, time.Now()); !ok {
+			writeProblem(rec, errRateLimited(retry))
+			return
+		}
+		if p := h(rec, r, c); p != nil {
 			writeProblem(rec, p)
 		}
 	})
 }
 
-// internal maps an unexpected error to 503 when the database is away, or
-// 500 (logged) otherwise.
+// internal maps an unexpected error to 503 when the database is away or
+// slow, or 500 (logged) otherwise.
 func (s *Server) internal(r *http.Request, err error) *Problem {
-	if postgres.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
+	switch {
+	case postgres.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errOverloaded) || errors.Is(err, errShuttingDown):
 		s.logger.Warn("database unavailable", "route", r.Pattern, "err", err)
 		return errUnavailable("the database is unavailable; retry with the same Idempotency-Key")
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client went away; nobody reads this answer.
+		return problem(499, "client-closed-request", "Client closed request", "")
 	}
 	s.logger.Error("request failed", "route", r.Pattern, "err", err)
 	return problem(http.StatusInternalServerError, "internal", "Internal error", "retry with the same Idempotency-Key")
+}
+
+func unauthorized(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
+	writeProblem(w, errUnauthorized)
 }
 
 type statusRecorder struct {
@@ -103,139 +141,59 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
-// accepted is the body of a 202.
-type accepted struct {
-	CommandID string `json:"command_id"`
-	Status    string `json:"status"`
-}
+// traceparentRe is the W3C Trace Context header (version 00 and later):
+// anything else is dropped rather than carried into Kafka headers.
+var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
 
-// storedResponse is what idempotency_keys keeps of the response.
-type storedResponse struct {
-	Status  int
-	Headers map[string]string
-	Body    []byte
-}
-
-func (s *Server) accept(parse func(*http.Request, int64) (command, *Problem)) handlerFunc {
-	return func(w http.ResponseWriter, r *http.Request, tenant string) *Problem {
-		key := r.Header.Get("Idempotency-Key")
-		if key == "" {
-			return problem(http.StatusBadRequest, "idempotency-key-missing", "Idempotency-Key missing",
-				"every POST needs an Idempotency-Key header; use a new random value per operation and resend it on retries")
-		}
-		if len(key) > MaxIdempotencyKeyLen {
-			return problem(http.StatusBadRequest, "idempotency-key-invalid", "Idempotency-Key too long",
-				fmt.Sprintf("the key must be at most %d characters", MaxIdempotencyKeyLen))
-		}
-		cmd, p := parse(r, s.cfg.MaxBodyBytes)
+// accept is the handler of a command route: validate, then accept once per
+// (tenant, Idempotency-Key) in a shared transaction (see the package doc).
+func (s *Server) accept(parse parser) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
+		key, p := idempotencyKey(r)
 		if p != nil {
 			return p
 		}
-		resp, replayed, p := s.acceptOnce(r, tenant, key, cmd)
+		body, p := readBody(r, s.cfg.MaxBodyBytes)
 		if p != nil {
 			return p
 		}
-		if replayed {
+		cmd, p := parse(r, body)
+		if p != nil {
+			return p
+		}
+		value, err := s.enc.Encode(r.Context(), cmd.payload)
+		if err != nil {
+			return s.internal(r, fmt.Errorf("encode %s: %w", cmd.payload.MessageType(), err))
+		}
+		it := &acceptItem{
+			ctx: r.Context(), tenant: c.tenant, keyHash: c.keyHash, key: key, route: r.Pattern,
+			hash: requestHash(cmd), localID: cmd.localID, commandType: cmd.payload.MessageType(), value: value,
+		}
+		if tp := r.Header.Get("traceparent"); traceparentRe.MatchString(tp) {
+			it.traceparent = tp
+		}
+		res := s.committer.do(it)
+		switch {
+		case res.err != nil:
+			return s.internal(r, res.err)
+		case res.outcome == outcomeUnauthorized:
+			s.keys.drop(c.keyHash)
+			unauthorized(w)
+			return nil
+		case res.outcome == outcomeConflict:
+			s.metrics.conflicts.WithLabelValues(r.Pattern).Inc()
+			return errKeyReused
+		case res.outcome == outcomeReplayed:
 			s.metrics.hits.WithLabelValues(r.Pattern).Inc()
 			w.Header().Set("Idempotent-Replayed", "true")
-		} else if s.cfg.OnAccept != nil {
-			s.cfg.OnAccept()
 		}
-		for k, v := range resp.Headers {
+		for k, v := range res.resp.Headers {
 			w.Header().Set(k, v)
 		}
-		w.WriteHeader(resp.Status)
-		w.Write(resp.Body)
+		w.WriteHeader(res.resp.Status)
+		w.Write(res.resp.Body)
 		return nil
 	}
-}
-
-const (
-	lockKeySQL   = `SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))`
-	lookupKeySQL = `SELECT request_hash, response_status, response_headers, response_body
-		FROM idempotency_keys
-		WHERE tenant = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3)
-		ORDER BY created_at DESC LIMIT 1`
-	insertOutboxSQL = `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5)`
-	insertStatusSQL = `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status)
-		VALUES ($1, $2, $3, $4, 'pending')`
-	insertKeySQL = `INSERT INTO idempotency_keys
-		(tenant, key, route, request_hash, command_id, response_status, response_headers, response_body)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
-)
-
-// acceptOnce runs the idempotent accept transaction (see the package doc).
-func (s *Server) acceptOnce(r *http.Request, tenant, key string, cmd command) (storedResponse, bool, *Problem) {
-	ctx := r.Context()
-	hash := requestHash(cmd)
-	var resp storedResponse
-	var replayed bool
-	var conflict bool
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockKeySQL, tenant, key); err != nil {
-			return err
-		}
-		var storedHash []byte
-		err := tx.QueryRow(ctx, lookupKeySQL, tenant, key, s.cfg.IdempotencyRetention.Seconds()).
-			Scan(&storedHash, &resp.Status, &resp.Headers, &resp.Body)
-		if err == nil {
-			if string(storedHash) != string(hash) {
-				conflict = true
-			}
-			replayed = true
-			return nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-
-		id := pipeline.NewCommandID()
-		aggregateID := pipeline.AggregateID(tenant, cmd.localID)
-		value, err := s.enc.Encode(ctx, cmd.payload)
-		if err != nil {
-			return fmt.Errorf("encode %s: %w", cmd.payload.MessageType(), err)
-		}
-		headers := map[string]string{
-			pipeline.HeaderCommandID:   id.String(),
-			pipeline.HeaderTenant:      tenant,
-			pipeline.HeaderCommandType: cmd.payload.MessageType(),
-		}
-		if tp := r.Header.Get("traceparent"); tp != "" && len(tp) <= 128 {
-			headers[pipeline.HeaderTraceparent] = tp
-		}
-		shard := pipeline.OutboxShard(aggregateID, s.cfg.Shards)
-		if _, err := tx.Exec(ctx, insertOutboxSQL, shard, s.cfg.CommandsTopic, []byte(aggregateID), value, headers); err != nil {
-			return fmt.Errorf("insert outbox row: %w", err)
-		}
-		if _, err := tx.Exec(ctx, insertStatusSQL, id.String(), tenant, aggregateID, cmd.payload.MessageType()); err != nil {
-			return fmt.Errorf("insert command status: %w", err)
-		}
-		body, _ := json.Marshal(accepted{CommandID: id.String(), Status: "pending"})
-		resp = storedResponse{
-			Status: http.StatusAccepted,
-			Headers: map[string]string{
-				"Content-Type": "application/json",
-				"Location":     "/v1/commands/" + id.String(),
-			},
-			Body: append(body, '\n'),
-		}
-		if _, err := tx.Exec(ctx, insertKeySQL, tenant, key, r.Pattern, hash, id.String(), resp.Status, resp.Headers, resp.Body); err != nil {
-			return fmt.Errorf("insert idempotency key: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return storedResponse{}, false, s.internal(r, err)
-	}
-	if conflict {
-		s.metrics.conflicts.WithLabelValues(r.Pattern).Inc()
-		return storedResponse{}, false, problem(http.StatusConflict, "idempotency-key-reused", "Idempotency-Key reused",
-			"this Idempotency-Key was already used with a different request; use a new key for a new operation")
-	}
-	if !replayed {
-		s.metrics.accepted.Inc()
-	}
-	return resp, replayed, nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -255,9 +213,14 @@ type account struct {
 
 const getAccountSQL = `SELECT balance, currency, status, version FROM accounts WHERE tenant = $1 AND account_id = $2`
 
-func (s *Server) getAccount(w http.ResponseWriter, r *http.Request, tenant string) *Problem {
+func (s *Server) getAccount(w http.ResponseWriter, r *http.Request, c caller) *Problem {
 	a := account{AccountID: r.PathValue("id")}
-	err := s.pool.QueryRow(r.Context(), getAccountSQL, tenant, a.AccountID).Scan(&a.Balance, &a.Currency, &a.Status, &a.Version)
+	if pipeline.ValidateLocalID(a.AccountID) != nil {
+		return errNotFound // names nothing, like an id that does not exist
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	err := s.pool.QueryRow(ctx, getAccountSQL, c.tenant, a.AccountID).Scan(&a.Balance, &a.Currency, &a.Status, &a.Version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errNotFound
 	}
@@ -282,29 +245,79 @@ type commandStatus struct {
 const getCommandSQL = `SELECT status, command_type, aggregate_id, reason, detail, event_ids::text[]
 	FROM command_status WHERE command_id = $1 AND tenant = $2`
 
-func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, tenant string) *Problem {
+// getCommand answers a command's status. With ?wait=D (a Go duration such
+// as 5s, or seconds) it long-polls: it answers as soon as the outcome is
+// known, or with the pending status after D (capped at MaxWait). It polls
+// the row with a growing interval (10ms to 200ms) rather than holding a
+// connection or listening for notifications, so a waiting client costs a
+// goroutine and a few cheap reads.
+func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller caller) *Problem {
+	wait, p := parseWait(r.URL.Query().Get("wait"), s.cfg.MaxWait)
+	if p != nil {
+		return p
+	}
 	id, err := pipeline.ParseID(r.PathValue("id"))
 	if err != nil {
 		return errNotFound
 	}
+	deadline := time.Now().Add(wait)
+	delay := 10 * time.Millisecond
+	for {
+		c, err := s.loadCommand(r.Context(), id, caller.tenant)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Ingest writes the pending row with the command, so a command
+			// of this tenant that exists is always found: no need to wait.
+			return errNotFound
+		}
+		if err != nil {
+			return s.internal(r, err)
+		}
+		left := time.Until(deadline)
+		if c.Status != "pending" || left <= 0 {
+			writeJSON(w, http.StatusOK, c)
+			return nil
+		}
+		select {
+		case <-r.Context().Done():
+			return nil // the client is gone
+		case <-time.After(min(delay, left)):
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
+func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, tenant string) (commandStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
 	c := commandStatus{CommandID: id.String()}
-	err = s.pool.QueryRow(r.Context(), getCommandSQL, id.String(), tenant).
+	err := s.pool.QueryRow(ctx, getCommandSQL, id.String(), tenant).
 		Scan(&c.Status, &c.CommandType, &c.AggregateID, &c.Reason, &c.Detail, &c.EventIDs)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return errNotFound
-	}
-	if err != nil {
-		return s.internal(r, err)
-	}
 	if c.EventIDs == nil {
 		c.EventIDs = []string{}
 	}
-	writeJSON(w, http.StatusOK, c)
-	return nil
+	return c, err
 }
 
-// Run serves until ctx ends, then stops taking requests and lets those in
-// flight finish (up to 10s).
+// parseWait reads ?wait=: a Go duration (5s, 1500ms) or whole seconds.
+func parseWait(v string, maxWait time.Duration) (time.Duration, *Problem) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, nerr := strconv.Atoi(v)
+		if nerr != nil {
+			return 0, invalid(FieldError{"wait", "must be a duration such as 5s, or a number of seconds"})
+		}
+		d = time.Duration(min(n, 1<<30)) * time.Second
+	}
+	if d < 0 {
+		return 0, invalid(FieldError{"wait", "must not be negative"})
+	}
+	return min(d, maxWait), nil
+}
+
+// Run serves on Config.Addr until ctx ends (see Serve).
 func (s *Server) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
@@ -313,9 +326,12 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln)
 }
 
-// Serve is Run on an existing listener.
+// Serve serves on ln until ctx ends, then stops taking requests, lets
+// those in flight finish (up to 10s) and their transactions commit, and
+// returns.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if _, err := postgres.EnsureDailyPartitions(ctx, s.pool, "idempotency_keys", 7); err != nil {
+		ln.Close()
 		return err
 	}
 	srv := &http.Server{
@@ -325,6 +341,20 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	// The committers outlive the HTTP server's shutdown: requests in
+	// flight wait for their transactions.
+	cctx, stopCommitters := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.committer.run(cctx)
+	}()
+	defer func() {
+		stopCommitters()
+		wg.Wait()
+	}()
+
 	s.logger.Info("ingest listening", "addr", ln.Addr().String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

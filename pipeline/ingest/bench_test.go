@@ -1,0 +1,210 @@
+package ingest_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+)
+
+// Benchmark sizes. ONCEFLOW_BENCH_REQUESTS scales the throughput runs
+// (default 20000 requests per measurement); ONCEFLOW_BENCH_LATENCY_REQUESTS
+// the fixed-rate run (default 5000, i.e. 5 s at 1,000 requests/s).
+func benchSize(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+const (
+	benchClients  = 64 // concurrent clients, as the issue names
+	benchPoolSize = 16 // ingest's connections in the benchmark
+)
+
+// benchPool is a database of its own, with a pool of size conns.
+func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
+	b.Helper()
+	url := pipelinetest.DatabaseURL(b)
+	pool, err := postgres.Connect(context.Background(), url, conns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	var sc string
+	if err := pool.QueryRow(context.Background(), "SHOW synchronous_commit").Scan(&sc); err != nil || sc != "on" {
+		b.Fatalf("synchronous_commit is %q (%v); the benchmark measures durable commits", sc, err)
+	}
+	return pool
+}
+
+// BenchmarkIngestThroughput measures accepted commands per second at 64
+// concurrent HTTP clients (each sends deposits with new keys, one at a
+// time), with synchronous_commit on, against two baselines from the same
+// run: 64 clients each committing one outbox insert per transaction
+// straight to Postgres (the disk's commit cap that group commit must
+// beat), and ingest with grouping off (MaxBatch 1: one transaction per
+// request). ratio is grouped ingest over the one-insert baseline.
+func BenchmarkIngestThroughput(b *testing.B) {
+	n := benchSize("ONCEFLOW_BENCH_REQUESTS", 20000)
+	var baseline, single, grouped float64
+	for range b.N {
+		baseline += insertBaseline(b, n)
+		single += ingestRate(b, n, ingest.Config{MaxBatch: 1})
+		grouped += ingestRate(b, n, ingest.Config{})
+	}
+	runs := float64(b.N)
+	b.ReportMetric(baseline/runs, "baseline_tx/s")
+	b.ReportMetric(single/runs, "ungrouped_cmds/s")
+	b.ReportMetric(grouped/runs, "grouped_cmds/s")
+	b.ReportMetric(grouped/baseline, "ratio")
+	b.ReportMetric(0, "ns/op")
+}
+
+// insertBaseline returns the rate of one-insert transactions that 64
+// concurrent clients get on this machine: each commit waits for its own
+// WAL flush (Postgres may share a flush between commits that arrive
+// together; that is part of the cap).
+func insertBaseline(b *testing.B, n int) float64 {
+	pool := benchPool(b, benchClients)
+	ctx := context.Background()
+	value := make([]byte, 24)
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range benchClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				if _, err := pool.Exec(ctx, `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5)`,
+					3, commandsTopic, []byte("bench/acc-1"), value, `{"command-id":"x"}`); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// ingestRate returns the accepted commands per second of an ingest server
+// under benchClients clients sending n deposits in all.
+func ingestRate(b *testing.B, n int, cfg ingest.Config) float64 {
+	pool := benchPool(b, benchPoolSize)
+	cfg.RateLimit = -1
+	s := startServer(b, pool, cfg)
+	key := tenant(b, pool, "bench")
+	run := time.Now().UnixNano()
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range benchClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				r, err := s.try(context.Background(), req{path: fmt.Sprintf("/v1/accounts/acc-%d/deposits", i%500),
+					apiKey: key, idemKey: fmt.Sprintf("b-%d-%d", run, i), body: `{"amount":1}`})
+				if err != nil || r.Status != http.StatusAccepted {
+					b.Errorf("deposit: %v %s", err, r)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	rate := float64(n) / time.Since(start).Seconds()
+	if got := countRows(b, pool).outbox; got != n {
+		b.Fatalf("outbox holds %d commands, want %d", got, n)
+	}
+	return rate
+}
+
+// BenchmarkIngestLatency sends deposits at a fixed 1,000 requests per
+// second (open loop: each request leaves at its scheduled time whatever
+// the others do) and reports the p50 and p99 latency, measured from the
+// scheduled time so a stall counts against every request it delays. The
+// baseline is the same schedule of one-insert transactions straight to
+// Postgres.
+func BenchmarkIngestLatency(b *testing.B) {
+	n := benchSize("ONCEFLOW_BENCH_LATENCY_REQUESTS", 5000)
+	const rate = 1000
+	var lat, base []time.Duration
+	for range b.N {
+		pool := benchPool(b, benchPoolSize)
+		s := startServer(b, pool, ingest.Config{RateLimit: -1})
+		key := tenant(b, pool, "bench")
+		run := time.Now().UnixNano()
+		lat = append(lat, fixedRate(b, n, rate, func(i int) error {
+			r, err := s.try(context.Background(), req{path: fmt.Sprintf("/v1/accounts/acc-%d/deposits", i%500),
+				apiKey: key, idemKey: fmt.Sprintf("l-%d-%d", run, i), body: `{"amount":1}`})
+			if err == nil && r.Status != http.StatusAccepted {
+				err = fmt.Errorf("deposit: %s", r)
+			}
+			return err
+		})...)
+		basePool := benchPool(b, benchClients)
+		value := make([]byte, 24)
+		base = append(base, fixedRate(b, n, rate, func(int) error {
+			_, err := basePool.Exec(context.Background(), `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5)`,
+				3, commandsTopic, []byte("bench/acc-1"), value, `{"command-id":"x"}`)
+			return err
+		})...)
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(percentile(lat, 50)), "p50_ms")
+	b.ReportMetric(ms(percentile(lat, 99)), "p99_ms")
+	b.ReportMetric(ms(percentile(base, 50)), "baseline_p50_ms")
+	b.ReportMetric(ms(percentile(base, 99)), "baseline_p99_ms")
+	b.ReportMetric(0, "ns/op")
+}
+
+// fixedRate calls send n times at perSecond, each in its own goroutine at
+// its scheduled time, and returns each call's latency from that time.
+func fixedRate(b *testing.B, n, perSecond int, send func(i int) error) []time.Duration {
+	lat := make([]time.Duration, n)
+	interval := time.Second / time.Duration(perSecond)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		time.Sleep(time.Until(at))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := send(i); err != nil {
+				b.Error(err)
+			}
+			lat[i] = time.Since(at)
+		}()
+	}
+	wg.Wait()
+	return lat
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*p/100))]
+}

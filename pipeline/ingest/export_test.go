@@ -1,0 +1,7 @@
+package ingest
+
+// Routes returns the API routes the server registered ("METHOD /path").
+func (s *Server) Routes() []string { return s.routes }
+
+// Queued returns how many accepts wait for a committer.
+func (s *Server) Queued() int { return len(s.committer.queue) }

@@ -1,0 +1,345 @@
+package ingest_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+)
+
+// Every command route of DESIGN §7 puts the right command, on the right
+// aggregate, in the outbox.
+func TestCommandRoutes(t *testing.T) {
+	t.Parallel()
+	pool, _ := pipelinetest.Pool(t)
+	s := startServer(t, pool, ingest.Config{})
+	key := tenant(t, pool, "acme")
+	for i, tc := range []struct {
+		path, body string
+		noCT       bool
+		aggregate  string
+		want       any
+	}{
+		{"/v1/accounts", `{"account_id":"acc-1","currency":"EUR"}`, false, "acme/acc-1", ledger.OpenAccount{Currency: "EUR"}},
+		{"/v1/accounts/acc-1/deposits", `{"amount":1500}`, false, "acme/acc-1", ledger.Deposit{Amount: 1500}},
+		{"/v1/accounts/acc-1/withdrawals", `{"amount":9223372036854775807}`, false, "acme/acc-1", ledger.Withdraw{Amount: 1<<63 - 1}},
+		{"/v1/transfers", `{"transfer_id":"tr-1","from":"acc-1","to":"acc-2","amount":25}`, false, "acme/acc-1",
+			ledger.RequestTransfer{TransferID: "tr-1", To: "acc-2", Amount: 25}},
+		{"/v1/accounts/acc-1/close", ``, true, "acme/acc-1", ledger.CloseAccount{}},
+		{"/v1/accounts/acc-2/close", `{}`, false, "acme/acc-2", ledger.CloseAccount{}},
+	} {
+		r := s.do(t, req{path: tc.path, apiKey: key, idemKey: "k" + strconv.Itoa(i), body: tc.body, noCT: tc.noCT})
+		id := acceptedID(t, r)
+		out := outboxRows(t, s)
+		if len(out) != i+1 {
+			t.Fatalf("%s: outbox has %d rows, want %d", tc.path, len(out), i+1)
+		}
+		got := out[i]
+		if got.Key != tc.aggregate || got.Payload != tc.want || got.Headers["command-id"] != id ||
+			got.Headers["command-type"] != tc.want.(interface{ MessageType() string }).MessageType() {
+			t.Errorf("%s: outbox row %+v, want %s %+v with command %s", tc.path, got, tc.aggregate, tc.want, id)
+		}
+	}
+}
+
+// Hostile and broken requests get a clear 4xx naming what is wrong, and
+// nothing is stored for any of them.
+func TestHostileInput(t *testing.T) {
+	t.Parallel()
+	pool, _ := pipelinetest.Pool(t)
+	s := startServer(t, pool, ingest.Config{})
+	key := tenant(t, pool, "acme")
+	big := `{"amount":1,"pad":"` + strings.Repeat("x", 1<<20) + `"}`
+	for _, tc := range []struct {
+		name, path, body string
+		header           map[string]string
+		want             int
+		fields           []string // for a 422, the fields listed
+	}{
+		{name: "body over 1 MiB", path: "/v1/accounts/a/deposits", body: big, want: 413},
+		{name: "text/plain", path: "/v1/accounts/a/deposits", body: `{"amount":1}`, header: map[string]string{"Content-Type": "text/plain"}, want: 415},
+		{name: "form", path: "/v1/accounts", body: `account_id=a`, header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, want: 415},
+		{name: "malformed JSON", path: "/v1/accounts/a/deposits", body: `{"amount":`, want: 422, fields: []string{""}},
+		{name: "not an object", path: "/v1/accounts/a/deposits", body: `[1]`, want: 422, fields: []string{""}},
+		{name: "trailing data", path: "/v1/accounts/a/deposits", body: `{"amount":1} {}`, want: 422, fields: []string{""}},
+		{name: "unknown field", path: "/v1/accounts/a/deposits", body: `{"amount":1,"amonut":2}`, want: 422, fields: []string{"amonut"}},
+		{name: "repeated field", path: "/v1/accounts/a/deposits", body: `{"amount":1,"amount":1000}`, want: 422, fields: []string{"amount"}},
+		{name: "negative amount", path: "/v1/accounts/a/deposits", body: `{"amount":-5}`, want: 422, fields: []string{"amount"}},
+		{name: "zero amount", path: "/v1/accounts/a/withdrawals", body: `{"amount":0}`, want: 422, fields: []string{"amount"}},
+		{name: "zero amount spelled 0e5", path: "/v1/accounts/a/withdrawals", body: `{"amount":0e5}`, want: 422, fields: []string{"amount"}},
+		{name: "overflowing amount", path: "/v1/accounts/a/deposits", body: `{"amount":9223372036854775808}`, want: 422, fields: []string{"amount"}},
+		{name: "huge exponent", path: "/v1/accounts/a/deposits", body: `{"amount":1e999999999}`, want: 422, fields: []string{"amount"}},
+		{name: "fractional amount", path: "/v1/accounts/a/deposits", body: `{"amount":10.5}`, want: 422, fields: []string{"amount"}},
+		{name: "amount as a string", path: "/v1/accounts/a/deposits", body: `{"amount":"100"}`, want: 422, fields: []string{"amount"}},
+		{name: "missing amount", path: "/v1/accounts/a/deposits", body: `{}`, want: 422, fields: []string{"amount"}},
+		{name: "bad id in the path", path: "/v1/accounts/a%20b/deposits", body: `{"amount":1}`, want: 422, fields: []string{"id"}},
+		{name: "bad id and bad amount", path: "/v1/accounts/a%2Fb/deposits", body: `{"amount":-1}`, want: 422, fields: []string{"id", "amount"}},
+		{name: "id too long", path: "/v1/accounts", body: `{"account_id":"` + strings.Repeat("a", 129) + `","currency":"EUR"}`, want: 422, fields: []string{"account_id"}},
+		{name: "empty id and bad currency", path: "/v1/accounts", body: `{"account_id":"","currency":"eur"}`, want: 422, fields: []string{"account_id", "currency"}},
+		{name: "id of the wrong type", path: "/v1/accounts", body: `{"account_id":7,"currency":"EUR"}`, want: 422, fields: []string{"account_id"}},
+		{name: "transfer to itself", path: "/v1/transfers", body: `{"transfer_id":"t","from":"a","to":"a","amount":1}`, want: 422, fields: []string{"to"}},
+		{name: "transfer missing everything", path: "/v1/transfers", body: `{}`, want: 422, fields: []string{"transfer_id", "from", "to", "amount"}},
+		{name: "close with a field", path: "/v1/accounts/a/close", body: `{"force":true}`, want: 422, fields: []string{"force"}},
+	} {
+		r := s.do(t, req{path: tc.path, apiKey: key, idemKey: "k-" + tc.name, body: tc.body, header: tc.header})
+		if r.Status != tc.want {
+			t.Errorf("%s: got %s, want %d", tc.name, r, tc.want)
+			continue
+		}
+		p := r.problem(t)
+		if p.Status != tc.want {
+			t.Errorf("%s: problem status %d", tc.name, p.Status)
+		}
+		if tc.fields != nil && !slices.Equal(p.fields(), tc.fields) {
+			t.Errorf("%s: problem lists fields %q, want %q (%s)", tc.name, p.fields(), tc.fields, r)
+		}
+		if n := countRows(t, pool); n != (rows{}) {
+			t.Fatalf("%s: stored %+v, want nothing", tc.name, n)
+		}
+	}
+	// A declared length over the limit is refused before the body is read.
+	hr, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/accounts/a/deposits", strings.NewReader(big))
+	hr.Header.Set("Authorization", "Bearer "+key)
+	hr.Header.Set("Idempotency-Key", "declared")
+	hr.Header.Set("Content-Type", "application/json")
+	hr.ContentLength = -1 // chunked: only the reader's limit can catch it
+	resp, err := httpClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("chunked body over 1 MiB: got %d, want 413", resp.StatusCode)
+	}
+	if n := countRows(t, pool); n != (rows{}) {
+		t.Fatalf("stored %+v, want nothing", n)
+	}
+}
+
+// No key, a wrong key and a revoked key are 401 on every route; a revoked
+// key stops working at once, for reads and for commands, even one the
+// server has just seen valid.
+func TestAuthentication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pipelinetest.Pool(t)
+	s := startServer(t, pool, ingest.Config{})
+	key := tenant(t, pool, "acme")
+	open := func(apiKey, idem string) response {
+		return s.do(t, req{path: "/v1/accounts", apiKey: apiKey, idemKey: idem, body: `{"account_id":"a","currency":"EUR"}`})
+	}
+	acceptedID(t, open(key, "1"))
+	routes := []req{
+		{path: "/v1/accounts", body: `{"account_id":"a","currency":"EUR"}`},
+		{path: "/v1/accounts/a/deposits", body: `{"amount":1}`},
+		{path: "/v1/accounts/a/withdrawals", body: `{"amount":1}`},
+		{path: "/v1/accounts/a/close"},
+		{path: "/v1/transfers", body: `{"transfer_id":"t","from":"a","to":"b","amount":1}`},
+		{method: http.MethodGet, path: "/v1/accounts/a"},
+		{method: http.MethodGet, path: "/v1/commands/0190b7a2-0000-7000-8000-000000000000"},
+	}
+	check := func(label, apiKey string, header map[string]string) {
+		t.Helper()
+		for _, q := range routes {
+			q.apiKey, q.idemKey, q.header = apiKey, "k-"+label, header
+			r := s.do(t, q)
+			if r.Status != http.StatusUnauthorized || r.Header.Get("WWW-Authenticate") == "" {
+				t.Errorf("%s, %s %s: got %s, want 401 with WWW-Authenticate", label, q.method, q.path, r)
+			}
+		}
+	}
+	check("no key", "", nil)
+	check("wrong key", ingest.NewAPIKey(), nil)
+	check("basic auth", "", map[string]string{"Authorization": "Basic YTpi"})
+
+	if err := ingest.RevokeAPIKey(ctx, pool, key); err != nil {
+		t.Fatal(err)
+	}
+	// The very next requests, with a key the server has cached as valid.
+	if r := open(key, "2"); r.Status != http.StatusUnauthorized {
+		t.Fatalf("a command right after the revocation: got %s, want 401", r)
+	}
+	check("revoked key", key, nil)
+	if n := countRows(t, pool); n != (rows{1, 1, 1}) {
+		t.Errorf("stored %+v, want only the first command", n)
+	}
+}
+
+// Tenant isolation, route by route: tenant a's key never reads tenant b's
+// data (404, exactly as for an id that does not exist), and its commands
+// name a's own aggregates even when they use b's ids, so b's state and
+// its idempotency keys are untouched.
+func TestTenantIsolationMatrix(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pipelinetest.Pool(t)
+	s := startServer(t, pool, ingest.Config{})
+	a, b := tenant(t, pool, "a"), tenant(t, pool, "b")
+
+	// b opens an account and has a command; the account row stands for
+	// what the projector writes.
+	bCmd := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: b, idemKey: "open", body: `{"account_id":"acc-b","currency":"EUR"}`}))
+	if _, err := pool.Exec(ctx, `INSERT INTO accounts (tenant, account_id, currency, balance, version, updated_at) VALUES ('b', 'acc-b', 'EUR', 500, 1, now())`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Reads: b sees its own, a gets 404 with the body of a missing id.
+	missing := s.do(t, req{method: http.MethodGet, path: "/v1/accounts/nope", apiKey: a})
+	for _, q := range []req{
+		{method: http.MethodGet, path: "/v1/accounts/acc-b"},
+		{method: http.MethodGet, path: "/v1/commands/" + bCmd},
+		{method: http.MethodGet, path: "/v1/commands/" + bCmd + "?wait=50ms"},
+	} {
+		q.apiKey = b
+		if r := s.do(t, q); r.Status != http.StatusOK {
+			t.Fatalf("b reading its own %s: got %s", q.path, r)
+		}
+		q.apiKey = a
+		r := s.do(t, q)
+		if r.Status != http.StatusNotFound || string(r.Body) != string(missing.Body) {
+			t.Errorf("a reading b's %s: got %s, want 404 %s", q.path, r, missing)
+		}
+	}
+
+	// Commands: a's requests with b's ids and b's idempotency key are a's
+	// own: new commands on a/..., not replays of b's.
+	for i, q := range []req{
+		{path: "/v1/accounts", body: `{"account_id":"acc-b","currency":"EUR"}`},
+		{path: "/v1/accounts/acc-b/deposits", body: `{"amount":1}`},
+		{path: "/v1/accounts/acc-b/withdrawals", body: `{"amount":1}`},
+		{path: "/v1/accounts/acc-b/close"},
+		{path: "/v1/transfers", body: `{"transfer_id":"t","from":"acc-b","to":"acc-x","amount":1}`},
+	} {
+		q.apiKey, q.idemKey = a, "open" // b's key value too
+		if i > 0 {
+			q.idemKey = "a-" + strconv.Itoa(i)
+		}
+		r := s.do(t, q)
+		id := acceptedID(t, r)
+		if r.Header.Get("Idempotent-Replayed") != "" || id == bCmd {
+			t.Errorf("a's %s was answered with b's command", q.path)
+		}
+		// b cannot see a's command either.
+		if r := s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + id, apiKey: b}); r.Status != http.StatusNotFound {
+			t.Errorf("b reading a's command: got %s, want 404", r)
+		}
+	}
+	var bRows, aRows int
+	pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key = 'b/acc-b'), count(*) FILTER (WHERE key LIKE 'a/%') FROM outbox`).Scan(&bRows, &aRows)
+	if bRows != 1 || aRows != 5 {
+		t.Errorf("outbox: %d commands on b/acc-b, %d on a's aggregates; want 1 and 5", bRows, aRows)
+	}
+	var balance int64
+	pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE tenant = 'b' AND account_id = 'acc-b'`).Scan(&balance)
+	if balance != 500 {
+		t.Errorf("b's balance changed to %d", balance)
+	}
+}
+
+// A tenant over its rate gets 429 with Retry-After, and its flood does not
+// take another tenant's share: the other's requests all pass.
+func TestRateLimitPerTenant(t *testing.T) {
+	t.Parallel()
+	pool, _ := pipelinetest.Pool(t)
+	s := startServer(t, pool, ingest.Config{RateLimit: 5, RateBurst: 20})
+	flood, calm := tenant(t, pool, "flood"), tenant(t, pool, "calm")
+	var mu sync.Mutex
+	codes := map[int]int{}
+	var retryAfter []string
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.try(context.Background(), req{path: "/v1/accounts/f/deposits", apiKey: flood, idemKey: fmt.Sprint("f", i), body: `{"amount":1}`})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			codes[r.Status]++
+			if r.Status == http.StatusTooManyRequests {
+				retryAfter = append(retryAfter, r.Header.Get("Retry-After"))
+			}
+			mu.Unlock()
+		}()
+	}
+	for i := range 15 {
+		r := s.do(t, req{path: "/v1/accounts/c/deposits", apiKey: calm, idemKey: fmt.Sprint("c", i), body: `{"amount":1}`})
+		acceptedID(t, r)
+	}
+	wg.Wait()
+	if codes[http.StatusTooManyRequests] < 150 || codes[http.StatusAccepted] < 20 || codes[http.StatusAccepted]+codes[http.StatusTooManyRequests] != 200 {
+		t.Errorf("flood: %v, want about 20 accepted and the rest 429", codes)
+	}
+	for _, ra := range retryAfter {
+		if n, err := strconv.Atoi(ra); err != nil || n < 1 {
+			t.Fatalf("Retry-After %q, want whole seconds ≥ 1", ra)
+		}
+	}
+}
+
+// GET /v1/commands/{id}?wait= answers as soon as the outcome is known;
+// without wait it answers at once.
+func TestCommandWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pipelinetest.Pool(t)
+	s := startServer(t, pool, ingest.Config{})
+	key := tenant(t, pool, "acme")
+	id := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "o", body: `{"account_id":"a","currency":"EUR"}`}))
+	get := func(query string) (response, map[string]any) {
+		r := s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + id + query, apiKey: key})
+		var body map[string]any
+		json.Unmarshal(r.Body, &body)
+		return r, body
+	}
+	if r, body := get(""); r.Status != 200 || body["status"] != "pending" || body["command_type"] != "OpenAccount" || body["aggregate_id"] != "acme/a" {
+		t.Fatalf("without wait: %s", r)
+	}
+	if r, body := get("?wait=10ms"); r.Status != 200 || body["status"] != "pending" {
+		t.Fatalf("a short wait: %s", r)
+	}
+
+	// The outcome arrives while a client waits (the projector's update).
+	waiting := make(chan struct{})
+	done := make(chan struct{})
+	var r response
+	var body map[string]any
+	go func() {
+		defer close(done)
+		close(waiting)
+		r, body = get("?wait=30s")
+	}()
+	<-waiting
+	if _, err := pool.Exec(ctx, `UPDATE command_status SET status = 'rejected', reason = 'account_exists', detail = 'x' WHERE command_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting request did not answer once the outcome was known")
+	}
+	if r.Status != 200 || body["status"] != "rejected" || body["reason"] != "account_exists" {
+		t.Fatalf("waited: %s", r)
+	}
+
+	for _, bad := range []string{"?wait=soon", "?wait=-1s"} {
+		if r, _ := get(bad); r.Status != http.StatusUnprocessableEntity || !slices.Equal(r.problem(t).fields(), []string{"wait"}) {
+			t.Errorf("%s: got %s, want 422 naming wait", bad, r)
+		}
+	}
+	if r := s.do(t, req{method: http.MethodGet, path: "/v1/commands/not-a-uuid?wait=5s", apiKey: key}); r.Status != http.StatusNotFound {
+		t.Errorf("malformed id: got %s, want 404", r)
+	}
+}
