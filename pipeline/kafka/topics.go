@@ -74,7 +74,11 @@ func (t Topics) Specs() []TopicSpec {
 	return []TopicSpec{
 		{t.Commands(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": ms(t.CommandsRetention)}},
 		{t.Events(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": "-1"}},
-		{t.State(), t.Partitions, map[string]string{"cleanup.policy": "compact"}},
+		// retention.ms=-1: a compacted topic keeps the latest value of every
+		// key forever, however old. Apache Kafka ignores retention.ms without
+		// cleanup.policy=delete, but kfake applies it to compacted topics too
+		// (and would drop the snapshot of an account idle for 7 days).
+		{t.State(), t.Partitions, map[string]string{"cleanup.policy": "compact", "retention.ms": "-1"}},
 		{t.DLQ(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": ms(t.DLQRetention)}},
 	}
 }

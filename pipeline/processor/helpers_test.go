@@ -30,6 +30,7 @@ type env struct {
 	serdes  serdes
 	cl      *kgo.Client
 	nextSeq int
+	t0      int64 // command times are t0 + sequence, in Unix ms
 }
 
 func newEnv(t testing.TB, partitions int32, opts ...kfake.Opt) *env {
@@ -45,6 +46,7 @@ func newEnv(t testing.TB, partitions int32, opts ...kfake.Opt) *env {
 	return &env{
 		t: t, broker: b, kcfg: kafka.Config{Brokers: b.Addrs()}, topics: topics, serdes: s,
 		cl: pipelinetest.Client(t, b.Addrs(), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))),
+		t0: time.Now().UnixMilli(),
 	}
 }
 
@@ -199,7 +201,7 @@ func (e *env) record(c cmd) *kgo.Record {
 	}
 	e.nextSeq++
 	r, err := processor.CommandRecord(e.topics.Commands(), c.aggregate, c.id, c.payload.MessageType(), value,
-		time.UnixMilli(1_700_000_000_000+int64(e.nextSeq)), "")
+		time.UnixMilli(e.t0+int64(e.nextSeq)), "")
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -429,10 +431,16 @@ func sortedKeys[V any](m map[string]V) []string {
 // installs the state its transaction wrote.
 func (r *running) waitBalance(t testing.TB, account string, balance int64) {
 	t.Helper()
-	pipelinetest.Eventually(t, 10*time.Second, func() error {
-		if got := stateOf(t, r.Processor)[account].State.Balance; got != balance {
-			return fmt.Errorf("%s: balance %d, want %d", account, got, balance)
+	r.waitState(t, account, func(s processor.AggregateState[ledger.Account]) error {
+		if s.State.Balance != balance {
+			return fmt.Errorf("%s: balance %d, want %d", account, s.State.Balance, balance)
 		}
 		return nil
 	})
+}
+
+// waitState waits until cond accepts the processor's state of an aggregate.
+func (r *running) waitState(t testing.TB, aggregate string, cond func(processor.AggregateState[ledger.Account]) error) {
+	t.Helper()
+	pipelinetest.Eventually(t, 10*time.Second, func() error { return cond(stateOf(t, r.Processor)[aggregate]) })
 }

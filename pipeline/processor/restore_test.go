@@ -1,0 +1,190 @@
+package processor_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/processor"
+)
+
+// mixed sends a workload that exercises every kind of state change:
+// opens, deposits, withdrawals (some overdrawing), transfers between the
+// accounts (some to unknown ones, refunded), closes, and some commands sent
+// twice with the same id. Sends are spread over several produce calls so
+// the processor sees many batches.
+func (e *env) mixed(rng *rand.Rand, prefix string, accounts, commands int) []pipeline.ID {
+	e.t.Helper()
+	acc := func(i int) string { return fmt.Sprintf("acme/%s-%d", prefix, i) }
+	var opens []cmd
+	for i := range accounts {
+		opens = append(opens, newCmd(acc(i), ledger.OpenAccount{Currency: "EUR"}))
+	}
+	e.send(opens...)
+	var ids []pipeline.ID
+	for _, c := range opens {
+		ids = append(ids, c.id)
+	}
+	var sent []cmd
+	for n := 0; n < commands; {
+		var chunk []cmd
+		for range 50 {
+			a := acc(rng.IntN(accounts))
+			var c cmd
+			switch r := rng.IntN(20); {
+			case r < 8:
+				c = newCmd(a, ledger.Deposit{Amount: int64(1 + rng.IntN(100))})
+			case r < 12:
+				c = newCmd(a, ledger.Withdraw{Amount: int64(1 + rng.IntN(150))})
+			case r < 17:
+				c = newCmd(a, ledger.RequestTransfer{TransferID: fmt.Sprintf("t%d", n), To: fmt.Sprintf("%s-%d", prefix, rng.IntN(accounts+2)), Amount: int64(1 + rng.IntN(50))})
+			case r < 18:
+				c = newCmd(a, ledger.CloseAccount{})
+			default:
+				if len(sent) == 0 {
+					continue
+				}
+				c = sent[rng.IntN(len(sent))] // the same command again
+			}
+			chunk = append(chunk, c)
+			sent = append(sent, c)
+			ids = append(ids, c.id)
+			n++
+		}
+		e.send(chunk...)
+	}
+	return ids
+}
+
+// settle waits until every command and every transfer follow-up has its
+// outcome, and returns the committed events.
+func (e *env) settle(within time.Duration, ids []pipeline.ID) []event {
+	e.t.Helper()
+	evs := e.waitOutcomes(within, ids...)
+	// Follow-ups of the transfers: credits, then refunds of refused ones.
+	for round := 0; round < 2; round++ {
+		var more []pipeline.ID
+		for _, ev := range evs {
+			switch p := ev.Payload.(type) {
+			case ledger.TransferDebited:
+				more = append(more, ledger.CreditCommandID(ev.CommandID, p.TransferID))
+			case pipeline.CommandRejected:
+				if p.CommandType == "CreditTransfer" {
+					more = append(more, ledger.RefundCommandID(ev.CommandID))
+				}
+			}
+		}
+		evs = e.waitOutcomes(within, append(ids, more...)...)
+	}
+	return evs
+}
+
+// The state a processor restores after a restart equals, aggregate by
+// aggregate, the state it held before: balances, versions and the
+// remembered command ids. A command sent again after the restart is
+// recognized as a duplicate.
+func TestRestoreEqualsStateBeforeRestart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	p1 := e.start("p1", nil)
+	rng := rand.New(rand.NewPCG(7, 8))
+	ids := e.mixed(rng, "r", 40, 1500)
+	evs := e.settle(60*time.Second, ids)
+	balances := checkEventLog(t, evs)
+
+	var before map[string]processor.AggregateState[ledger.Account]
+	// Wait until the last committed batch is installed.
+	for range 100 {
+		before = stateOf(t, p1.Processor)
+		ok := true
+		for id, b := range balances {
+			if before[id].State.Balance != b {
+				ok = false
+			}
+		}
+		if ok {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p1.stop(t)
+	for id, b := range balances {
+		if before[id].State.Balance != b {
+			t.Fatalf("%s: processor balance %d, events say %d", id, before[id].State.Balance, b)
+		}
+	}
+
+	// Snapshots are rewritten by every batch that changes an aggregate:
+	// compaction must leave the latest of each.
+	e.broker.Cluster().Compact()
+
+	p2 := e.start("p2", nil)
+	after := stateOf(t, p2.Processor)
+	if len(after) != len(before) {
+		t.Errorf("restored %d aggregates, had %d", len(after), len(before))
+	}
+	for _, id := range sortedKeys(before) {
+		if !reflect.DeepEqual(after[id], before[id]) {
+			t.Errorf("%s: restored %+v, had %+v", id, after[id], before[id])
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	// Commands sent again after the restart are all duplicates: the first
+	// 200 records of the commands topic, as they were.
+	n := p2.metric(t, "onceflow_command_dedup_total")
+	var dup []*kgo.Record
+	for _, r := range e.read(e.topics.Commands(), true)[:200] {
+		dup = append(dup, &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp})
+	}
+	e.produce(dup...)
+	marker := newCmd("acme/r-0", ledger.Deposit{Amount: 1})
+	e.send(marker)
+	e.waitOutcomes(30*time.Second, marker.id)
+	if got := p2.metric(t, "onceflow_command_dedup_total") - n; got != float64(len(dup)) {
+		t.Errorf("dedup after restart: %v commands skipped, want %d", got, len(dup))
+	}
+	if after := e.events(true); len(after) != len(evs)+1 {
+		t.Errorf("events after replaying %d commands: %d, want %d (only the marker's)", len(dup), len(after), len(evs)+1)
+	}
+}
+
+// The dedup window is measured in command time: an id is forgotten once a
+// later command of its aggregate is more than the window newer.
+func TestDedupWindow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	p := e.start("p1", func(c *processor.Config) { c.DedupWindow = time.Hour })
+	at := func(c cmd, t0 time.Time) *kgo.Record {
+		r := e.record(c)
+		r.Timestamp = t0
+		return r
+	}
+	t0 := time.UnixMilli(1_700_000_000_000)
+	open := newCmd("acme/w", ledger.OpenAccount{Currency: "EUR"})
+	dep := newCmd("acme/w", ledger.Deposit{Amount: 5})
+	e.produce(at(open, t0), at(dep, t0.Add(time.Minute)), at(dep, t0.Add(2*time.Minute)))
+	e.waitOutcomes(30*time.Second, open.id, dep.id)
+	late := newCmd("acme/w", ledger.Deposit{Amount: 7})
+	e.produce(at(late, t0.Add(time.Hour+30*time.Second)))
+	e.waitOutcomes(30*time.Second, late.id)
+	p.waitState(t, "acme/w", func(s processor.AggregateState[ledger.Account]) error {
+		// open fell out of the window with the late deposit (an hour
+		// and 30s older); the deposit (59m30s older) is still inside.
+		if s.Processed != 2 || s.State.Balance != 12 {
+			return fmt.Errorf("remembered %d ids, balance %d; want 2 and 12", s.Processed, s.State.Balance)
+		}
+		return nil
+	})
+	if n := p.metric(t, "onceflow_command_dedup_total"); n != 1 {
+		t.Errorf("dedup: %v, want 1 (the deposit sent twice within the window)", n)
+	}
+}
