@@ -100,6 +100,12 @@ func ValidateLocalID(s string) error {
 	return nil
 }
 
+// DefaultOutboxShards is the number of outbox shards when
+// ONCEFLOW_OUTBOX_SHARDS is not set. Ingest (which computes a row's shard)
+// and the relay (which leases shards) must use the same count: a relay
+// refuses to start against an outbox leased with another count.
+const DefaultOutboxShards = 16
+
 // OutboxShard returns the outbox shard of an aggregate: FNV-1a of the
 // aggregate id modulo shards. A shard is shipped by one relay at a time, so
 // one aggregate's commands leave the outbox in the order they entered it.

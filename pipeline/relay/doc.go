@@ -1,21 +1,108 @@
 // Package relay ships the outbox to Kafka and keeps Postgres tidy.
 //
-// Shipping: rows are read in id order, produced with an idempotent producer
-// (key = aggregate id, the stored headers, timestamp = when ingest accepted
-// the command), and deleted only after the broker acknowledged every one of
-// them. A crash between the acknowledgement and the delete publishes the
-// same rows again with the same command-id; the processor absorbs them.
-// When the broker is unavailable the relay backs off and retries; rows stay
-// in the outbox until they are acknowledged, so nothing is lost.
+// The relay is the bridge between ingest's Postgres transaction and the
+// commands topic. It may publish a row twice (the processor absorbs a
+// repeated command-id); it never loses a row and never reorders one
+// aggregate's commands.
 //
-// Ordering: one relay ships at a time. It holds a session-level advisory
-// lock on a dedicated connection while it works; another relay process
-// waits for the lock and takes over when the holder's connection ends.
+// # Shards and leases
 //
-// Wake-up: Wake (called by ingest in the same process after each commit)
-// or a short poll; never NOTIFY inside the ingest transaction, which would
-// serialize commits.
+// Ingest writes each row with a shard, hash(aggregate id) mod a fixed count
+// (pipeline.OutboxShard, ONCEFLOW_OUTBOX_SHARDS, default 16), so all of an
+// aggregate's rows are in one shard. A shard is shipped by one relay at a
+// time, the holder of its lease, a row of outbox_leases:
 //
-// The janitor, in the same process, creates daily partitions ahead and
-// drops those older than their retention.
+//	free ──acquire (token+1)──▶ held ──renew (same token)──▶ held
+//	  ▲                          │ │
+//	  └──────release─────────────┘ └──no renewal for a lease period──▶ expired ──acquire (token+1)──▶ held by another
+//
+// The fencing token grows by one at every acquisition. Every write a relay
+// makes for a shard names its token in the same statement: renewing,
+// deleting shipped rows (an UPDATE of the lease row, which locks it, and the
+// DELETE in one statement), moving a row to outbox_dead. A relay that lost
+// its lease therefore changes nothing of a shard another relay owns. Lease
+// times come from the database clock only; locally a relay keeps a
+// conservative deadline (the time it sent the renewal plus the lease
+// period) and never waits for Kafka past it.
+//
+// Relays register in outbox_relays and heartbeat with every lease round
+// (a third of the lease period). Each takes its fair share: the live relays,
+// sorted by name, hold shards/live each and the first shards%live one more,
+// so the shares add up to the shard count. A relay above its share gives
+// shards back after the batch in flight; one below takes free or expired
+// shards. A relay wakes up right when another's lease is due to expire, so
+// a dead relay's shards are taken over within a lease period of its last
+// renewal. A shard that has been free or expired for a whole lease period
+// is taken by anyone, whatever the shares. A relay restarting with the same
+// instance id (ONCEFLOW_INSTANCE_ID) takes over its previous incarnation's
+// leases at once. A relay stopping gracefully finishes its batches and
+// releases its leases, so others take over at their next round.
+//
+// # Shipping a batch
+//
+// Per held shard, a worker loops:
+//
+//  1. read the shard's oldest rows (ORDER BY id LIMIT BatchSize) in the same
+//     read-only statement that checks the lease's token and returns how long
+//     it has left;
+//  2. produce them in one Kafka transaction on the shard's transactional
+//     producer (key = aggregate id, the stored headers plus relay-lease,
+//     timestamp = when ingest accepted the row), and commit it, all before
+//     the local lease deadline (minus a margin);
+//  3. delete the rows by id, if the token still holds, renewing the lease.
+//
+// Rows are deleted only after the broker acknowledged the commit. A crash
+// (or a lost lease) between the commit and the delete leaves the rows; the
+// shard's next holder publishes them again with the same command-id.
+// Batches of a shard go out one after the other, so each aggregate's rows
+// reach its partition in id order; a row committed by ingest after a row
+// with a higher id was already shipped goes out when it becomes visible
+// (two concurrent requests on one aggregate have no order to keep).
+//
+// # Fencing in Kafka
+//
+// The transactional id is the shard's ("{TransactionalIDPrefix}-{shard}"),
+// not the process's. A relay that acquires a shard first initializes the
+// shard's producer, which bumps the producer epoch: a previous holder's
+// open transaction is aborted and its later produce or commit is refused.
+// So a relay stopped in the middle of a batch (SIGSTOP, a long GC, a
+// network partition) and continuing after its lease moved cannot make
+// anything visible to read_committed readers, and anything it committed
+// before it was stopped precedes, in every partition, what the new holder
+// publishes. The transaction timeout is the lease period, so the broker
+// also aborts a transaction whose producer went silent. Records carry
+// relay-lease: "{shard}:{token}"; within a partition a shard's tokens
+// never go back.
+//
+// # Failures
+//
+//   - Kafka unavailable: the batch fails, the producer is discarded (the
+//     next one fences it), the worker backs off (up to MaxBackoff) and
+//     retries while the keeper keeps the lease; rows stay until acknowledged,
+//     and the backlog drains when the broker is back.
+//   - Postgres unavailable: nothing can be read or deleted; leases expire if
+//     the outage outlasts them and are re-acquired (with new tokens) after.
+//   - A row the broker will never accept (over its message size limit, an
+//     invalid record or timestamp): when a batch fails with such an error,
+//     its rows are shipped one per transaction to find the culprit, which is
+//     moved to outbox_dead with the broker's error code and text (counted in
+//     onceflow_outbox_dead_rows_total{reason}); the shard keeps flowing and
+//     `onceflow outbox status` lists the row. Errors an operator can fix
+//     (authorization, a missing topic) are retried instead.
+//   - Wrong shard count: a relay configured with another count than the
+//     outbox's lease rows refuses to start (ErrShardCount).
+//
+// # Wake-up
+//
+// Wake (called by ingest in the same process after each commit) or every
+// PollInterval, one query probes all held shards for rows and wakes their
+// workers. Never NOTIFY inside the ingest transaction: it serializes
+// commits.
+//
+// # Janitor
+//
+// In the same process, the janitor creates daily partitions a week ahead
+// and drops those past their retention, for idempotency_keys
+// (IdempotencyRetention, 24h) and inbox (InboxRetention, 30 days); a table
+// that is not partitioned is skipped.
 package relay

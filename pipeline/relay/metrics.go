@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,9 +13,14 @@ type metrics struct {
 	shipped prometheus.Counter
 	errors  prometheus.Counter
 	publish prometheus.Histogram
+	latency prometheus.Histogram
+	dead    *prometheus.CounterVec
+	fenced  *prometheus.CounterVec
+	leases  *prometheus.CounterVec
+	owned   prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) *metrics {
+func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, shards int) *metrics {
 	m := &metrics{
 		shipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_outbox_shipped_rows_total",
@@ -22,45 +28,99 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) *metrics {
 		}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_outbox_ship_errors_total",
-			Help: "Outbox batches that failed to ship and were retried.",
+			Help: "Outbox batches (and lease rounds) that failed and were retried.",
 		}),
 		publish: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceflow_outbox_publish_duration_seconds",
-			Help:    "Time from producing an outbox batch to the broker's acknowledgement.",
+			Help:    "Time from producing an outbox batch to the broker's acknowledgement of its transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "onceflow_outbox_ship_latency_seconds",
+			Help: "Time from a row's acceptance (its created_at, database clock) to the broker's acknowledgement: " +
+				"what the outbox adds to a command's way.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_outbox_dead_rows_total",
+			Help: "Outbox rows the broker refused for good, moved to outbox_dead, by the broker's error code.",
+		}, []string{"reason"}),
+		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_outbox_fenced_total",
+			Help: "Times this relay found a shard's lease had moved and stopped: at the check before producing, " +
+				"at a renewal, at the delete after the acknowledgement, or by Kafka refusing its fenced producer.",
+		}, []string{"stage"}),
+		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_outbox_lease_changes_total",
+			Help: "Shard leases this relay acquired, lost to another relay, or released.",
+		}, []string{"change"}),
+		owned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_outbox_shards_owned",
+			Help: "Outbox shards whose lease this relay holds.",
+		}),
 	}
-	reg.MustRegister(m.shipped, m.errors, m.publish, &backlogCollector{pool: pool})
+	for _, s := range []string{"check", "renew", "delete", "kafka"} {
+		m.fenced.WithLabelValues(s)
+	}
+	for _, c := range []string{"acquired", "lost", "released"} {
+		m.leases.WithLabelValues(c)
+	}
+	reg.MustRegister(m.shipped, m.errors, m.publish, m.latency, m.dead, m.fenced, m.leases, m.owned,
+		&backlogCollector{pool: pool})
 	return m
 }
 
 // backlogCollector reads the outbox backlog from Postgres at scrape time,
-// so every relay (and the dev stack) reports the same truth.
+// so every relay (and the dev stack) reports the same truth: aggregate it
+// with max(), not sum(), across relays.
 type backlogCollector struct{ pool *pgxpool.Pool }
 
 var (
 	backlogDesc = prometheus.NewDesc("onceflow_outbox_backlog_rows",
 		"Rows waiting in the outbox.", nil, nil)
 	oldestDesc = prometheus.NewDesc("onceflow_outbox_oldest_age_seconds",
-		"Age of the oldest row waiting in the outbox (0 when empty); alert on this, not on the count.", nil, nil)
+		"Age of the oldest row waiting at the head of an outbox shard (0 when empty); alert on this, not on the count.", nil, nil)
+	shardBacklogDesc = prometheus.NewDesc("onceflow_outbox_shard_backlog_rows",
+		"Rows waiting in one outbox shard.", []string{"shard"}, nil)
+	shardOldestDesc = prometheus.NewDesc("onceflow_outbox_shard_oldest_age_seconds",
+		"Age of the row at the head of one outbox shard (0 when empty).", []string{"shard"}, nil)
+	deadDesc = prometheus.NewDesc("onceflow_outbox_dead_rows",
+		"Rows in outbox_dead: refused by the broker for good, waiting for an operator.", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- backlogDesc
 	ch <- oldestDesc
+	ch <- shardBacklogDesc
+	ch <- shardOldestDesc
+	ch <- deadDesc
 }
 
 func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var rows int64
-	var age float64
-	err := c.pool.QueryRow(ctx,
-		`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM outbox`).Scan(&rows, &age)
+	shards, err := readBacklog(ctx, c.pool)
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(backlogDesc, err)
+		for _, d := range []*prometheus.Desc{backlogDesc, oldestDesc, shardBacklogDesc, shardOldestDesc} {
+			ch <- prometheus.NewInvalidMetric(d, err)
+		}
+	} else {
+		var rows int64
+		var oldest time.Duration
+		for _, s := range shards {
+			rows += s.Backlog
+			oldest = max(oldest, s.OldestAge)
+			label := strconv.Itoa(s.Shard)
+			ch <- prometheus.MustNewConstMetric(shardBacklogDesc, prometheus.GaugeValue, float64(s.Backlog), label)
+			ch <- prometheus.MustNewConstMetric(shardOldestDesc, prometheus.GaugeValue, s.OldestAge.Seconds(), label)
+		}
+		ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(rows))
+		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, oldest.Seconds())
+	}
+	var dead int64
+	if err := c.pool.QueryRow(ctx, countDeadSQL).Scan(&dead); err != nil {
+		ch <- prometheus.NewInvalidMetric(deadDesc, err)
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(rows))
-	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age)
+	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(dead))
 }

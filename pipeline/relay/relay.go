@@ -2,77 +2,89 @@ package relay
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
-// Config configures the relay. Zero values mean the defaults.
-type Config struct {
-	// BatchSize is how many rows are read, produced and deleted at once.
-	// Default 500.
-	BatchSize int
-	// PollInterval is how often an idle relay looks at the outbox when
-	// nothing wakes it. Default 100ms.
-	PollInterval time.Duration
-	// MaxBackoff caps the wait between attempts while Kafka or Postgres is
-	// unavailable. Default 5s.
-	MaxBackoff time.Duration
-	// IdempotencyRetention is how long idempotency keys are kept (must
-	// match ingest's). Default 24h.
-	IdempotencyRetention time.Duration
-	// JanitorInterval is how often partitions are created and dropped.
-	// Default 1h.
-	JanitorInterval time.Duration
-}
+// HeaderLease is the header the relay adds to every record it ships:
+// "{shard}:{token}", the outbox shard and the fencing token of the lease it
+// was shipped under. Within a partition, one shard's tokens never go back:
+// a relay that lost a shard cannot publish after the shard's next holder.
+const HeaderLease = "relay-lease"
 
-func (c *Config) setDefaults() {
-	if c.BatchSize == 0 {
-		c.BatchSize = 500
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 100 * time.Millisecond
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 5 * time.Second
-	}
-	if c.IdempotencyRetention == 0 {
-		c.IdempotencyRetention = 24 * time.Hour
-	}
-	if c.JanitorInterval == 0 {
-		c.JanitorInterval = time.Hour
-	}
-}
-
-// Relay ships outbox rows to Kafka.
+// Relay ships outbox rows to Kafka, shard by shard, under fenced leases.
 type Relay struct {
 	cfg     Config
 	pool    *pgxpool.Pool
-	client  *kgo.Client
+	kafka   kafka.Config
 	logger  *slog.Logger
 	metrics *metrics
-	wake    chan struct{}
+	// owner identifies this process in the lease table: the instance id
+	// plus a nonce, so a restarted process never mistakes its previous
+	// incarnation's leases for its own.
+	owner string
+
+	wake      chan struct{} // ingest in the same process: rows are waiting
+	rebalance chan struct{} // a worker stopped: the keeper should look now
+
+	mu      sync.Mutex
+	workers map[int]*worker
+	wg      sync.WaitGroup // workers and the closing of their Kafka clients
+
+	logMu   sync.Mutex
+	lastLog map[string]time.Time
+
+	hooks hooks
 }
 
-// New returns a relay. client must be an idempotent producer (franz-go's
-// default); the relay does not close it.
-func New(cfg Config, pool *pgxpool.Pool, client *kgo.Client, logger *slog.Logger, reg prometheus.Registerer) *Relay {
+// hooks let tests stop a relay at the two moments fencing is about.
+type hooks struct {
+	beforeProduce func(shard int) // after the lease check, before producing
+	beforeCommit  func(shard int) // after the records were acked, before the Kafka commit
+	afterCommit   func(shard int) // after the Kafka commit, before the delete
+	beforeKeep    func()          // before each round of the lease keeper
+}
+
+// New returns a relay. Its Kafka producers are built from kcfg: one
+// transactional producer per shard it holds.
+func New(cfg Config, pool *pgxpool.Pool, kcfg kafka.Config, logger *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
 	cfg.setDefaults()
-	return &Relay{
-		cfg: cfg, pool: pool, client: client,
-		logger:  logger.With("component", "relay"),
-		metrics: newMetrics(reg, pool),
-		wake:    make(chan struct{}, 1),
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
+	if kcfg.ClientID == "" {
+		kcfg.ClientID = "onceflow-relay"
+	}
+	nonce := make([]byte, 4)
+	crand.Read(nonce)
+	return &Relay{
+		cfg: cfg, pool: pool, kafka: kcfg,
+		logger:    logger.With("component", "relay"),
+		metrics:   newMetrics(reg, pool, cfg.Shards),
+		owner:     cfg.InstanceID + "#" + hex.EncodeToString(nonce),
+		wake:      make(chan struct{}, 1),
+		rebalance: make(chan struct{}, 1),
+		workers:   map[int]*worker{},
+		lastLog:   map[string]time.Time{},
+	}, nil
 }
 
-// Wake makes an idle relay look at the outbox now. It never blocks.
+// Wake makes the relay look at the outbox now (ingest calls it after each
+// commit when both run in one process). It never blocks.
 func (r *Relay) Wake() {
 	select {
 	case r.wake <- struct{}{}:
@@ -80,145 +92,137 @@ func (r *Relay) Wake() {
 	}
 }
 
-// leaderLockID is the advisory lock the shipping relay holds.
-const leaderLockID = 0x6f6e63655f726c79 // "once_rly"
+// Owner returns the name this process holds leases under
+// ("instance#nonce").
+func (r *Relay) Owner() string { return r.owner }
 
-// Run ships until ctx ends. It returns nil when asked to stop.
+// Run ships until ctx ends, then finishes the batches in flight, gives its
+// leases back and returns nil. It returns an error only when it cannot
+// start (the shard count disagrees with the outbox's).
 func (r *Relay) Run(ctx context.Context) error {
-	errc := make(chan error, 1)
-	go func() { errc <- r.janitor(ctx) }()
-	err := r.ship(ctx)
-	if jerr := <-errc; err == nil {
-		err = jerr
-	}
-	return err
-}
-
-// ship takes the leader lock, then ships until ctx ends; when the lock's
-// connection is lost it goes back to waiting for the lock.
-func (r *Relay) ship(ctx context.Context) error {
 	backoff := r.cfg.PollInterval
-	for ctx.Err() == nil {
-		err := r.lead(ctx)
+	for {
+		err := r.ensureShards(ctx)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.logger.Warn("relay lost its leadership, retrying", "err", err, "backoff", backoff)
-		sleep(ctx, jitter(backoff))
+		if !postgres.IsUnavailable(err) {
+			return fmt.Errorf("relay: %w", err)
+		}
+		r.logLimited("outbox shards", "err", err)
+		if !sleep(ctx, jitter(backoff)) {
+			return nil
+		}
 		backoff = min(backoff*2, r.cfg.MaxBackoff)
 	}
-	return nil
+	r.logger.Info("relay started", "owner", r.owner, "shards", r.cfg.Shards, "lease", r.cfg.LeaseDuration)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.janitor(gctx) })
+	g.Go(func() error { return r.keep(gctx) })
+	g.Go(func() error { return r.dispatch(gctx) })
+	err := g.Wait()
+
+	// Workers see ctx end, finish their batch and release their leases.
+	r.wg.Wait()
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, lerr := r.pool.Exec(lctx, leaveSQL, r.owner); lerr != nil {
+		r.logger.Warn("leave relay membership", "err", lerr)
+	}
+	r.logger.Info("relay stopped")
+	return err
 }
 
-func (r *Relay) lead(ctx context.Context) error {
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire leader connection: %w", err)
-	}
-	// The lock lives as long as this session; hijack the connection so it
-	// never goes back to the pool still holding the lock.
-	pc := conn.Hijack()
-	defer pc.Close(context.WithoutCancel(ctx))
+// probeSQL finds which of the given shards have rows waiting: one index
+// probe per shard, in one round trip.
+const probeSQL = `SELECT s FROM unnest($1::int[]) AS s WHERE EXISTS (SELECT 1 FROM outbox WHERE shard = s)`
+
+// dispatch wakes the workers of shards that have rows, on Wake or every
+// PollInterval. One probe for all shards costs less than every worker
+// polling on its own.
+func (r *Relay) dispatch(ctx context.Context) error {
+	t := time.NewTimer(jitter(r.cfg.PollInterval))
+	defer t.Stop()
 	for {
-		var got bool
-		if err := pc.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(leaderLockID)).Scan(&got); err != nil {
-			return fmt.Errorf("take relay lock: %w", err)
-		}
-		if got {
-			break
-		}
-		if !sleep(ctx, jitter(r.cfg.PollInterval*10)) {
-			return ctx.Err()
-		}
-	}
-	r.logger.Info("relay shipping")
-	backoff := r.cfg.PollInterval
-	for {
-		n, err := r.runOnce(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case err != nil:
-			r.logger.Warn("ship outbox batch", "err", err, "backoff", backoff)
-			r.metrics.errors.Inc()
-			if !sleep(ctx, jitter(backoff)) {
-				return ctx.Err()
-			}
-			backoff = min(backoff*2, r.cfg.MaxBackoff)
-			// The lock's session must still be ours before we go on.
-			if err := pc.Ping(ctx); err != nil {
-				return fmt.Errorf("relay lock connection: %w", err)
-			}
-			continue
-		}
-		backoff = r.cfg.PollInterval
-		if n == r.cfg.BatchSize {
-			continue // page until a short batch
-		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil
 		case <-r.wake:
-		case <-time.After(jitter(r.cfg.PollInterval)):
+		case <-t.C:
 		}
-		if err := pc.Ping(ctx); err != nil {
-			return fmt.Errorf("relay lock connection: %w", err)
+		t.Reset(jitter(r.cfg.PollInterval))
+		held := r.heldShards()
+		if len(held) == 0 {
+			continue
+		}
+		shards := make([]int32, len(held))
+		for i, w := range held {
+			shards[i] = int32(w.shard)
+		}
+		rows, err := r.pool.Query(ctx, probeSQL, shards)
+		if err == nil {
+			var busy []int32
+			busy, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+			for _, s := range busy {
+				r.signal(int(s))
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			r.logLimited("probe outbox", "err", err)
 		}
 	}
 }
 
-type outboxRow struct {
-	id        int64
-	topic     string
-	key       []byte
-	value     []byte
-	headers   map[string]string
-	createdAt time.Time
+func (r *Relay) signal(shard int) {
+	r.mu.Lock()
+	w := r.workers[shard]
+	r.mu.Unlock()
+	if w != nil {
+		w.poke()
+	}
 }
 
-const (
-	selectBatchSQL = `SELECT id, topic, key, value, headers, created_at FROM outbox ORDER BY id LIMIT $1`
-	deleteBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
-)
+// heldShards returns this process's workers in shard order.
+func (r *Relay) heldShards() []*worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*worker, 0, len(r.workers))
+	for _, w := range r.workers {
+		out = append(out, w)
+	}
+	slices.SortFunc(out, func(a, b *worker) int { return a.shard - b.shard })
+	return out
+}
 
-// runOnce ships one batch and returns how many rows it shipped.
-func (r *Relay) runOnce(ctx context.Context) (int, error) {
-	rows, err := r.pool.Query(ctx, selectBatchSQL, r.cfg.BatchSize)
-	if err != nil {
-		return 0, fmt.Errorf("read outbox: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
-		var b outboxRow
-		err := row.Scan(&b.id, &b.topic, &b.key, &b.value, &b.headers, &b.createdAt)
-		return b, err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("read outbox: %w", err)
-	}
-	if len(batch) == 0 {
-		return 0, nil
-	}
-	start := time.Now()
-	records := make([]*kgo.Record, len(batch))
-	ids := make([]int64, len(batch))
-	for i, b := range batch {
-		rec := &kgo.Record{Topic: b.topic, Key: b.key, Value: b.value, Timestamp: b.createdAt}
-		for k, v := range b.headers {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+// holding returns the workers that are not giving their shard back.
+func (r *Relay) holding() []*worker {
+	held := r.heldShards()
+	out := held[:0]
+	for _, w := range held {
+		if !w.releasing.Load() {
+			out = append(out, w)
 		}
-		records[i] = rec
-		ids[i] = b.id
 	}
-	if err := r.client.ProduceSync(ctx, records...).FirstErr(); err != nil {
-		return 0, fmt.Errorf("produce %d outbox rows: %w", len(records), err)
+	return out
+}
+
+// logLimited logs a warning at most once a second per message, so a loop
+// that fails fast (Kafka down) does not flood the log.
+func (r *Relay) logLimited(msg string, args ...any) {
+	r.logMu.Lock()
+	last := r.lastLog[msg]
+	now := time.Now()
+	if now.Sub(last) < time.Second {
+		r.logMu.Unlock()
+		return
 	}
-	r.metrics.publish.Observe(time.Since(start).Seconds())
-	if _, err := r.pool.Exec(ctx, deleteBatchSQL, ids); err != nil {
-		// Shipped but not deleted: the rows go out again next time.
-		return 0, fmt.Errorf("delete %d shipped outbox rows: %w", len(ids), err)
-	}
-	r.metrics.shipped.Add(float64(len(batch)))
-	return len(batch), nil
+	r.lastLog[msg] = now
+	r.logMu.Unlock()
+	r.logger.Warn(msg, args...)
 }
 
 // jitter returns a duration in [d/2, d) so relays do not poll in lockstep.

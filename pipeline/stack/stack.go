@@ -35,6 +35,10 @@ type Config struct {
 	SchemaRegistryURL string // SCHEMA_REGISTRY_URL; empty uses the embedded registry
 	InstanceID        string // processor instance id (transactional id suffix)
 	Logger            *slog.Logger
+	// OutboxShards is the outbox's shard count (ONCEFLOW_OUTBOX_SHARDS),
+	// given to ingest and the relay alike so they agree. Default
+	// pipeline.DefaultOutboxShards.
+	OutboxShards int
 }
 
 // Registry returns the Confluent-compatible registry at SchemaRegistryURL,
@@ -157,17 +161,30 @@ func EnsureTopics(ctx context.Context, cfg Config) error {
 // NewIngest builds the ingest server.
 func NewIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, s Serdes, reg prometheus.Registerer) (*ingest.Server, error) {
 	icfg.CommandsTopic = cfg.Topics.Commands()
+	if icfg.Shards == 0 {
+		icfg.Shards = cfg.OutboxShards
+	}
 	return ingest.New(icfg, pool, s.Commands, cfg.Logger, reg)
 }
 
-// NewRelay builds the relay with its own idempotent producer; close the
-// returned function's client when the relay has stopped.
+// NewRelay builds the relay; it makes and closes its own (transactional,
+// one per shard) producers, so the returned function has nothing to close
+// and is kept for callers that defer it.
 func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*relay.Relay, func(), error) {
-	cl, err := cfg.Kafka.NewClient()
+	if rcfg.Shards == 0 {
+		rcfg.Shards = cfg.OutboxShards
+	}
+	if rcfg.InstanceID == "" {
+		rcfg.InstanceID = cfg.InstanceID
+	}
+	if rcfg.TransactionalIDPrefix == "" {
+		rcfg.TransactionalIDPrefix = "onceflow-relay-" + cfg.Topics.Prefix
+	}
+	r, err := relay.New(rcfg, pool, cfg.Kafka, cfg.Logger, reg)
 	if err != nil {
 		return nil, nil, err
 	}
-	return relay.New(rcfg, pool, cl, cfg.Logger, reg), cl.Close, nil
+	return r, func() {}, nil
 }
 
 // NewProcessor builds the ledger processor.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
@@ -29,6 +30,7 @@ type Common struct {
 	LogLevel          string
 	LogFormat         string
 	InstanceID        string
+	OutboxShards      int
 	SASLMechanism     string
 	SASLUser          string
 	SASLPassword      string
@@ -57,6 +59,8 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (LOG_FORMAT)")
 	host, _ := os.Hostname()
 	fs.StringVar(&c.InstanceID, "instance-id", env("ONCEFLOW_INSTANCE_ID", host), "stable unique id of this instance; the processor's transactional id ends in it (ONCEFLOW_INSTANCE_ID)")
+	shards, _ := strconv.Atoi(env("ONCEFLOW_OUTBOX_SHARDS", strconv.Itoa(pipeline.DefaultOutboxShards)))
+	fs.IntVar(&c.OutboxShards, "outbox-shards", shards, "outbox shards; every ingest and relay must use the same count (ONCEFLOW_OUTBOX_SHARDS)")
 	fs.StringVar(&c.SASLMechanism, "kafka-sasl-mechanism", env("KAFKA_SASL_MECHANISM", ""), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (KAFKA_SASL_MECHANISM)")
 	fs.StringVar(&c.SASLUser, "kafka-sasl-user", env("KAFKA_SASL_USER", ""), "SASL user (KAFKA_SASL_USER)")
 	fs.StringVar(&c.SASLPassword, "kafka-sasl-password", env("KAFKA_SASL_PASSWORD", ""), "SASL password (KAFKA_SASL_PASSWORD)")
@@ -102,6 +106,9 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 	if len(k.Brokers) == 0 {
 		return stack.Config{}, fmt.Errorf("KAFKA_BROKERS is empty")
 	}
+	if c.OutboxShards < 1 {
+		return stack.Config{}, fmt.Errorf("ONCEFLOW_OUTBOX_SHARDS must be positive, got %d", c.OutboxShards)
+	}
 	return stack.Config{
 		Kafka:             k,
 		Topics:            kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions)},
@@ -109,6 +116,7 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 		SchemaRegistryURL: c.SchemaRegistryURL,
 		InstanceID:        c.InstanceID,
 		Logger:            logger,
+		OutboxShards:      c.OutboxShards,
 	}, nil
 }
 

@@ -1,0 +1,117 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/onceflow/onceflow/pipeline"
+)
+
+// Config configures the relay. Zero values mean the defaults.
+type Config struct {
+	// InstanceID names this relay in the lease table and in `onceflow
+	// outbox status` (ONCEFLOW_INSTANCE_ID). A relay that starts with the
+	// instance id of a previous incarnation takes over that incarnation's
+	// leases at once instead of waiting for them to expire, so it must be
+	// stable and unique per relay. Default: the host name.
+	InstanceID string
+	// Shards is the number of outbox shards (ONCEFLOW_OUTBOX_SHARDS). It
+	// must be the count ingest computes shards with; a relay refuses to
+	// start against an outbox whose leases were created with another count.
+	// Default pipeline.DefaultOutboxShards (16).
+	Shards int
+	// LeaseDuration is how long a shard's lease lasts without renewal
+	// (ONCEFLOW_RELAY_LEASE). A relay that stops renewing (dead, paused,
+	// cut off from Postgres) loses its shards to the others after this
+	// long; it is also the Kafka transaction timeout of its producers.
+	// Default 10s; at least 200ms.
+	LeaseDuration time.Duration
+	// TransactionalIDPrefix names the Kafka transactional producers: shard s
+	// is produced with the transactional id "{prefix}-{s}", whichever relay
+	// holds it, so a new holder fences the previous one in Kafka. It must
+	// be unique per deployment on a cluster. Default "onceflow-relay".
+	TransactionalIDPrefix string
+	// BatchSize is how many rows of a shard are read, produced in one Kafka
+	// transaction and deleted at once (ONCEFLOW_RELAY_BATCH_SIZE). Default 500.
+	BatchSize int
+	// PollInterval is how often an idle relay looks at the outbox when
+	// nothing wakes it. Default 100ms.
+	PollInterval time.Duration
+	// MaxBackoff caps the wait between attempts while Kafka or Postgres is
+	// unavailable. Default 5s.
+	MaxBackoff time.Duration
+	// IdempotencyRetention is how long idempotency keys are kept (must
+	// match ingest's). Default 24h.
+	IdempotencyRetention time.Duration
+	// InboxRetention is how long the projectors' inbox remembers event ids
+	// (the projector's dedup window). Default 30 days.
+	InboxRetention time.Duration
+	// JanitorInterval is how often partitions are created and dropped.
+	// Default 1h.
+	JanitorInterval time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.InstanceID == "" {
+		c.InstanceID, _ = os.Hostname()
+		if c.InstanceID == "" {
+			c.InstanceID = "relay"
+		}
+	}
+	if c.Shards == 0 {
+		c.Shards = pipeline.DefaultOutboxShards
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = 10 * time.Second
+	}
+	if c.TransactionalIDPrefix == "" {
+		c.TransactionalIDPrefix = "onceflow-relay"
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 100 * time.Millisecond
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	if c.IdempotencyRetention == 0 {
+		c.IdempotencyRetention = 24 * time.Hour
+	}
+	if c.InboxRetention == 0 {
+		c.InboxRetention = 30 * 24 * time.Hour
+	}
+	if c.JanitorInterval == 0 {
+		c.JanitorInterval = time.Hour
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Shards < 1 || c.Shards > 4096 {
+		errs = append(errs, fmt.Errorf("relay: Shards must be between 1 and 4096, got %d", c.Shards))
+	}
+	if c.LeaseDuration < 200*time.Millisecond {
+		errs = append(errs, fmt.Errorf("relay: LeaseDuration must be at least 200ms, got %s", c.LeaseDuration))
+	}
+	if c.BatchSize < 1 {
+		errs = append(errs, errors.New("relay: BatchSize must be positive"))
+	}
+	if c.PollInterval < 0 || c.MaxBackoff < 0 || c.JanitorInterval < 0 {
+		errs = append(errs, errors.New("relay: intervals must not be negative"))
+	}
+	if c.IdempotencyRetention < time.Minute || c.InboxRetention < time.Minute {
+		errs = append(errs, errors.New("relay: retentions must be at least a minute"))
+	}
+	return errors.Join(errs...)
+}
+
+// margin is how long before a lease's local deadline a relay stops
+// waiting for Kafka: it covers the drift between the local and the
+// database clocks' rates and the time the delete takes.
+func (c *Config) margin() time.Duration {
+	return min(c.LeaseDuration/10, time.Second)
+}

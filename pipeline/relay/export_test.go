@@ -1,0 +1,13 @@
+package relay
+
+// SetHooks stops a relay at the moments fencing is about: beforeProduce
+// runs after the lease check and before producing a batch, afterCommit
+// after the Kafka commit and before the delete, beforeKeep before each
+// round of the lease keeper (blocking it is a relay that stopped renewing).
+func SetHooks(r *Relay, beforeProduce, afterCommit func(shard int), beforeKeep func()) {
+	r.hooks = hooks{beforeProduce: beforeProduce, afterCommit: afterCommit, beforeKeep: beforeKeep}
+}
+
+// SetBeforeCommit stops a relay after its batch was produced (and acked)
+// and before its Kafka transaction commits.
+func SetBeforeCommit(r *Relay, f func(shard int)) { r.hooks.beforeCommit = f }

@@ -1,0 +1,826 @@
+package relay_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/relay"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgx pools and kfake close their goroutines asynchronously.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+// env is one test's Postgres database and embedded broker.
+type env struct {
+	pool    *pgxpool.Pool
+	brokers []string
+	topics  kafka.Topics
+	kafka   kafka.Config
+}
+
+func newEnv(t *testing.T, opts ...kfake.Opt) *env {
+	t.Helper()
+	pool, _ := pipelinetest.Pool(t)
+	b := pipelinetest.Broker(t, opts...)
+	topics := pipelinetest.Topics(t, b.Addrs(), 4)
+	return &env{pool: pool, brokers: b.Addrs(), topics: topics, kafka: kafka.Config{Brokers: b.Addrs()}}
+}
+
+func logger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// running is a relay running in the background.
+type running struct {
+	*relay.Relay
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+// stop asks the relay to stop and waits for it.
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	select {
+	case <-r.done:
+		if r.err != nil {
+			t.Errorf("relay %s: %v", r.Owner(), r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("relay %s did not stop", r.Owner())
+	}
+}
+
+func (e *env) relay(t *testing.T, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 20 * time.Millisecond
+	}
+	if cfg.TransactionalIDPrefix == "" {
+		cfg.TransactionalIDPrefix = "relay-" + e.topics.Prefix
+	}
+	r, err := relay.New(cfg, e.pool, e.kafka, logger(t), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (e *env) start(t *testing.T, cfg relay.Config, setup ...func(*relay.Relay)) *running {
+	t.Helper()
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 20 * time.Millisecond
+	}
+	if cfg.TransactionalIDPrefix == "" {
+		cfg.TransactionalIDPrefix = "relay-" + e.topics.Prefix
+	}
+	reg := prometheus.NewRegistry()
+	r, err := relay.New(cfg, e.pool, e.kafka, logger(t), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &running{Relay: r, reg: reg, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		run.err = r.Run(ctx)
+		close(run.done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-run.done
+	})
+	return run
+}
+
+// command is one outbox row as ingest writes it.
+type command struct {
+	id      pipeline.ID
+	agg     string
+	seq     int
+	outbox  int64
+	created time.Time
+}
+
+// insert writes n commands for agg into the outbox, each in its own
+// transaction, in order, as ingest does (same shard function and headers).
+func (e *env) insert(t *testing.T, agg string, n, valueBytes int) []command {
+	t.Helper()
+	ctx := context.Background()
+	out := make([]command, n)
+	for i := range out {
+		id := pipeline.NewCommandID()
+		headers := map[string]string{
+			pipeline.HeaderCommandID:   id.String(),
+			pipeline.HeaderTenant:      strings.SplitN(agg, "/", 2)[0],
+			pipeline.HeaderCommandType: "Deposit",
+		}
+		// Random bytes: the size limits under test apply to compressed
+		// batches.
+		value := make([]byte, valueBytes)
+		crand.Read(value)
+		copy(value, fmt.Sprintf("%s#%d", agg, i))
+		c := command{id: id, agg: agg, seq: i}
+		err := e.pool.QueryRow(ctx, `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5) RETURNING id, created_at`,
+			pipeline.OutboxShard(agg, pipeline.DefaultOutboxShards), e.topics.Commands(), []byte(agg), value, headers).Scan(&c.outbox, &c.created)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = c
+	}
+	return out
+}
+
+func (e *env) backlog(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (e *env) waitEmpty(t *testing.T, within time.Duration) {
+	t.Helper()
+	pipelinetest.Eventually(t, within, func() error {
+		if n := e.backlog(t); n > 0 {
+			return fmt.Errorf("%d rows still in the outbox", n)
+		}
+		return nil
+	})
+}
+
+// readTopic reads the topic read_committed from the start until it has at
+// least want records and nothing more arrives for a moment.
+func (e *env) readTopic(t *testing.T, topic string, want int) []*kgo.Record {
+	t.Helper()
+	cl := pipelinetest.Client(t, e.brokers, kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	var out []*kgo.Record
+	deadline := time.Now().Add(30 * time.Second)
+	quiet := time.Time{}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r); n++ })
+		switch {
+		case len(out) < want && time.Now().After(deadline):
+			t.Fatalf("read %d records from %s, want at least %d", len(out), topic, want)
+		case len(out) >= want && n == 0:
+			if quiet.IsZero() {
+				quiet = time.Now()
+			} else if time.Since(quiet) > 500*time.Millisecond {
+				return out
+			}
+		default:
+			quiet = time.Time{}
+		}
+	}
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// leaseOf parses a record's relay-lease header.
+func leaseOf(t *testing.T, r *kgo.Record) (shard int, token int64) {
+	t.Helper()
+	s, tok, ok := strings.Cut(header(r, relay.HeaderLease), ":")
+	if !ok {
+		t.Fatalf("record %s has no %s header", r.Key, relay.HeaderLease)
+	}
+	shard, _ = strconv.Atoi(s)
+	token, _ = strconv.ParseInt(tok, 10, 64)
+	return shard, token
+}
+
+// checkOrder checks that every command appears in the records, that each
+// aggregate's commands first appear in the order they were inserted, and
+// returns how many records were duplicates.
+func checkOrder(t *testing.T, sent map[string][]command, recs []*kgo.Record) (dups int) {
+	t.Helper()
+	seen := map[string]bool{}
+	next := map[string]int{} // aggregate -> index of the next new command expected
+	for _, r := range recs {
+		id := header(r, pipeline.HeaderCommandID)
+		if seen[id] {
+			dups++
+			continue
+		}
+		seen[id] = true
+		agg := string(r.Key)
+		cmds := sent[agg]
+		i := next[agg]
+		if i >= len(cmds) || cmds[i].id.String() != id {
+			want := "nothing more"
+			if i < len(cmds) {
+				want = fmt.Sprintf("command #%d %s", i, cmds[i].id)
+			}
+			t.Fatalf("%s: got command %s, want %s (out of order or unknown)", agg, id, want)
+		}
+		next[agg] = i + 1
+	}
+	for agg, cmds := range sent {
+		if next[agg] != len(cmds) {
+			t.Errorf("%s: %d of %d commands reached Kafka", agg, next[agg], len(cmds))
+		}
+	}
+	return dups
+}
+
+// checkTokens checks the fencing property on the log: within a partition,
+// a shard's lease tokens never go back, so no relay published after the
+// shard's next holder had started.
+func checkTokens(t *testing.T, recs []*kgo.Record) {
+	t.Helper()
+	type key struct {
+		partition int32
+		shard     int
+	}
+	last := map[key]int64{}
+	for _, r := range recs {
+		shard, token := leaseOf(t, r)
+		k := key{r.Partition, shard}
+		if token < last[k] {
+			t.Errorf("partition %d, offset %d: shard %d published under token %d after token %d",
+				r.Partition, r.Offset, shard, token, last[k])
+		}
+		last[k] = max(last[k], token)
+	}
+}
+
+// Rows of many aggregates, several batches' worth, reach Kafka in order with
+// their headers and the time ingest accepted them, and leave the outbox.
+func TestShipsInOrderAndDeletes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	sent := map[string][]command{}
+	total := 0
+	for i := range 12 {
+		agg := fmt.Sprintf("acme/acc-%d", i)
+		sent[agg] = e.insert(t, agg, 60, 64)
+		total += 60
+	}
+	r := e.start(t, relay.Config{BatchSize: 25})
+	e.waitEmpty(t, 30*time.Second)
+	recs := e.readTopic(t, e.topics.Commands(), total)
+	if dups := checkOrder(t, sent, recs); dups != 0 {
+		t.Errorf("%d duplicates without any failure", dups)
+	}
+	checkTokens(t, recs)
+	byID := map[string]command{}
+	for _, cmds := range sent {
+		for _, c := range cmds {
+			byID[c.id.String()] = c
+		}
+	}
+	for _, rec := range recs {
+		c := byID[header(rec, pipeline.HeaderCommandID)]
+		if got := header(rec, pipeline.HeaderTenant); got != "acme" {
+			t.Fatalf("tenant header: got %q, want acme", got)
+		}
+		if got := header(rec, pipeline.HeaderCommandType); got != "Deposit" {
+			t.Fatalf("command-type header: got %q, want Deposit", got)
+		}
+		if want := c.created.Truncate(time.Millisecond); !rec.Timestamp.Equal(want) {
+			t.Fatalf("record timestamp %v, want the row's created_at %v", rec.Timestamp, want)
+		}
+	}
+	if got := testutil.ToFloat64(metric(t, r.reg, "onceflow_outbox_shipped_rows_total")); got != float64(total) {
+		t.Errorf("shipped rows metric: got %v, want %d", got, total)
+	}
+}
+
+// metric returns a collector for one metric of a registry, for testutil.
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) prometheus.Collector {
+	t.Helper()
+	return collectorFunc(func(ch chan<- prometheus.Metric) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				match := true
+				for i := 0; i+1 < len(labels); i += 2 {
+					found := false
+					for _, lp := range m.GetLabel() {
+						if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+							found = true
+						}
+					}
+					match = match && found
+				}
+				if !match {
+					continue
+				}
+				var v float64
+				switch {
+				case m.GetCounter() != nil:
+					v = m.GetCounter().GetValue()
+				case m.GetGauge() != nil:
+					v = m.GetGauge().GetValue()
+				}
+				ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, "", nil, nil), prometheus.UntypedValue, v)
+				return
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, "", nil, nil), prometheus.UntypedValue, 0)
+	})
+}
+
+type collectorFunc func(chan<- prometheus.Metric)
+
+func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
+func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// A shard whose holder died (its lease row says so, and nothing renews it)
+// is not shipped until the lease expires, then is taken over with the next
+// token; the other shards flow meanwhile.
+func TestTakesOverAnExpiredLease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	lease := 2 * time.Second
+	dead, alive := "acme/dead-1", "acme/alive-1"
+	if pipeline.OutboxShard(dead, 16) == pipeline.OutboxShard(alive, 16) {
+		t.Fatal("pick aggregates on different shards")
+	}
+	shard := pipeline.OutboxShard(dead, 16)
+	// A relay that died a moment ago holds the shard with token 7.
+	if _, err := e.pool.Exec(ctx, `INSERT INTO outbox_leases (shard) SELECT generate_series(0, 15)`); err != nil {
+		t.Fatal(err)
+	}
+	var expires time.Time
+	err := e.pool.QueryRow(ctx, `UPDATE outbox_leases SET owner = 'gone#1', instance = 'gone', token = 7,
+		expires_at = now() + make_interval(secs => $2) WHERE shard = $1 RETURNING expires_at`, shard, lease.Seconds()).Scan(&expires)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := map[string][]command{dead: e.insert(t, dead, 5, 32), alive: e.insert(t, alive, 5, 32)}
+
+	e.start(t, relay.Config{LeaseDuration: lease, InstanceID: "r1"})
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		var n int
+		e.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE key = $1`, []byte(alive)).Scan(&n)
+		if n > 0 {
+			return fmt.Errorf("%d rows of the live shard waiting", n)
+		}
+		return nil
+	})
+	var waiting int
+	var now time.Time
+	e.pool.QueryRow(ctx, `SELECT count(*), now() FROM outbox WHERE key = $1`, []byte(dead)).Scan(&waiting, &now)
+	if now.Before(expires) && waiting != 5 {
+		t.Fatalf("the dead relay's shard was shipped before its lease expired: %d of 5 rows left", waiting)
+	}
+	e.waitEmpty(t, 2*lease+5*time.Second)
+	var at time.Time
+	if err := e.pool.QueryRow(ctx, `SELECT acquired_at FROM outbox_leases WHERE shard = $1`, shard).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	if at.Before(expires) {
+		t.Errorf("lease taken at %v, before it expired at %v", at, expires)
+	}
+	if late := at.Sub(expires); late > lease {
+		t.Errorf("lease taken %v after it expired, want within a lease period (%v)", late, lease)
+	}
+	recs := e.readTopic(t, e.topics.Commands(), 10)
+	checkOrder(t, sent, recs)
+	for _, rec := range recs {
+		if s, tok := leaseOf(t, rec); s == shard && tok != 8 {
+			t.Errorf("dead relay's shard shipped under token %d, want 8", tok)
+		}
+	}
+}
+
+// Relays share the shards fairly; when one stops, the others take its
+// shards over; when one starts, it gets its share.
+func TestRelaysShareShards(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cfg := func(name string) relay.Config {
+		return relay.Config{InstanceID: name, LeaseDuration: time.Second}
+	}
+	a := e.start(t, cfg("a"))
+	b := e.start(t, cfg("b"))
+	c := e.start(t, cfg("c"))
+	held := func() (map[string]int, error) {
+		st, err := relay.ReadStatus(ctx, e.pool, 0)
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]int{}
+		for _, s := range st.Shards {
+			if s.Free() {
+				return nil, fmt.Errorf("shard %d has no holder", s.Shard)
+			}
+			out[s.Instance]++
+		}
+		return out, nil
+	}
+	pipelinetest.Eventually(t, 15*time.Second, func() error {
+		h, err := held()
+		if err != nil {
+			return err
+		}
+		for _, name := range []string{"a", "b", "c"} {
+			if h[name] < 5 || h[name] > 6 {
+				return fmt.Errorf("shards per relay %v, want 5 or 6 each", h)
+			}
+		}
+		return nil
+	})
+	_ = a
+	b.stop(t)
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		h, err := held()
+		if err != nil {
+			return err
+		}
+		if h["a"] != 8 || h["c"] != 8 {
+			return fmt.Errorf("shards per relay %v, want 8 each for a and c", h)
+		}
+		return nil
+	})
+	// Rows still flow after the handover.
+	sent := map[string][]command{}
+	for i := range 16 {
+		agg := fmt.Sprintf("acme/acc-%d", i)
+		sent[agg] = e.insert(t, agg, 3, 16)
+	}
+	e.waitEmpty(t, 10*time.Second)
+	checkOrder(t, sent, e.readTopic(t, e.topics.Commands(), 48))
+	_ = c
+}
+
+// A relay configured with another shard count than the outbox's refuses to
+// start, with an error naming the setting.
+func TestShardCountMismatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	first := e.start(t, relay.Config{Shards: 16})
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		st, err := relay.ReadStatus(context.Background(), e.pool, 0)
+		if err != nil || len(st.Shards) != 16 {
+			return fmt.Errorf("%d shards, %v", len(st.Shards), err)
+		}
+		return nil
+	})
+	first.stop(t)
+	r := e.relay(t, relay.Config{Shards: 8})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := r.Run(ctx)
+	if !errors.Is(err, relay.ErrShardCount) || !strings.Contains(err.Error(), "ONCEFLOW_OUTBOX_SHARDS") {
+		t.Fatalf("got %v, want ErrShardCount naming ONCEFLOW_OUTBOX_SHARDS", err)
+	}
+}
+
+// A row over the broker's message size limit in the middle of a batch goes
+// to outbox_dead with the broker's reason, is counted, and its shard keeps
+// flowing: the rows around it are shipped in order. A row over the
+// client's own limit (1 MB) is dead-lettered the same way.
+func TestTooLargeRowMidBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4096"}))
+	ctx := context.Background()
+	agg := "acme/acc-big"
+	sent := map[string][]command{agg: e.insert(t, agg, 4, 100)}
+	big := e.insert(t, agg, 1, 8000)[0]
+	sent[agg] = append(sent[agg], e.insert(t, agg, 4, 100)...)
+	huge := e.insert(t, agg, 1, 1_100_000)[0]
+	sent[agg] = append(sent[agg], e.insert(t, agg, 3, 100)...)
+
+	r := e.start(t, relay.Config{BatchSize: 50})
+	e.waitEmpty(t, 30*time.Second)
+	// Rows arriving after the poison ones flow too.
+	more := e.insert(t, agg, 2, 100)
+	sent[agg] = append(sent[agg], more...)
+	e.waitEmpty(t, 10*time.Second)
+
+	recs := e.readTopic(t, e.topics.Commands(), 13)
+	checkOrder(t, sent, recs)
+	for _, rec := range recs {
+		if id := header(rec, pipeline.HeaderCommandID); id == big.id.String() || id == huge.id.String() {
+			t.Errorf("too-large command %s reached Kafka", id)
+		}
+	}
+	st, err := relay.ReadStatus(ctx, e.pool, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DeadRows != 2 || len(st.Dead) != 2 {
+		t.Fatalf("dead rows: %d (%d listed), want 2", st.DeadRows, len(st.Dead))
+	}
+	for _, d := range st.Dead {
+		if d.Reason != "MESSAGE_TOO_LARGE" || d.Detail == "" {
+			t.Errorf("dead row %d: reason %q detail %q, want MESSAGE_TOO_LARGE with the broker's text", d.ID, d.Reason, d.Detail)
+		}
+		if d.ID != big.outbox && d.ID != huge.outbox {
+			t.Errorf("dead row %d is neither of the too-large rows (%d, %d)", d.ID, big.outbox, huge.outbox)
+		}
+		if d.CommandID == "" || d.Key != agg {
+			t.Errorf("dead row %d lost its identity: command %q key %q", d.ID, d.CommandID, d.Key)
+		}
+	}
+	if got := testutil.ToFloat64(metric(t, r.reg, "onceflow_outbox_dead_rows_total", "reason", "MESSAGE_TOO_LARGE")); got != 2 {
+		t.Errorf("dead rows metric: got %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(metric(t, r.reg, "onceflow_outbox_dead_rows")); got != 2 {
+		t.Errorf("dead rows gauge: got %v, want 2", got)
+	}
+}
+
+// A relay that shipped a batch but lost its lease before deleting it
+// deletes nothing; the shard's next holder publishes the same rows again
+// with the same command-id, after the first copy.
+func TestRepublishAfterAckWithoutDelete(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	agg := "acme/acc-1"
+	shard := pipeline.OutboxShard(agg, 16)
+	sent := map[string][]command{agg: e.insert(t, agg, 10, 32)}
+	var once sync.Once
+	r := e.start(t, relay.Config{LeaseDuration: time.Second}, func(r *relay.Relay) {
+		relay.SetHooks(r, nil, func(s int) {
+			if s != shard {
+				return
+			}
+			once.Do(func() {
+				// Another relay takes the shard between the ack and the delete.
+				if _, err := e.pool.Exec(ctx, `UPDATE outbox_leases SET token = token + 1, owner = 'thief#1', instance = 'thief',
+					expires_at = now() + interval '300 ms' WHERE shard = $1`, shard); err != nil {
+					t.Error(err)
+				}
+			})
+		}, nil)
+	})
+	e.waitEmpty(t, 20*time.Second)
+	recs := e.readTopic(t, e.topics.Commands(), 20)
+	if dups := checkOrder(t, sent, recs); dups != 10 {
+		t.Errorf("got %d duplicates, want the 10 rows published twice", dups)
+	}
+	checkTokens(t, recs)
+	if got := testutil.ToFloat64(metric(t, r.reg, "onceflow_outbox_fenced_total", "stage", "delete")); got != 1 {
+		t.Errorf("fenced deletes: got %v, want 1", got)
+	}
+}
+
+// A relay stopped (as by SIGSTOP) in the middle of a batch and kept
+// stopped past its lease deletes nothing and makes nothing visible in
+// Kafka once it continues: the shard moved to another relay. Stopped
+// after its lease check, it never produces; stopped before its commit, its
+// open transaction was aborted by the new holder's producer; stopped
+// after its commit (the rows are in Kafka), its delete is refused and the
+// new holder publishes them again.
+func TestPausedRelayIsFenced(t *testing.T) {
+	t.Parallel()
+	for _, stage := range []string{"before produce", "before commit", "after commit"} {
+		t.Run(strings.ReplaceAll(stage, " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			testPausedRelay(t, stage)
+		})
+	}
+}
+
+func testPausedRelay(t *testing.T, stage string) {
+	e := newEnv(t)
+	ctx := context.Background()
+	lease := time.Second
+	agg := "acme/acc-1"
+	shard := pipeline.OutboxShard(agg, 16)
+	sent := map[string][]command{agg: e.insert(t, agg, 5, 32)}
+
+	// a stops at the stage, and its lease keeper with it.
+	paused, resume := make(chan struct{}), make(chan struct{})
+	var pauseOnce sync.Once
+	stop := func(s int) {
+		if s == shard {
+			pauseOnce.Do(func() { close(paused) })
+			<-resume
+		}
+	}
+	a := e.start(t, relay.Config{InstanceID: "a", LeaseDuration: lease}, func(r *relay.Relay) {
+		keeper := func() {
+			select {
+			case <-paused:
+				<-resume
+			default:
+			}
+		}
+		switch stage {
+		case "before produce":
+			relay.SetHooks(r, stop, nil, keeper)
+		case "before commit":
+			relay.SetHooks(r, nil, nil, keeper)
+			relay.SetBeforeCommit(r, stop)
+		case "after commit":
+			relay.SetHooks(r, nil, stop, keeper)
+		}
+	})
+	<-paused
+
+	// b takes the shard once a's lease has expired, reads the same rows,
+	// and is held before it produces them.
+	bPaused, bResume := make(chan struct{}), make(chan struct{})
+	var bOnce sync.Once
+	b := e.start(t, relay.Config{InstanceID: "b", LeaseDuration: lease}, func(r *relay.Relay) {
+		relay.SetHooks(r, func(s int) {
+			if s == shard {
+				bOnce.Do(func() { close(bPaused) })
+				<-bResume
+			}
+		}, nil, nil)
+	})
+	select {
+	case <-bPaused:
+	case <-time.After(10 * lease):
+		t.Fatal("b did not take the shard over")
+	}
+
+	close(resume) // a continues with its stale batch
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if got := testutil.ToFloat64(metric(t, a.reg, "onceflow_outbox_lease_changes_total", "change", "lost")); got < 1 {
+			return errors.New("a has not noticed it lost the shard")
+		}
+		return nil
+	})
+	var left int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE shard = $1`, shard).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 5 {
+		t.Errorf("%d rows of the shard left, want 5: a deleted rows of a shard it had lost", left)
+	}
+	var bToken int64
+	if err := e.pool.QueryRow(ctx, `SELECT token FROM outbox_leases WHERE shard = $1`, shard).Scan(&bToken); err != nil {
+		t.Fatal(err)
+	}
+	// What a made visible: only a commit that happened before it was
+	// stopped, so before b's takeover.
+	wantFromA := 0
+	if stage == "after commit" {
+		wantFromA = 5
+	}
+	if wantFromA > 0 {
+		e.readTopic(t, e.topics.Commands(), wantFromA)
+	}
+
+	close(bResume)
+	e.waitEmpty(t, 10*time.Second)
+	recs := e.readTopic(t, e.topics.Commands(), 5+wantFromA)
+	if dups := checkOrder(t, sent, recs); dups != wantFromA {
+		t.Errorf("%d duplicates, want %d", dups, wantFromA)
+	}
+	checkTokens(t, recs)
+	fromA := 0
+	for _, rec := range recs {
+		if _, tok := leaseOf(t, rec); tok != bToken {
+			fromA++
+		}
+	}
+	if fromA != wantFromA {
+		t.Errorf("%d records published under a's token, want %d", fromA, wantFromA)
+	}
+	_ = b
+}
+
+// partitions lists a table's daily partitions.
+func (e *env) partitions(t *testing.T, table string) map[string]bool {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = to_regclass($1)`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var name string
+		rows.Scan(&name)
+		out[name] = true
+	}
+	return out
+}
+
+func day(offset int) string {
+	return time.Now().UTC().AddDate(0, 0, offset).Format("20060102")
+}
+
+// The janitor keeps a week of daily partitions ready and drops those past
+// their retention, for each retained table: idempotency keys (24h) and the
+// inbox (30 days) once it is partitioned. A plain table is skipped
+// without stopping the others.
+func TestJanitor(t *testing.T) {
+	t.Parallel()
+	for _, partitioned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inbox_partitioned=%v", partitioned), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ctx := context.Background()
+			exec := func(sql string) {
+				t.Helper()
+				if _, err := e.pool.Exec(ctx, sql); err != nil {
+					t.Fatalf("%s: %v", sql, err)
+				}
+			}
+			exec(`SELECT onceflow_ensure_daily_partitions('idempotency_keys', (now() AT TIME ZONE 'UTC')::date - 5, 1)`)
+			var isPartitioned bool
+			e.pool.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass('inbox')`).Scan(&isPartitioned)
+			switch {
+			case partitioned && !isPartitioned:
+				// What the projector's migration makes of the inbox.
+				exec(`DROP TABLE inbox`)
+				exec(`CREATE TABLE inbox (consumer text NOT NULL, event_id uuid NOT NULL,
+					received_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, event_id, received_at))
+					PARTITION BY RANGE (received_at)`)
+			case !partitioned && isPartitioned:
+				// The inbox as it was before that migration.
+				exec(`DROP TABLE inbox`)
+				exec(`CREATE TABLE inbox (consumer text NOT NULL, event_id uuid NOT NULL,
+					received_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, event_id))`)
+			}
+			if partitioned {
+				exec(`SELECT onceflow_ensure_daily_partitions('inbox', (now() AT TIME ZONE 'UTC')::date - 40, 1)`)
+				exec(`SELECT onceflow_ensure_daily_partitions('inbox', (now() AT TIME ZONE 'UTC')::date - 10, 1)`)
+			}
+
+			e.start(t, relay.Config{})
+			pipelinetest.Eventually(t, 20*time.Second, func() error {
+				keys := e.partitions(t, "idempotency_keys")
+				if keys["idempotency_keys_p"+day(-5)] {
+					return errors.New("idempotency_keys: the 5-day-old partition is still there")
+				}
+				for d := 0; d <= 7; d++ {
+					if !keys["idempotency_keys_p"+day(d)] {
+						return fmt.Errorf("idempotency_keys: no partition for today+%d", d)
+					}
+				}
+				inbox := e.partitions(t, "inbox")
+				if !partitioned {
+					if len(inbox) > 0 {
+						return fmt.Errorf("the plain inbox got partitions %v", inbox)
+					}
+					return nil
+				}
+				if inbox["inbox_p"+day(-40)] {
+					return errors.New("inbox: the 40-day-old partition is still there")
+				}
+				if !inbox["inbox_p"+day(-10)] {
+					return errors.New("inbox: the 10-day-old partition was dropped inside the 30-day window")
+				}
+				for d := 0; d <= 7; d++ {
+					if !inbox["inbox_p"+day(d)] {
+						return fmt.Errorf("inbox: no partition for today+%d", d)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}

@@ -1,0 +1,577 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// worker ships one shard while this relay holds its lease.
+type worker struct {
+	shard int
+	token int64
+
+	signal    chan struct{} // rows may be waiting
+	stopc     chan struct{} // closed: stop after the batch in flight
+	stopOnce  sync.Once
+	releasing atomic.Bool // give the lease back when stopping
+	gone      atomic.Bool // the lease was lost: do not touch it again
+
+	mu       sync.Mutex
+	deadline time.Time // the lease is certainly ours until then (local clock)
+
+	client *kgo.Client // the shard's transactional producer; worker goroutine only
+}
+
+func (w *worker) poke() {
+	select {
+	case w.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopc) }) }
+
+func (w *worker) release() {
+	w.releasing.Store(true)
+	w.stop()
+}
+
+func (w *worker) stopped() bool {
+	select {
+	case <-w.stopc:
+		return true
+	default:
+		return false
+	}
+}
+
+// extend moves the local deadline forward (never back: an older renewal
+// answered late must not shorten a newer one).
+func (w *worker) extend(t time.Time) {
+	w.mu.Lock()
+	if t.After(w.deadline) {
+		w.deadline = t
+	}
+	w.mu.Unlock()
+}
+
+// setDeadline replaces the local deadline with what the database just
+// said, which is authoritative.
+func (w *worker) setDeadline(t time.Time) {
+	w.mu.Lock()
+	w.deadline = t
+	w.mu.Unlock()
+}
+
+func (w *worker) getDeadline() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.deadline
+}
+
+// start begins shipping a shard whose lease this relay just acquired.
+func (r *Relay) start(ctx context.Context, shard int, token int64, deadline time.Time) {
+	w := &worker{
+		shard: shard, token: token,
+		signal:   make(chan struct{}, 1),
+		stopc:    make(chan struct{}),
+		deadline: deadline,
+	}
+	r.mu.Lock()
+	if old := r.workers[shard]; old != nil {
+		old.gone.Store(true) // its token is stale now
+		old.stop()
+	} else {
+		r.metrics.owned.Inc()
+	}
+	r.workers[shard] = w
+	r.mu.Unlock()
+	r.logger.Info("shard acquired", "shard", shard, "token", token)
+	r.wg.Add(1)
+	go r.runWorker(ctx, w)
+}
+
+// lost stops a worker whose lease moved to another relay.
+func (r *Relay) lost(w *worker, stage string) {
+	if w.gone.Swap(true) {
+		return
+	}
+	r.metrics.leases.WithLabelValues("lost").Inc()
+	r.metrics.fenced.WithLabelValues(stage).Inc()
+	r.logger.Warn("shard lease lost", "shard", w.shard, "token", w.token, "stage", stage)
+	r.remove(w)
+	w.stop()
+}
+
+func (r *Relay) remove(w *worker) {
+	r.mu.Lock()
+	if r.workers[w.shard] == w {
+		delete(r.workers, w.shard)
+		r.metrics.owned.Dec()
+	}
+	r.mu.Unlock()
+}
+
+func (r *Relay) runWorker(ctx context.Context, w *worker) {
+	defer r.wg.Done()
+	defer func() {
+		r.discardClient(w)
+		r.remove(w)
+		if !w.gone.Load() {
+			// Graceful stop or rebalancing: hand the shard over now rather
+			// than after the lease expires.
+			r.releaseLease(w.shard, w.token)
+			r.logger.Info("shard released", "shard", w.shard, "token", w.token)
+		}
+		select {
+		case r.rebalance <- struct{}{}:
+		default:
+		}
+	}()
+	// Fence the shard's previous holder in Kafka now, before this relay
+	// reads anything: from here on nothing it left open can commit. (If
+	// the broker is away, producing retries this.)
+	fctx, cancel := context.WithDeadline(ctx, w.getDeadline().Add(-r.cfg.margin()))
+	if _, err := r.clientFor(fctx, w); err != nil && ctx.Err() == nil {
+		r.logLimited("fence shard producer", "shard", w.shard, "err", err)
+	}
+	cancel()
+	backoff := r.cfg.PollInterval
+	pending := true // look at the shard at once
+	for {
+		if ctx.Err() != nil || w.stopped() {
+			return
+		}
+		if !pending {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.stopc:
+				return
+			case <-w.signal:
+			}
+		}
+		n, err := r.shipBatch(ctx, w)
+		var lost *lostError
+		switch {
+		case errors.As(err, &lost):
+			r.lost(w, lost.stage)
+			return
+		case err != nil:
+			r.metrics.errors.Inc()
+			r.logLimited("ship outbox batch", "shard", w.shard, "err", err, "backoff", backoff)
+			r.discardClient(w)
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.stopc:
+				return
+			case <-time.After(jitter(backoff)):
+			}
+			backoff = min(backoff*2, r.cfg.MaxBackoff)
+			pending = true
+		default:
+			backoff = r.cfg.PollInterval
+			pending = n >= r.cfg.BatchSize // page until a short batch
+		}
+	}
+}
+
+// lostError reports where a relay found out its lease had moved.
+type lostError struct{ stage string }
+
+func (e *lostError) Error() string { return "lease lost (" + e.stage + ")" }
+func (e *lostError) Is(target error) bool {
+	return target == errLeaseLost
+}
+
+type outboxRow struct {
+	id        int64
+	topic     string
+	key       []byte
+	value     []byte
+	headers   map[string]string
+	createdAt time.Time
+}
+
+const (
+	// readBatchSQL checks the lease (read-only) and reads the shard's
+	// oldest rows in one round trip: no row means the lease is not ours,
+	// one row with a NULL id means the shard is empty.
+	readBatchSQL = `SELECT EXTRACT(EPOCH FROM l.expires_at - now())::float8,
+			o.id, o.topic, o.key, o.value, o.headers, o.created_at
+		FROM outbox_leases l
+		LEFT JOIN LATERAL (
+			SELECT id, topic, key, value, headers, created_at FROM outbox
+			WHERE shard = l.shard ORDER BY id LIMIT $4
+		) o ON true
+		WHERE l.shard = $1 AND l.token = $2 AND l.owner = $3
+		ORDER BY o.id`
+
+	renewOneSQL = `UPDATE outbox_leases SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+		WHERE shard = $1 AND token = $2 AND owner = $3
+		RETURNING 1`
+
+	// deleteShippedSQL deletes acknowledged rows only while the lease is
+	// still this token's, renewing it in the same statement. The UPDATE
+	// locks the lease row, so a relay taking the shard over concurrently
+	// either waits for this delete or has already moved the token, and
+	// then nothing is deleted.
+	deleteShippedSQL = `WITH lease AS (
+			UPDATE outbox_leases SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+			WHERE shard = $1 AND token = $2 AND owner = $3
+			RETURNING shard
+		), del AS (
+			DELETE FROM outbox WHERE id = ANY($5) AND shard = (SELECT shard FROM lease)
+			RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM del)`
+
+	// moveDeadSQL moves a row the broker refused for good to outbox_dead,
+	// under the same lease condition as a delete.
+	moveDeadSQL = `WITH lease AS (
+			UPDATE outbox_leases SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+			WHERE shard = $1 AND token = $2 AND owner = $3
+			RETURNING shard
+		), moved AS (
+			DELETE FROM outbox WHERE id = $5 AND shard = (SELECT shard FROM lease)
+			RETURNING id, shard, topic, key, value, headers, created_at
+		), ins AS (
+			INSERT INTO outbox_dead (id, shard, topic, key, value, headers, created_at, reason, detail)
+			SELECT id, shard, topic, key, value, headers, created_at, $6, $7 FROM moved
+			RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM ins)`
+)
+
+// shipBatch ships the oldest rows of the worker's shard and returns how
+// many it took out of the outbox (shipped or moved to outbox_dead).
+func (r *Relay) shipBatch(ctx context.Context, w *worker) (int, error) {
+	// A batch that has started finishes during a graceful shutdown; the
+	// lease, not ctx, bounds it.
+	ctx = context.WithoutCancel(ctx)
+	if time.Until(w.getDeadline()) < r.cfg.LeaseDuration/2 {
+		if err := r.renewOne(ctx, w); err != nil {
+			return 0, err
+		}
+	}
+	rows, err := r.readBatch(ctx, w)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	if h := r.hooks.beforeProduce; h != nil {
+		h(w.shard)
+	}
+	recErrs, err := r.produce(ctx, w, rows)
+	if err != nil {
+		if anyPermanent(recErrs) {
+			// Someone in this batch is poison, but a broker refusing a
+			// partition's batch fails every record in it: ship one row
+			// per transaction to find out which.
+			return r.isolate(ctx, w, rows)
+		}
+		return 0, err
+	}
+	if h := r.hooks.afterCommit; h != nil {
+		h(w.shard)
+	}
+	if err := r.deleteShipped(ctx, w, rows); err != nil {
+		return 0, err
+	}
+	return len(rows), nil
+}
+
+// isolate ships rows one per transaction, in order, moving to outbox_dead
+// those the broker refuses for good.
+func (r *Relay) isolate(ctx context.Context, w *worker, rows []outboxRow) (int, error) {
+	for i, row := range rows {
+		if time.Until(w.getDeadline()) < r.cfg.LeaseDuration/2 {
+			if err := r.renewOne(ctx, w); err != nil {
+				return i, err
+			}
+		}
+		recErrs, err := r.produce(ctx, w, rows[i:i+1])
+		if err != nil {
+			if !anyPermanent(recErrs) {
+				return i, err
+			}
+			if err := r.moveDead(ctx, w, row, recErrs[0]); err != nil {
+				return i, err
+			}
+			continue
+		}
+		if err := r.deleteShipped(ctx, w, rows[i:i+1]); err != nil {
+			return i, err
+		}
+	}
+	return len(rows), nil
+}
+
+func (r *Relay) renewOne(ctx context.Context, w *worker) error {
+	sent := time.Now()
+	err := r.pool.QueryRow(ctx, renewOneSQL, w.shard, w.token, r.owner, r.cfg.LeaseDuration.Seconds()).Scan(new(int))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &lostError{stage: "renew"}
+	}
+	if err != nil {
+		return fmt.Errorf("renew lease of shard %d: %w", w.shard, err)
+	}
+	w.extend(sent.Add(r.cfg.LeaseDuration))
+	return nil
+}
+
+func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
+	sent := time.Now()
+	rows, err := r.pool.Query(ctx, readBatchSQL, w.shard, w.token, r.owner, r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+	}
+	defer rows.Close()
+	var (
+		out       []outboxRow
+		remaining float64
+		leased    bool
+	)
+	for rows.Next() {
+		var (
+			id        *int64
+			topic     *string
+			key       []byte
+			value     []byte
+			headers   map[string]string
+			createdAt *time.Time
+		)
+		if err := rows.Scan(&remaining, &id, &topic, &key, &value, &headers, &createdAt); err != nil {
+			return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+		}
+		leased = true
+		if id != nil {
+			out = append(out, outboxRow{id: *id, topic: *topic, key: key, value: value, headers: headers, createdAt: *createdAt})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+	}
+	if !leased {
+		return nil, &lostError{stage: "check"}
+	}
+	// The database's word on how long the lease has left is authoritative;
+	// counted from before the query was sent, it errs on the short side.
+	w.setDeadline(sent.Add(time.Duration(remaining * float64(time.Second))))
+	if len(out) > 0 && time.Until(w.getDeadline()) < 2*r.cfg.margin() {
+		return nil, fmt.Errorf("lease of shard %d about to expire; renewing before producing", w.shard)
+	}
+	return out, nil
+}
+
+// produce ships rows in one Kafka transaction on the shard's producer and
+// returns nil once it committed. On failure it returns each record's error
+// when the records got that far, and the producer is discarded: the next
+// one fences it and aborts what it left open.
+func (r *Relay) produce(ctx context.Context, w *worker, rows []outboxRow) ([]error, error) {
+	// Kafka must be done before the lease can expire, or a relay taking the
+	// shard over could publish before this one does. (Should the process
+	// stall past this point anyway, the next holder's producer fences this
+	// one, so its commit fails.)
+	pctx, cancel := context.WithDeadline(ctx, w.getDeadline().Add(-r.cfg.margin()))
+	defer cancel()
+	if pctx.Err() != nil {
+		// Too late already (this process was stalled): do not even create
+		// a producer, whose initialization would fence the shard's new
+		// holder.
+		return nil, fmt.Errorf("shard %d: lease deadline passed before producing", w.shard)
+	}
+	start := time.Now()
+	cl, err := r.clientFor(pctx, w)
+	if err != nil {
+		return nil, err
+	}
+	recErrs, err := r.transact(pctx, cl, w, rows)
+	if err != nil {
+		r.discardClient(w)
+		if isFenced(err) {
+			r.metrics.fenced.WithLabelValues("kafka").Inc()
+		}
+		return recErrs, err
+	}
+	ack := time.Now()
+	r.metrics.publish.Observe(ack.Sub(start).Seconds())
+	for _, row := range rows {
+		r.metrics.latency.Observe(max(ack.Sub(row.createdAt).Seconds(), 0))
+	}
+	return nil, nil
+}
+
+func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []outboxRow) ([]error, error) {
+	if err := cl.BeginTransaction(); err != nil {
+		return nil, fmt.Errorf("begin transaction: %w", err)
+	}
+	lease := []byte(strconv.Itoa(w.shard) + ":" + strconv.FormatInt(w.token, 10))
+	errs := make([]error, len(rows))
+	var wg sync.WaitGroup
+	wg.Add(len(rows))
+	for i, row := range rows {
+		rec := &kgo.Record{Topic: row.topic, Key: row.key, Value: row.value, Timestamp: row.createdAt}
+		keys := make([]string, 0, len(row.headers))
+		for k := range row.headers {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		rec.Headers = make([]kgo.RecordHeader, 0, len(keys)+1)
+		for _, k := range keys {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(row.headers[k])})
+		}
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderLease, Value: lease})
+		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			errs[i] = err
+			wg.Done()
+		})
+	}
+	acked := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(acked)
+	}()
+	select {
+	case <-acked:
+	case <-ctx.Done():
+		// The client is discarded; closing it fails what it still holds,
+		// which ends the goroutine above.
+		return nil, fmt.Errorf("produce %d rows of shard %d: no acknowledgement before the lease deadline: %w", len(rows), w.shard, ctx.Err())
+	}
+	for _, err := range errs {
+		if err != nil {
+			return errs, fmt.Errorf("produce %d rows of shard %d: %w", len(rows), w.shard, err)
+		}
+	}
+	if h := r.hooks.beforeCommit; h != nil {
+		h(w.shard)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		// The commit may or may not have happened: the rows stay, and go
+		// out again if it did (same command-id; the processor absorbs it).
+		return nil, fmt.Errorf("commit %d rows of shard %d: %w", len(rows), w.shard, err)
+	}
+	return nil, nil
+}
+
+// clientFor returns the shard's transactional producer, creating it if
+// needed. Creating it initializes the transactional id's producer epoch,
+// which fences every earlier producer of the shard (a relay that lost the
+// lease, this relay's own discarded producer) and aborts any transaction
+// it left open.
+func (r *Relay) clientFor(ctx context.Context, w *worker) (*kgo.Client, error) {
+	if w.client != nil {
+		return w.client, nil
+	}
+	cl, err := r.kafka.NewClient(
+		kgo.TransactionalID(fmt.Sprintf("%s-%d", r.cfg.TransactionalIDPrefix, w.shard)),
+		kgo.TransactionTimeout(r.cfg.LeaseDuration),
+		kgo.ProducerLinger(0), // a batch is produced at once and waited for; lingering only adds latency
+	)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		r.closeClient(cl)
+		return nil, fmt.Errorf("init producer of shard %d: %w", w.shard, err)
+	}
+	w.client = cl
+	return cl, nil
+}
+
+func (r *Relay) discardClient(w *worker) {
+	if w.client != nil {
+		r.closeClient(w.client)
+		w.client = nil
+	}
+}
+
+// closeClient closes a producer in the background: Close waits for
+// requests in flight, which can take a while when the broker is away.
+func (r *Relay) closeClient(cl *kgo.Client) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		cl.Close()
+	}()
+}
+
+func (r *Relay) deleteShipped(ctx context.Context, w *worker, rows []outboxRow) error {
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.id
+	}
+	sent := time.Now()
+	var leased, deleted int
+	err := r.pool.QueryRow(ctx, deleteShippedSQL, w.shard, w.token, r.owner, r.cfg.LeaseDuration.Seconds(), ids).Scan(&leased, &deleted)
+	if err != nil {
+		// Shipped but not deleted: the rows go out again next time.
+		return fmt.Errorf("delete %d shipped rows of shard %d: %w", len(ids), w.shard, err)
+	}
+	if leased == 0 {
+		// Shipped, but the shard moved meanwhile: its new holder ships
+		// these rows again (duplicates the processor absorbs).
+		return &lostError{stage: "delete"}
+	}
+	w.extend(sent.Add(r.cfg.LeaseDuration))
+	r.metrics.shipped.Add(float64(deleted))
+	return nil
+}
+
+func (r *Relay) moveDead(ctx context.Context, w *worker, row outboxRow, cause error) error {
+	reason := "UNKNOWN"
+	var ke *kerr.Error
+	if errors.As(cause, &ke) {
+		reason = ke.Message
+	}
+	sent := time.Now()
+	var leased, moved int
+	err := r.pool.QueryRow(ctx, moveDeadSQL, w.shard, w.token, r.owner, r.cfg.LeaseDuration.Seconds(),
+		row.id, reason, cause.Error()).Scan(&leased, &moved)
+	if err != nil {
+		return fmt.Errorf("move outbox row %d to outbox_dead: %w", row.id, err)
+	}
+	if leased == 0 {
+		return &lostError{stage: "delete"}
+	}
+	w.extend(sent.Add(r.cfg.LeaseDuration))
+	if moved > 0 {
+		r.metrics.dead.WithLabelValues(reason).Inc()
+		r.logger.Error("outbox row refused by the broker, moved to outbox_dead",
+			"shard", w.shard, "outbox_id", row.id, "topic", row.topic, "bytes", len(row.value), "reason", reason, "err", cause)
+	}
+	return nil
+}
+
+// permanent reports whether the broker will never accept this record as
+// it is, whatever the retries: too large, or invalid. Errors that an
+// operator can fix (authorization, a missing topic) are not permanent:
+// the relay backs off and the oldest-age alert fires.
+func permanent(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) ||
+		errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) ||
+		errors.Is(err, kerr.InvalidTimestamp)
+}
+
+func anyPermanent(errs []error) bool {
+	return slices.ContainsFunc(errs, func(err error) bool { return err != nil && permanent(err) })
+}
+
+// isFenced reports whether Kafka refused the producer because a newer one
+// of the same transactional id exists (or the transaction timed out).
+func isFenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.InvalidTxnState)
+}
