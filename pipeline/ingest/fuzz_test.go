@@ -1,0 +1,174 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/big"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+)
+
+var fuzzParsers = []parser{parseOpenAccount, parseDeposit, parseWithdraw, parseClose, parseTransfer}
+
+// FuzzParse feeds arbitrary bodies and path ids to every route's parser.
+// None may panic; whatever one accepts must be valid (ids, amounts,
+// currency), and its normalized form must not depend on how the body was
+// spelled: the same members re-encoded with other whitespace, key order
+// and number spelling give the same request hash and command.
+func FuzzParse(f *testing.F) {
+	for _, seed := range []string{
+		`{"account_id":"acc-1","currency":"EUR"}`,
+		`{"amount":100}`, `{"amount":1e2}`, `{"amount":100.00}`, `{"amount":"1"}`, `{"amount":-0}`,
+		`{"transfer_id":"t","from":"a","to":"b","amount":9223372036854775807}`,
+		`{}`, ``, `[]`, `{"a":1,"a":2}`, `{"amount":1}{}`, "{\"amount\":1\u2028}",
+	} {
+		for i := range fuzzParsers {
+			f.Add(uint8(i), "acc-1", []byte(seed))
+		}
+	}
+	f.Fuzz(func(t *testing.T, which uint8, id string, body []byte) {
+		parse := fuzzParsers[int(which)%len(fuzzParsers)]
+		r := &http.Request{}
+		r.SetPathValue("id", id)
+		cmd, p := parse(r, body)
+		if p != nil {
+			if p.Status != http.StatusUnprocessableEntity {
+				t.Fatalf("parser answered %d; parsers only refuse with 422", p.Status)
+			}
+			return
+		}
+		checkCommand(t, cmd)
+
+		// Re-spell the accepted body: members in reverse order, other
+		// whitespace, integers in exponent form.
+		var obj map[string]json.RawMessage
+		if len(bytes.TrimSpace(body)) > 0 {
+			if err := json.Unmarshal(body, &obj); err != nil {
+				t.Fatalf("accepted a body encoding/json rejects: %v", err)
+			}
+		}
+		var b bytes.Buffer
+		b.WriteString("{\n")
+		names := make([]string, 0, len(obj))
+		for k := range obj {
+			names = append(names, k)
+		}
+		for i := len(names) - 1; i >= 0; i-- {
+			v := obj[names[i]]
+			if n, err := exactInt64(string(v)); err == nil && len(v) > 0 && v[0] != '"' {
+				v = json.RawMessage(respellInt(n))
+			}
+			k, _ := json.Marshal(names[i])
+			b.Write(k)
+			b.WriteString(" :\t")
+			b.Write(v)
+			if i > 0 {
+				b.WriteString(" ,\r\n")
+			}
+		}
+		b.WriteString("\n}")
+		again, p := parse(r, b.Bytes())
+		if p != nil {
+			t.Fatalf("re-spelled body %q refused: %v", b.Bytes(), p.Errors)
+		}
+		if !bytes.Equal(requestHash(again), requestHash(cmd)) || again.payload != cmd.payload || again.localID != cmd.localID {
+			t.Fatalf("re-spelling %q as %q changed the request: %s vs %s", body, b.Bytes(), cmd.canonical, again.canonical)
+		}
+	})
+}
+
+// respellInt writes n as digits times a power of ten with a fraction
+// (1500 -> 15.00e2).
+func respellInt(n int64) string {
+	s := big.NewInt(n).String()
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	exp := 0
+	for len(s) > 1 && strings.HasSuffix(s, "0") {
+		s = s[:len(s)-1]
+		exp++
+	}
+	out := s + ".00e" + big.NewInt(int64(exp)).String()
+	if neg {
+		out = "-" + out
+	}
+	return out
+}
+
+var currencyRe = regexp.MustCompile(`^[A-Z]{3}$`)
+
+func checkCommand(t *testing.T, c command) {
+	t.Helper()
+	if err := pipeline.ValidateLocalID(c.localID); err != nil {
+		t.Fatalf("accepted aggregate id %q: %v", c.localID, err)
+	}
+	switch m := c.payload.(type) {
+	case ledger.OpenAccount:
+		if !currencyRe.MatchString(m.Currency) {
+			t.Fatalf("accepted currency %q", m.Currency)
+		}
+	case ledger.Deposit:
+		positive(t, m.Amount)
+	case ledger.Withdraw:
+		positive(t, m.Amount)
+	case ledger.RequestTransfer:
+		positive(t, m.Amount)
+		if pipeline.ValidateLocalID(m.TransferID) != nil || pipeline.ValidateLocalID(m.To) != nil || m.To == c.localID {
+			t.Fatalf("accepted transfer %+v from %q", m, c.localID)
+		}
+	case ledger.CloseAccount:
+	default:
+		t.Fatalf("unexpected payload %T", m)
+	}
+}
+
+func positive(t *testing.T, v int64) {
+	t.Helper()
+	if v <= 0 {
+		t.Fatalf("accepted amount %d", v)
+	}
+}
+
+// FuzzExactInt64 checks the number reader against math/big on every JSON
+// number whose exponent is small enough for big.Rat to handle.
+func FuzzExactInt64(f *testing.F) {
+	for _, s := range []string{"0", "-0", "1", "100", "1e2", "1E+2", "100.0", "1.5", "1e-1", "10e-1", "0.000e5",
+		"9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
+		"92233720368547758070e-1", "1e18", "1e19", "0.1e20", "12345678901234567.0", "1e999999999999999999999"} {
+		f.Add(s)
+	}
+	numRe := regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?([0-9]+))?$`)
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := exactInt64(s)
+		m := numRe.FindStringSubmatch(s)
+		if m == nil {
+			return // not a JSON number: the JSON decoder never passes one
+		}
+		if len(m[4]) > 4 {
+			return // an exponent big.Rat would take forever on; handled by the digit logic
+		}
+		r, ok := new(big.Rat).SetString(s)
+		if !ok {
+			t.Fatalf("big.Rat cannot read %q", s)
+		}
+		switch {
+		case !r.IsInt():
+			if err != errNotInteger {
+				t.Fatalf("%q is not an integer: got %d, %v", s, got, err)
+			}
+		case !r.Num().IsInt64():
+			if err != errTooLarge {
+				t.Fatalf("%q does not fit: got %d, %v", s, got, err)
+			}
+		default:
+			if err != nil || got != r.Num().Int64() {
+				t.Fatalf("%q: got %d, %v; want %s", s, got, err, r.Num())
+			}
+		}
+	})
+}
