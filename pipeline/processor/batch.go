@@ -2,6 +2,7 @@ package processor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -43,7 +44,7 @@ type staged[S any] struct {
 	snap      Snapshot[S]
 	partition int32
 	dirty     bool
-	kv        []byte // after snapshot(): aggregate id + encoded snapshot
+	entry     []byte // after snapshot(): the table entry (id and encoded snapshot)
 }
 
 // batch is one transaction's work.
@@ -333,14 +334,19 @@ func (b *batch[S]) snapshot() {
 		if !a.dirty {
 			continue
 		}
-		kv, err := b.p.codec.appendEncode(b.ctx, append(make([]byte, 0, len(id)+64), id...), &a.snap)
+		// The record's key and value are slices of the table entry the
+		// commit installs, so the snapshot is encoded once.
+		e := binary.AppendUvarint(make([]byte, 0, 2+len(id)+64), uint64(len(id)))
+		e = append(e, id...)
+		valueAt := len(e)
+		e, err := b.p.codec.appendEncode(b.ctx, e, &a.snap)
 		if err != nil {
 			// The transaction must not commit without this snapshot.
 			b.fail(fmt.Errorf("encode snapshot of %s: %w", id, err))
 			return
 		}
-		a.kv = kv
-		b.produce(&kgo.Record{Topic: b.p.cfg.Topics.State(), Partition: a.partition, Key: kv[:len(id)], Value: kv[len(id):], Timestamp: a.snap.lastAt()})
+		a.entry = e
+		b.produce(&kgo.Record{Topic: b.p.cfg.Topics.State(), Partition: a.partition, Key: e[valueAt-len(id) : valueAt], Value: e[valueAt:], Timestamp: a.snap.lastAt()})
 	}
 }
 
@@ -349,12 +355,12 @@ func (b *batch[S]) snapshot() {
 func (b *batch[S]) commit() {
 	p := b.p
 	p.mu.Lock()
-	for id, a := range b.overlay {
+	for _, a := range b.overlay {
 		if !a.dirty {
 			continue
 		}
-		if ps, owned := p.parts[a.partition]; owned {
-			ps.install(a.kv, len(id))
+		if tab, owned := p.parts[a.partition]; owned {
+			tab.put(string(a.entry))
 		}
 	}
 	p.metrics.aggregates.Set(float64(p.countLocked()))

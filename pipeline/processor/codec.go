@@ -91,8 +91,10 @@ func (c *snapshotCodec[S]) appendEncode(ctx context.Context, dst []byte, snap *S
 
 // decode decodes a framed snapshot value.
 func (c *snapshotCodec[S]) decode(ctx context.Context, b []byte) (Snapshot[S], error) {
-	if c.fast() && len(b) >= 5 && b[0] == 0 && binary.BigEndian.Uint32(b[1:5]) == c.id {
-		return decodeSnapshot[S](b[5:])
+	var snap Snapshot[S]
+	if c.isFast(b) {
+		err := decodeSnapshot(b[5:], &snap)
+		return snap, err
 	}
 	v, err := c.serde.Decode(ctx, b)
 	if err != nil {
@@ -105,24 +107,41 @@ func (c *snapshotCodec[S]) decode(ctx context.Context, b []byte) (Snapshot[S], e
 	return snap, nil
 }
 
+// isFast reports whether b can be read by the fast path: written with the
+// reader schema.
+func (c *snapshotCodec[S]) isFast(b []byte) bool {
+	return c.fast() && len(b) >= 5 && b[0] == 0 && binary.BigEndian.Uint32(b[1:5]) == c.id
+}
+
+// check decodes b into scratch to check it, reusing scratch's memory so a
+// restore checks a million snapshots without allocating for each.
+func (c *snapshotCodec[S]) check(ctx context.Context, b []byte, scratch *Snapshot[S]) error {
+	if c.isFast(b) {
+		scratch.Processed = scratch.Processed[:0]
+		return decodeSnapshot(b[5:], scratch)
+	}
+	_, err := c.decode(ctx, b)
+	return err
+}
+
 var errTruncated = fmt.Errorf("%w: snapshot truncated", pipeline.ErrUndecodable)
 
 // processedSize is the smallest encoding of one processed command: 16
 // bytes of id and at least one byte of time.
 const processedSize = 17
 
-// decodeSnapshot decodes the Avro payload of a snapshot (after the header).
-func decodeSnapshot[S any](b []byte) (Snapshot[S], error) {
-	var snap Snapshot[S]
+// decodeSnapshot decodes the Avro payload of a snapshot (after the header)
+// into snap, appending the processed ids to snap.Processed.
+func decodeSnapshot[S any](b []byte, snap *Snapshot[S]) error {
 	v, n := binary.Varint(b)
 	if n <= 0 {
-		return snap, errTruncated
+		return errTruncated
 	}
 	snap.Version, b = v, b[n:]
 	for {
 		count, n := binary.Varint(b)
 		if n <= 0 {
-			return snap, errTruncated
+			return errTruncated
 		}
 		b = b[n:]
 		if count == 0 {
@@ -130,29 +149,29 @@ func decodeSnapshot[S any](b []byte) (Snapshot[S], error) {
 		}
 		if count < 0 { // a block with its size in bytes after the count
 			if count = -count; count < 0 {
-				return snap, fmt.Errorf("%w: snapshot array count out of range", pipeline.ErrUndecodable)
+				return fmt.Errorf("%w: snapshot array count out of range", pipeline.ErrUndecodable)
 			}
 			_, n := binary.Varint(b)
 			if n <= 0 {
-				return snap, errTruncated
+				return errTruncated
 			}
 			b = b[n:]
 		}
 		// A count the remaining bytes cannot hold is refused before
 		// anything is allocated for it.
 		if count > int64(len(b)/processedSize) {
-			return snap, fmt.Errorf("%w: snapshot claims %d processed ids in %d bytes", pipeline.ErrUndecodable, count, len(b))
+			return fmt.Errorf("%w: snapshot claims %d processed ids in %d bytes", pipeline.ErrUndecodable, count, len(b))
 		}
 		snap.Processed = slices.Grow(snap.Processed, int(count))
 		for range count {
 			if len(b) < 16 {
-				return snap, errTruncated
+				return errTruncated
 			}
 			var pc ProcessedCommand
 			copy(pc.CommandID[:], b[:16])
 			at, n := binary.Varint(b[16:])
 			if n <= 0 {
-				return snap, errTruncated
+				return errTruncated
 			}
 			pc.AtMs, b = at, b[16+n:]
 			snap.Processed = append(snap.Processed, pc)
@@ -160,10 +179,10 @@ func decodeSnapshot[S any](b []byte) (Snapshot[S], error) {
 	}
 	rest, err := any(&snap.State).(AvroState).ReadAvro(b)
 	if err != nil {
-		return snap, err
+		return err
 	}
 	if len(rest) != 0 {
-		return snap, fmt.Errorf("%w: %d trailing bytes after the snapshot", pipeline.ErrUndecodable, len(rest))
+		return fmt.Errorf("%w: %d trailing bytes after the snapshot", pipeline.ErrUndecodable, len(rest))
 	}
-	return snap, nil
+	return nil
 }

@@ -37,7 +37,11 @@ func (p *Processor[S]) DecodeSnapshot(ctx context.Context, b []byte) (Snapshot[S
 
 // DecodeSnapshotPayload decodes the Avro payload of a snapshot with the
 // fast path alone (for the fuzz target).
-func DecodeSnapshotPayload[S any](b []byte) (Snapshot[S], error) { return decodeSnapshot[S](b) }
+func DecodeSnapshotPayload[S any](b []byte) (Snapshot[S], error) {
+	var snap Snapshot[S]
+	err := decodeSnapshot(b, &snap)
+	return snap, err
+}
 
 // Config returns the processor's configuration with defaults applied.
 func (p *Processor[S]) Config() Config { return p.cfg }

@@ -48,7 +48,7 @@ type Processor[S any] struct {
 	// newly assigned partitions write while a batch of other partitions
 	// may be running, and readers outside the loop (State, metrics).
 	mu    sync.Mutex
-	parts map[int32]partitionState
+	parts map[int32]*table
 
 	ready chan struct{}
 	once  sync.Once
@@ -77,7 +77,7 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
-		parts:   make(map[int32]partitionState),
+		parts:   make(map[int32]*table),
 		ready:   make(chan struct{}),
 	}, nil
 }
@@ -282,10 +282,12 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 // committed returns the committed snapshot of an aggregate, if any.
 func (p *Processor[S]) committed(part int32, id string) (string, bool) {
 	p.mu.Lock()
-	ps := p.parts[part]
+	tab := p.parts[part]
 	p.mu.Unlock()
-	v, ok := ps[id]
-	return v, ok
+	if tab == nil {
+		return "", false
+	}
+	return tab.get(id)
 }
 
 // drop forgets the state of revoked or lost partitions.
@@ -311,8 +313,8 @@ func (p *Processor[S]) dropAll() {
 
 func (p *Processor[S]) countLocked() int {
 	n := 0
-	for _, ps := range p.parts {
-		n += len(ps)
+	for _, tab := range p.parts {
+		n += tab.len()
 	}
 	return n
 }
@@ -323,16 +325,17 @@ func (p *Processor[S]) State(ctx context.Context) (map[string]AggregateState[S],
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[string]AggregateState[S], p.countLocked())
-	for _, ps := range p.parts {
-		for id, value := range ps {
-			snap, err := p.codec.decode(ctx, []byte(value))
-			if err != nil {
-				return nil, fmt.Errorf("decode state of %s: %w", id, err)
+	var err error
+	for _, tab := range p.parts {
+		tab.each(func(id, value string) {
+			snap, derr := p.codec.decode(ctx, []byte(value))
+			if derr != nil {
+				err = fmt.Errorf("decode state of %s: %w", id, derr)
 			}
 			out[id] = AggregateState[S]{State: snap.State, Version: snap.Version, Processed: len(snap.Processed)}
-		}
+		})
 	}
-	return out, nil
+	return out, err
 }
 
 // AggregateState is one aggregate as the processor holds it.

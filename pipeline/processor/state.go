@@ -58,27 +58,6 @@ func (s *Snapshot[S]) lastAt() time.Time {
 	return time.UnixMilli(0)
 }
 
-// partitionState is one assigned partition's aggregates, each held as the
-// value of its last committed snapshot: exactly the bytes the transaction
-// wrote to {prefix}.state, which is also what a restore reads back. Keeping
-// the encoded form (about 40 bytes for an account) instead of decoded
-// structs is what keeps a million aggregates within a small heap, and it
-// makes a restore a copy rather than a decode. A batch decodes an
-// aggregate when it first touches it.
-//
-// Key and value share one allocation: the map key is s[:len(id)] and the
-// value s[len(id):] of one string s.
-type partitionState map[string]string
-
-// install stores a committed snapshot; kv is the aggregate id followed by
-// the snapshot value, as built by the batch.
-func (ps partitionState) install(kv []byte, idLen int) {
-	s := string(kv)
-	// Assigning with the new key string also replaces the stored key, so
-	// the previous allocation is freed.
-	ps[s[:idLen]] = s[idLen:]
-}
-
 // restore loads the aggregates of partition part from the state topic,
 // reading read_committed up to the last stable offset, and installs them.
 // Every snapshot is decoded once to check it: state that cannot be read
@@ -87,32 +66,31 @@ func (ps partitionState) install(kv []byte, idLen int) {
 func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) error {
 	start := time.Now()
 	topic := p.cfg.Topics.State()
-	ps := make(partitionState)
-	var kv []byte
+	tab := newTable()
 	var records int
+	var scratch Snapshot[S]
 	err := readPartition(ctx, cl, topic, part, true, func(r *kgo.Record) error {
 		records++
-		key := string(r.Key)
 		if r.Value == nil { // tombstone
-			delete(ps, key)
+			tab.delete(string(r.Key))
 			return nil
 		}
-		if _, err := p.codec.decode(ctx, r.Value); err != nil {
-			return fmt.Errorf("snapshot of %s at offset %d: %w", key, r.Offset, err)
+		if err := p.codec.check(ctx, r.Value, &scratch); err != nil {
+			return fmt.Errorf("snapshot of %s at offset %d: %w", r.Key, r.Offset, err)
 		}
-		kv = append(append(kv[:0], r.Key...), r.Value...)
-		ps.install(kv, len(r.Key))
+		tab.put(entry(string(r.Key), r.Value))
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	tab.trim()
 	p.mu.Lock()
-	p.parts[part] = ps
+	p.parts[part] = tab
 	p.metrics.aggregates.Set(float64(p.countLocked()))
 	p.mu.Unlock()
 	p.metrics.restore.Observe(time.Since(start).Seconds())
-	p.logger.Info("partition restored", "partition", part, "aggregates", len(ps), "records", records, "duration", time.Since(start))
+	p.logger.Info("partition restored", "partition", part, "aggregates", tab.len(), "records", records, "duration", time.Since(start))
 	return nil
 }
 

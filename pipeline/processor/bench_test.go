@@ -1,0 +1,242 @@
+package processor_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/processor"
+)
+
+// Sizes, scaled by environment variables (`make bench` runs the defaults):
+//
+//	ONCEFLOW_BENCH_COMMANDS    commands per throughput run (default 200000)
+//	ONCEFLOW_BENCH_AGGREGATES  aggregates restored (default 1000000)
+func benchSize(b *testing.B, env string, def int) int {
+	if v := os.Getenv(env); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("%s=%q: want a positive number", env, v)
+		}
+		return n
+	}
+	return def
+}
+
+// BenchmarkThroughput runs the ledger deciders over the same preloaded
+// commands twice on one broker: exactly-once (a Kafka transaction per poll
+// batch, the default batching) and, as the baseline, at-least-once (the
+// same batches, produced idempotently and flushed, then the offsets
+// committed). Both decode every command, decide, encode the events and
+// write the snapshots. Rounds alternate so a busy neighbour on the machine
+// hurts both; the median of each is reported, with eos/alo.
+func BenchmarkThroughput(b *testing.B) {
+	n := benchSize(b, "ONCEFLOW_BENCH_COMMANDS", 200_000)
+	const accounts = 10_000
+	broker := pipelinetest.Broker(b)
+	const rounds = 3
+	for range b.N {
+		var eos, alo []float64
+		for r := range rounds {
+			for _, mode := range []string{"alo", "eos"} {
+				cps := throughputRun(b, broker, mode == "alo", fmt.Sprintf("%s-%d", mode, r), n, accounts)
+				if mode == "eos" {
+					eos = append(eos, cps)
+				} else {
+					alo = append(alo, cps)
+				}
+			}
+		}
+		e, a := median(eos), median(alo)
+		b.ReportMetric(e, "eos_cmds/s")
+		b.ReportMetric(a, "alo_cmds/s")
+		b.ReportMetric(e/a, "eos/alo")
+		b.Logf("%d commands to %d accounts, 8 partitions, %d rounds: eos %v cmds/s, alo %v cmds/s", n, accounts, rounds, eos, alo)
+	}
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// throughputRun preloads n commands on fresh topics and returns the
+// commands per second a processor handles them at, from ready to the last
+// commit.
+func throughputRun(b *testing.B, broker *kafka.Broker, atLeastOnce bool, instance string, n, accounts int) float64 {
+	b.Helper()
+	ctx := context.Background()
+	e := benchEnv(b, broker, 8)
+	cl := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	acc := func(i int) string { return fmt.Sprintf("acme/acc-%06d", i%accounts) }
+	t0 := time.Now()
+	promise := kgo.AbortingFirstErrPromise(cl)
+	for i := range n {
+		var payload pipeline.Message = ledger.Deposit{Amount: int64(1 + i%100)}
+		if i < accounts {
+			payload = ledger.OpenAccount{Currency: "EUR"}
+		}
+		value, err := e.serdes.Commands.Encode(ctx, payload)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r, err := processor.CommandRecord(e.topics.Commands(), acc(i), pipeline.NewCommandID(), payload.MessageType(), value, t0.Add(time.Duration(i)*time.Microsecond), "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		cl.Produce(ctx, r, promise.Promise())
+	}
+	if err := promise.Err(); err != nil {
+		b.Fatal(err)
+	}
+
+	cfg := processor.Config{Topics: e.topics, InstanceID: instance}
+	if atLeastOnce {
+		processor.AtLeastOnce(&cfg)
+	}
+	reg := prometheus.NewRegistry()
+	p, err := processor.New(cfg, e.kcfg, ledger.NewDecider(), e.serdes.processor(), nil, reg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := &running{Processor: p, reg: reg}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	<-p.Ready()
+	start := time.Now()
+	for r.metric(b, "onceflow_processor_commands_total", "outcome", "accepted") < float64(n) {
+		select {
+		case err := <-done:
+			b.Fatalf("processor ended: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Since(start) > 5*time.Minute {
+			b.Fatal("not done within 5 minutes")
+		}
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// benchEnv is an env on a shared broker (fresh topics).
+func benchEnv(b *testing.B, broker *kafka.Broker, partitions int32) *env {
+	b.Helper()
+	topics := pipelinetest.Topics(b, broker.Addrs(), partitions)
+	s, err := newSerdes(context.Background(), avro.NewEmbedded(), topics)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &env{t: b, broker: broker, kcfg: kafka.Config{Brokers: broker.Addrs()}, topics: topics, serdes: s,
+		cl: pipelinetest.Client(b, broker.Addrs()), t0: time.Now().UnixMilli()}
+}
+
+// BenchmarkRestore writes one snapshot for each of 1,000,000 accounts (each
+// remembering two command ids, an open and a deposit, inside the dedup
+// window) to an 8-partition state topic, then measures:
+//
+//   - read_s: reading every state partition to its end, read_committed,
+//     as the restore does, doing nothing with the records (the baseline:
+//     what the broker and the client cost);
+//   - restore_s: the processor's restore of all partitions (read, check
+//     each snapshot by decoding it, install);
+//   - B/aggregate: the Go heap the restored state occupies (after GC, state
+//     held, minus after GC, state dropped), next to snapshot_B, the bytes
+//     of key and snapshot value one aggregate has on the topic.
+func BenchmarkRestore(b *testing.B) {
+	n := benchSize(b, "ONCEFLOW_BENCH_AGGREGATES", 1_000_000)
+	ctx := context.Background()
+	broker := pipelinetest.Broker(b)
+	e := benchEnv(b, broker, 8)
+	p, err := processor.New(processor.Config{Topics: e.topics, InstanceID: "bench"}, e.kcfg, ledger.NewDecider(), e.serdes.processor(), nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20),
+		kgo.ProducerBatchMaxBytes(1<<20))
+	promise := kgo.AbortingFirstErrPromise(cl)
+	now := time.Now().UnixMilli()
+	var payload int
+	for i := range n {
+		snap := processor.Snapshot[ledger.Account]{
+			Version:   2,
+			Processed: []processor.ProcessedCommand{{CommandID: pipeline.NewCommandID(), AtMs: now - 2000}, {CommandID: pipeline.NewCommandID(), AtMs: now - 1000}},
+			State:     ledger.Account{Open: true, Currency: "EUR", Balance: int64(i)},
+		}
+		value, err := p.EncodeSnapshot(ctx, snap)
+		if err != nil {
+			b.Fatal(err)
+		}
+		key := fmt.Sprintf("acme/acc-%07d", i)
+		payload += len(key) + len(value)
+		cl.Produce(ctx, &kgo.Record{Topic: e.topics.State(), Key: []byte(key), Value: value, Timestamp: time.UnixMilli(now)}, promise.Promise())
+	}
+	if err := promise.Err(); err != nil {
+		b.Fatal(err)
+	}
+	parts := make([]int32, e.topics.Partitions)
+	for i := range parts {
+		parts[i] = int32(i)
+	}
+	rcl := pipelinetest.Client(b, broker.Addrs())
+
+	for range b.N {
+		start := time.Now()
+		var read int
+		for _, part := range parts { // sequentially; the restore reads 4 at a time
+			err := processor.ReadPartition(ctx, rcl, e.topics.State(), part, true, func(*kgo.Record) error { read++; return nil })
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		readS := time.Since(start).Seconds()
+		if read != n {
+			b.Fatalf("read %d snapshots, want %d", read, n)
+		}
+
+		p.Drop()
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		start = time.Now()
+		if err := p.Restore(ctx, rcl, parts); err != nil {
+			b.Fatal(err)
+		}
+		restoreS := time.Since(start).Seconds()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		st, err := p.State(ctx)
+		if err != nil || len(st) != n {
+			b.Fatalf("restored %d aggregates (%v), want %d", len(st), err, n)
+		}
+		st = nil
+		perAgg := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
+		runtime.KeepAlive(p)
+
+		b.ReportMetric(readS, "read_s")
+		b.ReportMetric(restoreS, "restore_s")
+		b.ReportMetric(float64(n)/restoreS, "aggregates/s")
+		b.ReportMetric(perAgg, "B/aggregate")
+		b.ReportMetric(float64(payload)/float64(n), "snapshot_B")
+		b.Logf("%d aggregates, 8 partitions: read %.2fs, restore %.2fs, %.0f B/aggregate in memory (%.0f B of key and snapshot)", n, readS, restoreS, perAgg, float64(payload)/float64(n))
+	}
+}
