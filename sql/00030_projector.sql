@@ -9,17 +9,19 @@
 -- deleting rows. Postgres cannot enforce a unique (consumer, event_id)
 -- across range partitions, so the primary key includes received_at and the
 -- projector guarantees uniqueness itself: it inserts an id only after a
--- lookup over every live partition, in a transaction that first locks the
--- consumer's offset row of the event's Kafka partition. An event id belongs
--- to one aggregate, hence to one Kafka partition, so every transaction that
--- could insert it is serialized on that row lock (docs/decisions.md).
+-- lookup over the live partitions (onceflow_inbox_seen), in a transaction
+-- that first locks the consumer's offset row of the event's Kafka
+-- partition. An event id belongs to one aggregate, hence to one Kafka
+-- partition, so every transaction that could insert it is serialized on
+-- that row lock (docs/decisions.md). event_id leads the key: lookups are by
+-- id, and no plan can mistake "all of a consumer's rows" for a lookup.
 ALTER TABLE inbox RENAME TO inbox_unpartitioned;
 ALTER TABLE inbox_unpartitioned RENAME CONSTRAINT inbox_pkey TO inbox_unpartitioned_pkey;
 CREATE TABLE inbox (
     consumer    text        NOT NULL,
     event_id    uuid        NOT NULL,
     received_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (consumer, event_id, received_at)
+    PRIMARY KEY (event_id, consumer, received_at)
 ) PARTITION BY RANGE (received_at);
 -- Partitions from the oldest row kept (at most 30 days back) to a week ahead.
 SELECT onceflow_ensure_daily_partitions('inbox', first_day, ((now() AT TIME ZONE 'UTC')::date + 8 - first_day))
@@ -32,6 +34,23 @@ INSERT INTO inbox (consumer, event_id, received_at)
 SELECT consumer, event_id, received_at FROM inbox_unpartitioned
 WHERE received_at >= (now() AT TIME ZONE 'UTC')::date - 30;
 DROP TABLE inbox_unpartitioned;
+
+-- onceflow_inbox_seen returns which of ids consumer's inbox holds, looking
+-- in the partitions from since (the earliest day an id could have been
+-- stored; '-infinity' looks everywhere) to tomorrow. It probes the primary
+-- key once per id and partition: the planner, which prices a few thousand
+-- probes above a scan of a partition it believes small, would otherwise
+-- scan whole partitions, and a day of a busy inbox holds millions of rows.
+-- +goose StatementBegin
+CREATE FUNCTION onceflow_inbox_seen(consumer text, ids uuid[], since timestamptz)
+RETURNS SETOF uuid LANGUAGE sql STABLE
+SET enable_seqscan = off SET enable_bitmapscan = off
+AS $$
+    SELECT i.event_id FROM inbox i
+    WHERE i.event_id = ANY (ids) AND i.consumer = onceflow_inbox_seen.consumer
+      AND i.received_at >= since AND i.received_at < now() + interval '1 day'
+$$;
+-- +goose StatementEnd
 
 -- audit_log records every event the projector applied, once (event_id is
 -- the primary key), permanently. payload is the event's fields as JSON.
@@ -80,6 +99,7 @@ CREATE TABLE projection_rebuilds (
 CREATE UNIQUE INDEX projection_rebuilds_building ON projection_rebuilds (consumer, projection) WHERE state = 'building';
 
 -- +goose Down
+DROP FUNCTION onceflow_inbox_seen(text, uuid[], timestamptz);
 DROP TABLE projection_rebuilds;
 DROP TABLE projector_parked;
 DROP TABLE audit_log;

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -55,6 +56,9 @@ type applier struct {
 	pool        *pgxpool.Pool
 	projections []pipeline.Projection[pgx.Tx]
 	hold        Hold
+	// notBefore, if set, is when the consumer first wrote to the inbox
+	// (less the clock skew): a rebuild's consumer has no older rows.
+	notBefore time.Time
 }
 
 const (
@@ -69,15 +73,19 @@ const (
 		ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = o.next_offset
 		RETURNING partition, next_offset`
 	// inboxSQL inserts the ids not yet in the inbox and returns them. The
-	// lookup spans every partition of the inbox (its primary key includes
-	// received_at, so ON CONFLICT could not see an id stored on another
-	// day); the offset lock above makes lookup-then-insert race-free.
+	// lookup (onceflow_inbox_seen) spans the inbox's partitions from the
+	// earliest day an id could have been stored: ids of commands that are
+	// UUIDv7 ($2) cannot be older than their command, less a day for clock
+	// skew ($3); other ids ($4) from $5 on. The offset lock above makes
+	// lookup-then-insert race-free.
 	inboxSQL = `WITH seen AS (
-			SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY ($2::uuid[])
+			SELECT * FROM onceflow_inbox_seen($1, $2, $3)
+			UNION ALL
+			SELECT * FROM onceflow_inbox_seen($1, $4, $5)
 		)
 		INSERT INTO inbox (consumer, event_id)
-		SELECT DISTINCT $1, id FROM unnest($2::uuid[]) AS id
-		WHERE id NOT IN (SELECT event_id FROM seen)
+		SELECT DISTINCT $1, id FROM unnest($6::uuid[]) AS id
+		WHERE id NOT IN (SELECT * FROM seen)
 		RETURNING event_id`
 	saveOffsetsSQL = `UPDATE consumer_offsets o SET next_offset = v.next, updated_at = now()
 		FROM unnest($3::int[], $4::bigint[]) AS v(partition, next)
@@ -185,7 +193,8 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		for i, e := range kept {
 			ids[i] = [16]byte(e.ID)
 		}
-		rows, err := tx.Query(ctx, inboxSQL, a.consumer, ids)
+		q := a.lookup(kept)
+		rows, err := tx.Query(ctx, inboxSQL, a.consumer, q.bounded, q.boundedSince, q.unbounded, q.unboundedSince, ids)
 		if err != nil {
 			return res, nil, fmt.Errorf("inbox insert: %w", err)
 		}
@@ -272,6 +281,50 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		res.parks = keptParks
 	}
 	return res, nil, nil
+}
+
+// skew is how far a command id's clock may be from the database's.
+const skew = 24 * time.Hour
+
+// inboxLookup splits a batch's ids by how far back the inbox must look.
+type inboxLookup struct {
+	bounded, unbounded           [][16]byte
+	boundedSince, unboundedSince pgtype.Timestamptz
+}
+
+// lookup finds, for a batch, the earliest day each id could have been
+// stored on: an event is stored after its command was minted, so a UUIDv7
+// command id (ingest mints them) bounds it; other ids are looked up in
+// every partition. A consumer that did not exist before notBefore (a
+// rebuild's) has nothing older.
+func (a *applier) lookup(evs []event) inboxLookup {
+	q := inboxLookup{
+		boundedSince:   pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true},
+		unboundedSince: pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true},
+	}
+	future := time.Now().Add(time.Hour)
+	for _, e := range evs {
+		t := e.CommandID.Time()
+		if t.IsZero() || t.After(future) { // not a UUIDv7, or minted by a clock far ahead
+			q.unbounded = append(q.unbounded, [16]byte(e.ID))
+			continue
+		}
+		q.bounded = append(q.bounded, [16]byte(e.ID))
+		since := t.Add(-skew)
+		if q.boundedSince.InfinityModifier != pgtype.Finite || since.Before(q.boundedSince.Time) {
+			q.boundedSince = pgtype.Timestamptz{Time: since, Valid: true}
+		}
+	}
+	if !a.notBefore.IsZero() {
+		nb := pgtype.Timestamptz{Time: a.notBefore, Valid: true}
+		if q.unboundedSince.InfinityModifier != pgtype.Finite || q.unboundedSince.Time.Before(a.notBefore) {
+			q.unboundedSince = nb
+		}
+		if q.boundedSince.InfinityModifier == pgtype.Finite && q.boundedSince.Time.Before(a.notBefore) {
+			q.boundedSince = nb
+		}
+	}
+	return q
 }
 
 // applyProjection runs one projection over evs, batched when it can be.

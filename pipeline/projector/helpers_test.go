@@ -213,10 +213,26 @@ func (r *running) metric(name string) float64 {
 	return -1
 }
 
+// histogram reads a projector histogram's count and sum.
+func (r *running) histogram(name string) (uint64, float64) {
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	return 0, 0
+}
+
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // stream builds an account's events with consecutive versions.
 type stream struct {
+	namedIDs   bool // UUIDv5 command ids (as for transfers' follow-ups), not UUIDv7
 	tenant, id string
 	version    int64
 	seq        int
@@ -232,7 +248,10 @@ func (s *stream) aggregate() string { return pipeline.AggregateID(s.tenant, s.id
 // next returns the account's next event (a new command each time).
 func (s *stream) next(payload pipeline.Message) pipeline.Event {
 	s.seq++
-	cmd := pipeline.NameID(pipeline.Nil, fmt.Appendf(nil, "%s/%s/%d", s.tenant, s.id, s.seq))
+	cmd := pipeline.NewCommandID() // as ingest mints them
+	if s.namedIDs {
+		cmd = pipeline.NameID(pipeline.Nil, fmt.Appendf(nil, "%s/%s/%d", s.tenant, s.id, s.seq))
+	}
 	ev := pipeline.Event{
 		ID: pipeline.EventID(cmd, 0), CommandID: cmd, Tenant: s.tenant, AggregateID: s.aggregate(),
 		Time: s.at.Add(time.Duration(s.seq) * time.Millisecond), Payload: payload,

@@ -304,25 +304,37 @@ func TestInboxSpansDays(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE test_counts (event_id uuid PRIMARY KEY, n int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	// One event whose command id is a UUIDv7 (the lookup starts a day
+	// before it was minted) stored 20 hours ago, one whose command id is a
+	// UUIDv5 (looked up everywhere) stored a day ago.
 	a := newStream("acme", "a")
-	seen := a.next(ledger.AccountOpened{Currency: "EUR"})
+	seenV7 := a.next(ledger.AccountOpened{Currency: "EUR"})
+	a.namedIDs = true
+	seenV5 := a.next(ledger.Deposited{Amount: 1})
 	fresh := a.next(ledger.Deposited{Amount: 1})
-	if _, err := e.pool.Exec(ctx, `INSERT INTO inbox (consumer, event_id, received_at) VALUES ($1, $2, now() - interval '1 day')`,
-		projector.DefaultConsumer, seen.ID.String()); err != nil {
-		t.Fatal(err)
+	for _, s := range []struct {
+		ev  pipeline.Event
+		ago string
+	}{{seenV7, "20 hours"}, {seenV5, "1 day"}} {
+		if _, err := e.pool.Exec(ctx, `INSERT INTO inbox (consumer, event_id, received_at) VALUES ($1, $2, now() - $3::interval)`,
+			projector.DefaultConsumer, s.ev.ID.String(), s.ago); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r := e.start(projector.Config{}, counting{})
-	e.emit(seen, fresh, seen)
+	e.emit(seenV7, seenV5, fresh, seenV5, seenV7)
 	e.waitOffsets(projector.DefaultConsumer, e.endOffsets(), 20*time.Second)
 	var n int64
-	if err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM test_counts WHERE event_id = $1`, seen.ID.String()).Scan(&n); err != nil || n != 0 {
-		t.Errorf("event stored in yesterday's inbox applied %d times (%v), want 0", n, err)
+	for _, ev := range []pipeline.Event{seenV7, seenV5} {
+		if err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM test_counts WHERE event_id = $1`, ev.ID.String()).Scan(&n); err != nil || n != 0 {
+			t.Errorf("event %s stored on an earlier day applied %d times (%v), want 0", ev.ID, n, err)
+		}
 	}
 	if err := e.pool.QueryRow(ctx, `SELECT n FROM test_counts WHERE event_id = $1`, fresh.ID.String()).Scan(&n); err != nil || n != 1 {
 		t.Errorf("new event applied %d times (%v), want 1", n, err)
 	}
-	if got := r.metric("onceflow_projector_duplicates_total"); got != 2 {
-		t.Errorf("duplicates = %v, want 2", got)
+	if got := r.metric("onceflow_projector_duplicates_total"); got != 4 {
+		t.Errorf("duplicates = %v, want 4", got)
 	}
 }
 
