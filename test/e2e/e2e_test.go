@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
@@ -302,18 +302,11 @@ func header(r *kgo.Record, key string) string {
 // readEvents reads a topic read_committed from the start to its end.
 func readEvents(t *testing.T, ctx context.Context, broker, topic string) []*kgo.Record {
 	t.Helper()
-	cl := pipelinetest.Client(t, []string{broker}, kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	var out []*kgo.Record
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if errors.Is(pctx.Err(), context.DeadlineExceeded) && fs.NumRecords() == 0 {
-			return out
-		}
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	recs, err := kafka.ReadTopic(ctx, pipelinetest.Client(t, []string{broker}), topic, true)
+	if err != nil {
+		t.Fatalf("read %s: %v", topic, err)
 	}
+	return recs
 }
 
 // Many deposits over HTTP, some retried with the same key (also
@@ -379,4 +372,3 @@ func TestRestartMidStream(t *testing.T) {
 		t.Logf("processor dedup after the last restart: %v", n)
 	}
 }
-
