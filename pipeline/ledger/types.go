@@ -2,34 +2,35 @@ package ledger
 
 import "github.com/onceflow/onceflow/pipeline"
 
-// Commands (schemas/commands.avsc).
+// Commands (schemas/commands.avsc). The json tags name the fields as
+// `onceflow produce` reads them, the same as the Avro fields.
 type (
 	OpenAccount struct {
-		Currency string `avro:"currency"`
+		Currency string `avro:"currency" json:"currency"`
 	}
 	Deposit struct {
-		Amount int64 `avro:"amount"`
+		Amount int64 `avro:"amount" json:"amount"`
 	}
 	Withdraw struct {
-		Amount int64 `avro:"amount"`
+		Amount int64 `avro:"amount" json:"amount"`
 	}
 	CloseAccount    struct{}
 	RequestTransfer struct {
-		TransferID string `avro:"transfer_id"`
-		To         string `avro:"to"` // local account id in the same tenant
-		Amount     int64  `avro:"amount"`
+		TransferID string `avro:"transfer_id" json:"transfer_id"`
+		To         string `avro:"to" json:"to"` // local account id in the same tenant
+		Amount     int64  `avro:"amount" json:"amount"`
 	}
 	CreditTransfer struct {
-		TransferID string `avro:"transfer_id"`
-		From       string `avro:"from"`
-		Amount     int64  `avro:"amount"`
-		Currency   string `avro:"currency"`
+		TransferID string `avro:"transfer_id" json:"transfer_id"`
+		From       string `avro:"from" json:"from"`
+		Amount     int64  `avro:"amount" json:"amount"`
+		Currency   string `avro:"currency" json:"currency"`
 	}
 	RefundTransfer struct {
-		TransferID string `avro:"transfer_id"`
-		To         string `avro:"to"` // the target that refused
-		Amount     int64  `avro:"amount"`
-		Reason     string `avro:"reason"`
+		TransferID string `avro:"transfer_id" json:"transfer_id"`
+		To         string `avro:"to" json:"to"` // the target that refused
+		Amount     int64  `avro:"amount" json:"amount"`
+		Reason     string `avro:"reason" json:"reason"`
 	}
 )
 

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/cmd/internal/cli"
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/stack"
+)
+
+func init() {
+	register("dlq list", "list the poison commands in the commands DLQ with their reasons", runDLQList)
+	register("dlq redrive", "republish chosen DLQ records to the commands topic with their original command ids", runDLQRedrive)
+}
+
+func runDLQList(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	var reason string
+	var asJSON bool
+	c, fs, err := parse("dlq list", args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&reason, "reason", "", "only records with this dlq-reason")
+		fs.BoolVar(&asJSON, "json", false, "one JSON object per record, with the value in base64")
+	})
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	dls, _, err := readDLQ(ctx, c, reason)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, d := range dls {
+			if err := enc.Encode(dlqJSON(d)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DLQ\tTIME\tREASON\tKEY\tTYPE\tCOMMAND-ID\tSOURCE\tDETAIL")
+	for _, d := range dls {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%s\n", d.Coordinates(), d.Time.UTC().Format(time.RFC3339),
+			d.Reason, dlqText(string(d.Key)), dlqText(d.Header(pipeline.HeaderCommandType)), dlqText(d.Header(pipeline.HeaderCommandID)),
+			d.SourceTopic, d.SourcePartition, d.SourceOffset, dlqText(d.Detail))
+	}
+	tw.Flush()
+	fmt.Fprintf(stdout, "%d records\n", len(dls))
+	return nil
+}
+
+func runDLQRedrive(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	var reason string
+	var all, dryRun bool
+	c, fs, err := parse("dlq redrive", args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&reason, "reason", "", "redrive every record with this dlq-reason")
+		fs.BoolVar(&all, "all", false, "redrive every record")
+		fs.BoolVar(&dryRun, "dry-run", false, "print what would be redriven, produce nothing")
+		fs.Usage = func() {
+			fmt.Fprintln(stdout, "usage: onceflow dlq redrive [-dry-run] (PARTITION:OFFSET... | -reason R | -all)\n"+
+				"Republishes the chosen records to the commands topic as they came (key, value, headers,\n"+
+				"command id, timestamp). A command handled meanwhile is recognized by its id and skipped.")
+			fs.PrintDefaults()
+		}
+	})
+	if err != nil {
+		return err
+	}
+	chosen := map[string]bool{}
+	for _, a := range fs.Args() {
+		var p int32
+		var o int64
+		if _, err := fmt.Sscanf(a, "%d:%d", &p, &o); err != nil || fmt.Sprintf("%d:%d", p, o) != a {
+			return fmt.Errorf("%q: want PARTITION:OFFSET as `onceflow dlq list` prints them", a)
+		}
+		chosen[a] = true
+	}
+	if n := len(chosen); (n > 0) == (all || reason != "") || (all && reason != "") {
+		return fmt.Errorf("choose the records: PARTITION:OFFSET arguments, or -reason, or -all (one of them)")
+	}
+	dls, cfg, err := readDLQ(ctx, c, reason)
+	if err != nil {
+		return err
+	}
+	var pick []processor.DeadLetter
+	for _, d := range dls {
+		if all || reason != "" || chosen[d.Coordinates()] {
+			pick = append(pick, d)
+			delete(chosen, d.Coordinates())
+		}
+	}
+	if len(chosen) > 0 {
+		var missing []string
+		for k := range chosen {
+			missing = append(missing, k)
+		}
+		return fmt.Errorf("not in %s: %s (nothing was redriven)", cfg.Topics.DLQ(), strings.Join(missing, ", "))
+	}
+	if len(pick) == 0 {
+		fmt.Fprintln(stdout, "nothing to redrive")
+		return nil
+	}
+	recs := make([]*kgo.Record, len(pick))
+	for i, d := range pick {
+		recs[i] = d.Redrive(cfg.Topics.Commands())
+		if dryRun {
+			fmt.Fprintf(stdout, "would redrive %s (%s) %s command-id %s\n", d.Coordinates(), d.Reason, dlqText(string(d.Key)), dlqText(d.Header(pipeline.HeaderCommandID)))
+		}
+	}
+	if dryRun {
+		return nil
+	}
+	cl, err := cfg.Kafka.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var failed int
+	for i, res := range cl.ProduceSync(ctx, recs...) {
+		d := pick[i]
+		if res.Err != nil {
+			failed++
+			fmt.Fprintf(stdout, "FAILED %s: %v\n", d.Coordinates(), res.Err)
+			continue
+		}
+		fmt.Fprintf(stdout, "redrove %s (%s) %s command-id %s to %s/%d@%d\n", d.Coordinates(), d.Reason, dlqText(string(d.Key)),
+			dlqText(d.Header(pipeline.HeaderCommandID)), res.Record.Topic, res.Record.Partition, res.Record.Offset)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d records were not redriven; run the command again (redriving twice is harmless: the command id is the same)", failed, len(recs))
+	}
+	return nil
+}
+
+// readDLQ reads the DLQ, keeping the records with reason (all if empty).
+func readDLQ(ctx context.Context, c *cli.Common, reason string) ([]processor.DeadLetter, stack.Config, error) {
+	cfg, err := setup(c, io.Discard)
+	if err != nil {
+		return nil, cfg, err
+	}
+	cl, err := cfg.Kafka.NewClient()
+	if err != nil {
+		return nil, cfg, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	all, err := processor.ReadDLQ(ctx, cl, cfg.Topics.DLQ())
+	if err != nil {
+		return nil, cfg, err
+	}
+	if reason == "" {
+		return all, cfg, nil
+	}
+	var out []processor.DeadLetter
+	for _, d := range all {
+		if d.Reason == reason {
+			out = append(out, d)
+		}
+	}
+	return out, cfg, nil
+}
+
+// dlqText keeps a poison record's key or header from garbling the
+// terminal: control characters are escaped.
+func dlqText(s string) string {
+	if s == "" {
+		return "-"
+	}
+	q := fmt.Sprintf("%q", s)
+	if q[1:len(q)-1] == s && !strings.ContainsAny(s, " \t") {
+		return s
+	}
+	return q
+}
+
+type dlqRecord struct {
+	Partition       int32             `json:"partition"`
+	Offset          int64             `json:"offset"`
+	Time            time.Time         `json:"time"`
+	Reason          string            `json:"reason"`
+	Detail          string            `json:"detail"`
+	SourceTopic     string            `json:"source_topic"`
+	SourcePartition int32             `json:"source_partition"`
+	SourceOffset    int64             `json:"source_offset"`
+	Key             string            `json:"key"`
+	Headers         map[string]string `json:"headers"`
+	Value           string            `json:"value_base64"`
+}
+
+func dlqJSON(d processor.DeadLetter) dlqRecord {
+	h := make(map[string]string, len(d.Headers))
+	for _, x := range d.Headers {
+		h[x.Key] = string(x.Value)
+	}
+	return dlqRecord{
+		Partition: d.Partition, Offset: d.Offset, Time: d.Time, Reason: d.Reason, Detail: d.Detail,
+		SourceTopic: d.SourceTopic, SourcePartition: d.SourcePartition, SourceOffset: d.SourceOffset,
+		Key: string(d.Key), Headers: h, Value: base64.StdEncoding.EncodeToString(d.Value),
+	}
+}

@@ -1,0 +1,110 @@
+package processor
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+)
+
+// DeadLetter is one record of {prefix}.commands.dlq: the poison command as
+// it arrived (key, value, headers, timestamp) and why it was set aside.
+type DeadLetter struct {
+	Partition int32     // in the DLQ
+	Offset    int64     // in the DLQ
+	Time      time.Time // the command's record timestamp
+	Key       []byte
+	Value     []byte
+	Headers   []kgo.RecordHeader // the command's own headers, without the dlq-* ones
+
+	Reason          string
+	Detail          string
+	SourceTopic     string
+	SourcePartition int32
+	SourceOffset    int64
+}
+
+// Coordinates names the record as `onceflow dlq` does: "partition:offset".
+func (d DeadLetter) Coordinates() string { return fmt.Sprintf("%d:%d", d.Partition, d.Offset) }
+
+// Header returns one of the command's headers.
+func (d DeadLetter) Header(key string) string {
+	for _, h := range d.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// ReadDLQ reads every committed record of the DLQ topic, from the start of
+// each partition to its end, in partition and offset order.
+func ReadDLQ(ctx context.Context, cl *kgo.Client, topic string) ([]DeadLetter, error) {
+	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	td, ok := details[topic]
+	if !ok || td.Err != nil {
+		return nil, fmt.Errorf("topic %s: %v", topic, td.Err)
+	}
+	parts := make([]int32, 0, len(td.Partitions))
+	for p := range td.Partitions {
+		parts = append(parts, p)
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+	var out []DeadLetter
+	for _, part := range parts {
+		err := readPartition(ctx, cl, topic, part, true, func(r *kgo.Record) error {
+			out = append(out, deadLetterOf(r))
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func deadLetterOf(r *kgo.Record) DeadLetter {
+	d := DeadLetter{Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp, Key: r.Key, Value: r.Value}
+	for _, h := range r.Headers {
+		switch h.Key {
+		case pipeline.HeaderDLQReason:
+			d.Reason = string(h.Value)
+		case HeaderDLQDetail:
+			d.Detail = string(h.Value)
+		case pipeline.HeaderDLQSourceTopic:
+			d.SourceTopic = string(h.Value)
+		case pipeline.HeaderDLQSourcePartition:
+			p, _ := strconv.ParseInt(string(h.Value), 10, 32)
+			d.SourcePartition = int32(p)
+		case pipeline.HeaderDLQSourceOffset:
+			d.SourceOffset, _ = strconv.ParseInt(string(h.Value), 10, 64)
+		default:
+			if !strings.HasPrefix(h.Key, "dlq-") {
+				d.Headers = append(d.Headers, h)
+			}
+		}
+	}
+	return d
+}
+
+// Redrive returns the record that republishes the dead letter to the
+// commands topic: the original key, value, headers (its command id among
+// them, so a command that was in fact handled meanwhile is recognized) and
+// timestamp (the command's time). It is produced with the default key
+// partitioner, so it lands on its aggregate's partition.
+func (d DeadLetter) Redrive(commandsTopic string) *kgo.Record {
+	return &kgo.Record{
+		Topic: commandsTopic, Key: d.Key, Value: d.Value, Timestamp: d.Time,
+		Headers: append([]kgo.RecordHeader(nil), d.Headers...),
+	}
+}
