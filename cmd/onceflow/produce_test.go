@@ -194,6 +194,7 @@ not json`, want: "line 2"},
 		t.Errorf("bad input produced %d records", after-before)
 	}
 }
+
 // counter reads a counter (the sum over its label values) from reg.
 func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
