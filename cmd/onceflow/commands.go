@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"time"
 
 	"github.com/onceflow/onceflow/cmd/internal/cli"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
@@ -52,8 +53,13 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	var brokerOnly bool
 	var registryAddr string
+	minSession := getenv("ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT")
+	if minSession == "" {
+		minSession = "6s"
+	}
 	c, fs, err := parse("dev", args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.BoolVar(&brokerOnly, "broker-only", false, "run only the embedded broker and registry")
+		fs.StringVar(&minSession, "group-min-session-timeout", minSession, "the broker's smallest group session timeout; lower it to test rebalances quickly (ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT)")
 		fs.StringVar(&dataDir, "data-dir", dataDir, "broker data and private Postgres cluster (ONCEFLOW_DATA_DIR)")
 		fs.StringVar(&registryAddr, "registry-addr", ":8081", "schema registry address")
 	})
@@ -67,14 +73,24 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
+	pcfg, err := c.Processor()
+	if err != nil {
+		return err
+	}
+	minSessionTimeout, err := time.ParseDuration(minSession)
+	if err != nil || minSessionTimeout <= 0 {
+		return fmt.Errorf("-group-min-session-timeout %q: want a positive duration", minSession)
+	}
 	return stack.RunDev(ctx, stack.DevConfig{
-		RunConfig:    stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr},
+		RunConfig:    stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg},
 		DataDir:      dataDir,
 		BrokerAddr:   cfg.Kafka.Brokers[0],
 		RegistryAddr: registryAddr,
 		BrokerOnly:   brokerOnly,
 		APIKey:       getenv("ONCEFLOW_DEV_API_KEY"),
 		Out:          stdout,
+
+		GroupMinSessionTimeout: minSessionTimeout,
 	})
 }
 

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
@@ -30,6 +32,10 @@ type DevConfig struct {
 	// BrokerOnly runs just the broker and the registry, so the components
 	// can run as separate processes against them.
 	BrokerOnly bool
+	// GroupMinSessionTimeout is the smallest group session timeout the
+	// broker accepts (tests of rebalances and zombies lower it). Default
+	// 6s, Kafka's.
+	GroupMinSessionTimeout time.Duration
 	// APIKey is the demo tenant's key (ONCEFLOW_DEV_API_KEY); empty
 	// generates one and prints it.
 	APIKey string
@@ -55,10 +61,15 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	}
 	logger := dc.Logger.With("component", "dev")
 
+	var brokerOpts []kfake.Opt
+	if dc.GroupMinSessionTimeout > 0 {
+		brokerOpts = append(brokerOpts, kfake.GroupMinSessionTimeout(dc.GroupMinSessionTimeout))
+	}
 	broker, err := kafka.StartBroker(kafka.BrokerConfig{
 		Addr:    dc.BrokerAddr,
 		DataDir: filepath.Join(dc.DataDir, "kafka"),
 		Logger:  logger,
+		Opts:    brokerOpts,
 	})
 	if err != nil {
 		return err

@@ -12,9 +12,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
@@ -36,6 +38,9 @@ type Common struct {
 	SASLPassword      string
 	TLS               bool
 	TLSCAFile         string
+	// The processor's (strings until Processor parses them).
+	DedupWindow             string
+	ProcessorSessionTimeout string
 }
 
 // Register defines the shared flags on fs, defaulting from getenv.
@@ -47,6 +52,8 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 		}
 		return def
 	}
+	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id, in command time; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
+	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	fs.StringVar(&c.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres URL (DATABASE_URL)")
 	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", env("SCHEMA_REGISTRY_URL", ""), "Confluent-compatible schema registry; empty uses the embedded registry (SCHEMA_REGISTRY_URL)")
@@ -120,6 +127,19 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 	}, nil
 }
 
+// Processor returns the processor settings.
+func (c *Common) Processor() (processor.Config, error) {
+	window, err := time.ParseDuration(c.DedupWindow)
+	if err != nil || window <= 0 {
+		return processor.Config{}, fmt.Errorf("ONCEFLOW_DEDUP_WINDOW %q: want a positive duration like 168h", c.DedupWindow)
+	}
+	session, err := time.ParseDuration(c.ProcessorSessionTimeout)
+	if err != nil || session <= 0 {
+		return processor.Config{}, fmt.Errorf("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT %q: want a positive duration like 10s", c.ProcessorSessionTimeout)
+	}
+	return processor.Config{DedupWindow: window, SessionTimeout: session}, nil
+}
+
 // RunComponent is the whole main of a single-component binary.
 func RunComponent(ctx context.Context, name string, components stack.Components, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -139,5 +159,9 @@ func RunComponent(ctx context.Context, name string, components stack.Components,
 	if err != nil {
 		return err
 	}
-	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr})
+	pcfg, err := c.Processor()
+	if err != nil {
+		return err
+	}
+	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg})
 }
