@@ -211,6 +211,9 @@ type Pipeline struct {
 	BrokerAddr  string
 	RegistryURL string
 	Prefix      string
+	// BrokerEnv is added to the broker's environment (e.g.
+	// ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT for quick rebalances).
+	BrokerEnv map[string]string
 
 	mu    sync.Mutex
 	procs map[string]*Proc
@@ -230,10 +233,13 @@ func NewPipeline(bin, dir, databaseURL string) *Pipeline {
 // StartBroker starts `onceflow dev --broker-only` with a data directory.
 func (pl *Pipeline) StartBroker(ctx context.Context) (*Proc, error) {
 	reg := strings.TrimPrefix(pl.RegistryURL, "http://")
+	env := map[string]string{"KAFKA_BROKERS": pl.BrokerAddr, "ONCEFLOW_TOPIC_PREFIX": pl.Prefix}
+	for k, v := range pl.BrokerEnv {
+		env[k] = v
+	}
 	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "broker",
 		[]string{"dev", "--broker-only", "--data-dir", filepath.Join(pl.Dir, "data"), "--registry-addr", reg},
-		map[string]string{"KAFKA_BROKERS": pl.BrokerAddr, "ONCEFLOW_TOPIC_PREFIX": pl.Prefix},
-		filepath.Join(pl.Dir, "broker.log"), "")
+		env, filepath.Join(pl.Dir, "broker.log"), "")
 	if err != nil {
 		return nil, err
 	}
