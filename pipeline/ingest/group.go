@@ -138,19 +138,23 @@ func (c *committer) run(ctx context.Context) {
 	}
 }
 
-// work is one committer. It keeps a connection of its own between
-// batches, so its transactions never queue for the pool behind reads, and
-// replaces it when it breaks.
+// work is one committer. While requests keep coming it keeps a connection
+// of its own from batch to batch, so its transactions never queue for the
+// pool behind reads; it gives the connection back when the queue runs dry
+// (an idle server holds none, and closing the pool never waits on it) and
+// when the connection breaks.
 func (c *committer) work(ctx context.Context) {
 	var conn *pgxpool.Conn
-	defer func() {
+	release := func() {
 		if conn != nil {
 			conn.Release()
+			conn = nil
 		}
-	}()
+	}
+	defer release()
 	var carry []*acceptItem
 	for {
-		batch, rest, ok := c.next(ctx, carry)
+		batch, rest, ok := c.next(ctx, carry, release)
 		if !ok {
 			for _, it := range carry {
 				it.done <- acceptResult{err: errShuttingDown}
@@ -173,8 +177,7 @@ func (c *committer) work(ctx context.Context) {
 		}
 		c.commit(conn, batch)
 		if conn.Conn().IsClosed() {
-			conn.Release() // the pool discards a closed connection
-			conn = nil
+			release() // the pool discards a closed connection
 		}
 	}
 }
@@ -191,15 +194,22 @@ type tenantKey struct{ tenant, key string }
 // with at most one request per (tenant, key). A second request with a key
 // already in the batch waits in rest for the next one, where it finds the
 // first's committed record and gets its response: a replay is never sent
-// before the transaction that stored it committed.
-func (c *committer) next(ctx context.Context, carry []*acceptItem) (batch, rest []*acceptItem, ok bool) {
+// before the transaction that stored it committed. idle is called before
+// waiting on an empty queue.
+func (c *committer) next(ctx context.Context, carry []*acceptItem, idle func()) (batch, rest []*acceptItem, ok bool) {
 	pending := carry
 	if len(pending) == 0 {
 		select {
 		case it := <-c.queue:
 			pending = append(pending, it)
-		case <-ctx.Done():
-			return nil, nil, false
+		default:
+			idle()
+			select {
+			case it := <-c.queue:
+				pending = append(pending, it)
+			case <-ctx.Done():
+				return nil, nil, false
+			}
 		}
 	}
 drain:
