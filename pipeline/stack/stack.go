@@ -39,6 +39,14 @@ type Config struct {
 	// given to ingest and the relay alike so they agree. Default
 	// pipeline.DefaultOutboxShards.
 	OutboxShards int
+	// IdempotencyRetention is how long ingest remembers an Idempotency-Key
+	// and after which the relay's janitor drops its partition
+	// (ONCEFLOW_IDEMPOTENCY_RETENTION), given to both so they agree.
+	// Default 24h.
+	IdempotencyRetention time.Duration
+	// TenantRateLimit is ingest's per-tenant rate in requests per second
+	// (ONCEFLOW_TENANT_RATE_LIMIT; negative: none). Default 1000.
+	TenantRateLimit float64
 }
 
 // Registry returns the Confluent-compatible registry at SchemaRegistryURL,
@@ -164,6 +172,12 @@ func NewIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, s Serdes, reg
 	if icfg.Shards == 0 {
 		icfg.Shards = cfg.OutboxShards
 	}
+	if icfg.IdempotencyRetention == 0 {
+		icfg.IdempotencyRetention = cfg.IdempotencyRetention
+	}
+	if icfg.RateLimit == 0 {
+		icfg.RateLimit = cfg.TenantRateLimit
+	}
 	return ingest.New(icfg, pool, s.Commands, cfg.Logger, reg)
 }
 
@@ -173,6 +187,9 @@ func NewIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, s Serdes, reg
 func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*relay.Relay, func(), error) {
 	if rcfg.Shards == 0 {
 		rcfg.Shards = cfg.OutboxShards
+	}
+	if rcfg.IdempotencyRetention == 0 {
+		rcfg.IdempotencyRetention = cfg.IdempotencyRetention
 	}
 	if rcfg.InstanceID == "" {
 		rcfg.InstanceID = cfg.InstanceID

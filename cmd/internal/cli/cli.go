@@ -38,6 +38,10 @@ type Common struct {
 	SASLPassword      string
 	TLS               bool
 	TLSCAFile         string
+	// Ingest's, the first shared with the relay's janitor (strings until
+	// Stack parses them).
+	IdempotencyRetention string
+	TenantRateLimit      string
 	// The processor's (strings until Processor parses them).
 	DedupWindow             string
 	ProcessorSessionTimeout string
@@ -54,6 +58,8 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	}
 	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id, in command time; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
 	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
+	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
+	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	fs.StringVar(&c.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres URL (DATABASE_URL)")
 	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", env("SCHEMA_REGISTRY_URL", ""), "Confluent-compatible schema registry; empty uses the embedded registry (SCHEMA_REGISTRY_URL)")
@@ -116,6 +122,17 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 	if c.OutboxShards < 1 {
 		return stack.Config{}, fmt.Errorf("ONCEFLOW_OUTBOX_SHARDS must be positive, got %d", c.OutboxShards)
 	}
+	retention, err := time.ParseDuration(c.IdempotencyRetention)
+	if err != nil || retention < time.Minute {
+		return stack.Config{}, fmt.Errorf("ONCEFLOW_IDEMPOTENCY_RETENTION %q: want a duration of at least 1m, like 24h", c.IdempotencyRetention)
+	}
+	rate, err := strconv.ParseFloat(c.TenantRateLimit, 64)
+	if err != nil {
+		return stack.Config{}, fmt.Errorf("ONCEFLOW_TENANT_RATE_LIMIT %q: want requests per second, like 1000", c.TenantRateLimit)
+	}
+	if rate <= 0 {
+		rate = -1 // no limit
+	}
 	return stack.Config{
 		Kafka:             k,
 		Topics:            kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions)},
@@ -124,6 +141,9 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 		InstanceID:        c.InstanceID,
 		Logger:            logger,
 		OutboxShards:      c.OutboxShards,
+
+		IdempotencyRetention: retention,
+		TenantRateLimit:      rate,
 	}, nil
 }
 
