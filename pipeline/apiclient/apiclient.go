@@ -147,6 +147,22 @@ func (c *Client) Deposit(ctx context.Context, idemKey, accountID string, amount 
 	return c.Post(ctx, "/v1/accounts/"+url.PathEscape(accountID)+"/deposits", idemKey, map[string]int64{"amount": amount})
 }
 
+// Withdraw is POST /v1/accounts/{id}/withdrawals.
+func (c *Client) Withdraw(ctx context.Context, idemKey, accountID string, amount int64) (Accepted, *Response, error) {
+	return c.Post(ctx, "/v1/accounts/"+url.PathEscape(accountID)+"/withdrawals", idemKey, map[string]int64{"amount": amount})
+}
+
+// Transfer is POST /v1/transfers: amount from one account of the tenant to
+// another.
+func (c *Client) Transfer(ctx context.Context, idemKey, transferID, from, to string, amount int64) (Accepted, *Response, error) {
+	return c.Post(ctx, "/v1/transfers", idemKey, map[string]any{"transfer_id": transferID, "from": from, "to": to, "amount": amount})
+}
+
+// Close is POST /v1/accounts/{id}/close.
+func (c *Client) Close(ctx context.Context, idemKey, accountID string) (Accepted, *Response, error) {
+	return c.Post(ctx, "/v1/accounts/"+url.PathEscape(accountID)+"/close", idemKey, struct{}{})
+}
+
 // Account is GET /v1/accounts/{id}.
 func (c *Client) Account(ctx context.Context, accountID string) (Account, error) {
 	var a Account
@@ -159,18 +175,30 @@ func (c *Client) Account(ctx context.Context, accountID string) (Account, error)
 
 // Command is GET /v1/commands/{id}.
 func (c *Client) Command(ctx context.Context, id string) (Command, error) {
+	return c.CommandWait(ctx, id, 0)
+}
+
+// CommandWait is GET /v1/commands/{id}?wait=: the server answers as soon
+// as the command's outcome is known, or with its pending status after
+// wait (at most 30s; keep it below the HTTP client's timeout).
+func (c *Client) CommandWait(ctx context.Context, id string, wait time.Duration) (Command, error) {
 	var cmd Command
-	resp, err := c.Do(ctx, http.MethodGet, "/v1/commands/"+url.PathEscape(id), "", nil)
+	path := "/v1/commands/" + url.PathEscape(id)
+	if wait > 0 {
+		path += "?wait=" + url.QueryEscape(wait.String())
+	}
+	resp, err := c.Do(ctx, http.MethodGet, path, "", nil)
 	if err != nil {
 		return cmd, err
 	}
 	return cmd, decode(resp, http.StatusOK, &cmd)
 }
 
-// WaitCommand polls a command until its outcome is known or ctx ends.
+// WaitCommand long-polls a command until its outcome is known or ctx
+// ends.
 func (c *Client) WaitCommand(ctx context.Context, id string) (Command, error) {
 	for {
-		cmd, err := c.Command(ctx, id)
+		cmd, err := c.CommandWait(ctx, id, 5*time.Second)
 		if err == nil && cmd.Status != "pending" {
 			return cmd, nil
 		}
@@ -180,7 +208,13 @@ func (c *Client) WaitCommand(ctx context.Context, id string) (Command, error) {
 				err = fmt.Errorf("command %s still %s", id, cmd.Status)
 			}
 			return cmd, fmt.Errorf("%w: %v", ctx.Err(), err)
-		case <-time.After(50 * time.Millisecond):
+		default:
+		}
+		if err != nil { // not a long poll's answer: do not spin
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	}
 }
