@@ -203,7 +203,7 @@ func BenchmarkRestore(b *testing.B) {
 		start := time.Now()
 		var read int
 		for _, part := range parts { // sequentially; the restore reads 4 at a time
-			err := processor.ReadPartition(ctx, rcl, e.topics.State(), part, true, func(*kgo.Record) error { read++; return nil })
+			err := kafka.ReadPartition(ctx, rcl, e.topics.State(), part, true, func(*kgo.Record) error { read++; return nil })
 			if err != nil {
 				b.Fatal(err)
 			}

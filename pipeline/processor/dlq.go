@@ -3,15 +3,14 @@ package processor
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // DeadLetter is one record of {prefix}.commands.dlq: the poison command as
@@ -47,28 +46,13 @@ func (d DeadLetter) Header(key string) string {
 // ReadDLQ reads every committed record of the DLQ topic, from the start of
 // each partition to its end, in partition and offset order.
 func ReadDLQ(ctx context.Context, cl *kgo.Client, topic string) ([]DeadLetter, error) {
-	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	recs, err := kafka.ReadTopic(ctx, cl, topic, true)
 	if err != nil {
-		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
+		return nil, err
 	}
-	td, ok := details[topic]
-	if !ok || td.Err != nil {
-		return nil, fmt.Errorf("topic %s: %v", topic, td.Err)
-	}
-	parts := make([]int32, 0, len(td.Partitions))
-	for p := range td.Partitions {
-		parts = append(parts, p)
-	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
-	var out []DeadLetter
-	for _, part := range parts {
-		err := readPartition(ctx, cl, topic, part, true, func(r *kgo.Record) error {
-			out = append(out, deadLetterOf(r))
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
+	out := make([]DeadLetter, len(recs))
+	for i, r := range recs {
+		out[i] = deadLetterOf(r)
 	}
 	return out, nil
 }

@@ -9,11 +9,6 @@ import (
 // AtLeastOnce turns cfg into the benchmark's at-least-once baseline.
 func AtLeastOnce(cfg *Config) { cfg.atLeastOnce = true }
 
-// ReadPartition exposes readPartition to the tests.
-func ReadPartition(ctx context.Context, cl *kgo.Client, topic string, part int32, committed bool, fn func(*kgo.Record) error) error {
-	return readPartition(ctx, cl, topic, part, committed, fn)
-}
-
 // Restore restores the given partitions into p without joining a group,
 // as a session does on assignment.
 func (p *Processor[S]) Restore(ctx context.Context, cl *kgo.Client, parts []int32) error {

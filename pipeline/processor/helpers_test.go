@@ -275,7 +275,7 @@ func (e *env) read(topic string, committed bool) []*kgo.Record {
 	e.t.Helper()
 	var out []*kgo.Record
 	for part := int32(0); part < e.topics.Partitions; part++ {
-		err := processor.ReadPartition(context.Background(), e.cl, topic, part, committed, func(r *kgo.Record) error {
+		err := kafka.ReadPartition(context.Background(), e.cl, topic, part, committed, func(r *kgo.Record) error {
 			out = append(out, r)
 			return nil
 		})

@@ -6,13 +6,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // Snapshot is the value written to {prefix}.state for one aggregate
@@ -59,7 +57,9 @@ func (s *Snapshot[S]) lastAt() time.Time {
 }
 
 // restore loads the aggregates of partition part from the state topic,
-// reading read_committed up to the last stable offset, and installs them.
+// reading read_committed up to the last stable offset (with raw fetches: a
+// consumer cannot tell "caught up" from "slow" when the log ends in
+// transaction markers), and installs them.
 // Every snapshot is decoded once to check it: state that cannot be read
 // must stop the processor here, not surface later as a fresh aggregate
 // that handles commands twice.
@@ -69,7 +69,7 @@ func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) 
 	tab := newTable()
 	var records int
 	var scratch Snapshot[S]
-	err := readPartition(ctx, cl, topic, part, true, func(r *kgo.Record) error {
+	err := kafka.ReadPartition(ctx, cl, topic, part, true, func(r *kgo.Record) error {
 		records++
 		if r.Value == nil { // tombstone
 			tab.delete(string(r.Key))
@@ -112,99 +112,3 @@ func (p *Processor[S]) restoreAll(ctx context.Context, cl *kgo.Client, parts []i
 
 // restoreConcurrency bounds the partitions restored at once.
 const restoreConcurrency = 4
-
-// readPartition calls fn for every committed record of topic/part from the
-// start of the log up to its last stable offset at the time of the call
-// (with committed false: every record up to the high watermark, aborted
-// ones included, as a read_uncommitted consumer sees them).
-// It uses raw fetch requests so it knows exactly when it has read
-// everything below the last stable offset (transaction markers and
-// compacted gaps included); a consumer cannot tell "caught up" from "slow"
-// when the log ends in transaction markers.
-func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32, committed bool, fn func(*kgo.Record) error) error {
-	isolation, level := kgo.ReadCommitted(), int8(1)
-	if !committed {
-		isolation, level = kgo.ReadUncommitted(), 0
-	}
-	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
-	if err != nil {
-		return fmt.Errorf("metadata of %s: %w", topic, err)
-	}
-	td, ok := details[topic]
-	if !ok || td.Err != nil {
-		return fmt.Errorf("metadata of %s: %v", topic, td.Err)
-	}
-	pd, ok := td.Partitions[part]
-	if !ok {
-		return fmt.Errorf("%s has no partition %d", topic, part)
-	}
-	next := int64(0)
-	end := int64(-1) // the last stable offset when we started
-	for {
-		req := kmsg.NewPtrFetchRequest()
-		req.ReplicaID = -1
-		req.MaxWaitMillis = 0
-		req.MinBytes = 0
-		req.MaxBytes = 64 << 20
-		req.IsolationLevel = level
-		req.SessionEpoch = -1
-		rt := kmsg.NewFetchRequestTopic()
-		rt.Topic = topic
-		rt.TopicID = td.ID
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition = part
-		rp.FetchOffset = next
-		rp.CurrentLeaderEpoch = -1
-		rp.LogStartOffset = -1
-		rp.PartitionMaxBytes = 16 << 20
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-
-		kresp, err := cl.Broker(int(pd.Leader)).RetriableRequest(ctx, req)
-		if err != nil {
-			return fmt.Errorf("fetch %s/%d at %d: %w", topic, part, next, err)
-		}
-		resp := kresp.(*kmsg.FetchResponse)
-		if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-			return fmt.Errorf("fetch %s/%d: %w", topic, part, err)
-		}
-		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return fmt.Errorf("fetch %s/%d: unexpected response shape", topic, part)
-		}
-		presp := &resp.Topics[0].Partitions[0]
-		if err := kerr.ErrorForCode(presp.ErrorCode); err != nil {
-			if err == kerr.OffsetOutOfRange && next < presp.LogStartOffset {
-				next = presp.LogStartOffset
-				continue
-			}
-			return fmt.Errorf("fetch %s/%d at %d: %w", topic, part, next, err)
-		}
-		if end < 0 {
-			end = presp.LastStableOffset
-			if !committed {
-				end = presp.HighWatermark
-			}
-		}
-		fp, after := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
-			Offset:         next,
-			IsolationLevel: isolation,
-			Topic:          topic,
-			Partition:      part,
-		}, presp, kgo.DefaultDecompressor(), nil)
-		if fp.Err != nil {
-			return fmt.Errorf("read %s/%d at %d: %w", topic, part, next, fp.Err)
-		}
-		for _, r := range fp.Records {
-			if r.Offset >= end {
-				return nil
-			}
-			if err := fn(r); err != nil {
-				return err
-			}
-		}
-		if after <= next || after >= end {
-			return nil // nothing more is readable below the end
-		}
-		next = after
-	}
-}
