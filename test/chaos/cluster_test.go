@@ -1,0 +1,158 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/test/e2e"
+)
+
+// cluster is the deployment under test: its own Postgres, the broker and
+// two processes of each component.
+type cluster struct {
+	t     *testing.T
+	pl    *e2e.Pipeline
+	pg    postgres.Local
+	pool  *pgxpool.Pool
+	dbURL string
+
+	mu     sync.Mutex
+	comps  map[string]*e2e.Component // by instance name
+	kinds  map[string]string         // instance -> kind
+	broker *e2e.Proc
+}
+
+// sessionTimeout is the processors' group session timeout in the chaos
+// run; a zombie is paused for longer than this.
+const sessionTimeout = 8 * time.Second
+
+var instances = []struct{ kind, name string }{
+	{"ingest", "ingest-1"}, {"ingest", "ingest-2"},
+	{"relay", "relay-1"}, {"relay", "relay-2"},
+	{"processor", "processor-1"}, {"processor", "processor-2"},
+	{"projector", "projector-1"}, {"projector", "projector-2"},
+}
+
+func startCluster(t *testing.T, ctx context.Context, bin string) *cluster {
+	t.Helper()
+	dir := t.TempDir()
+	c := &cluster{t: t, comps: map[string]*e2e.Component{}, kinds: map[string]string{}}
+	// A cluster of its own: the run restarts it.
+	c.pg = postgres.Local{Dir: filepath.Join(dir, "pg"), Port: e2e.FreePort(), Database: "chaos"}
+	url, err := c.pg.Ensure(ctx)
+	if err != nil {
+		t.Fatalf("postgres: %v", err)
+	}
+	t.Cleanup(func() { c.pg.Stop(context.Background(), "immediate") })
+	c.dbURL = url
+	if err := postgres.Migrate(ctx, url, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.pool, err = pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.pool.Close)
+
+	c.pl = e2e.NewPipeline(bin, dir, url)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("process logs:\n%s", c.pl.Logs(40))
+		}
+		c.pl.KillAll()
+	})
+	if c.broker, err = c.pl.StartBroker(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range instances {
+		c.kinds[in.name] = in.kind
+		if err := c.start(ctx, in.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func (c *cluster) env(kind string) map[string]string {
+	env := map[string]string{"LOG_LEVEL": "warn"}
+	if kind == "processor" {
+		env["ONCEFLOW_PROCESSOR_SESSION_TIMEOUT"] = sessionTimeout.String()
+	}
+	return env
+}
+
+// start starts (or restarts) one instance and waits until it is ready.
+func (c *cluster) start(ctx context.Context, name string) error {
+	kind := c.kinds[name]
+	comp, err := c.pl.StartComponent(ctx, kind, name, c.env(kind))
+	if err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	c.mu.Lock()
+	c.comps[name] = comp
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *cluster) comp(name string) *e2e.Component {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.comps[name]
+}
+
+// ingestURLs returns the base URLs of the ingest processes.
+func (c *cluster) ingestURLs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, in := range instances {
+		if in.kind == "ingest" {
+			if comp := c.comps[in.name]; comp != nil {
+				out = append(out, comp.HTTP)
+			}
+		}
+	}
+	return out
+}
+
+// restartBroker kills the broker (no flush) and starts it again on the
+// same address and data directory.
+func (c *cluster) restartBroker(ctx context.Context) error {
+	c.broker.Kill()
+	b, err := c.pl.StartBroker(ctx)
+	if err != nil {
+		return err
+	}
+	c.broker = b
+	return nil
+}
+
+// restartPostgres restarts the cluster in immediate mode: every
+// connection drops, uncommitted work is lost, the server recovers from WAL.
+func (c *cluster) restartPostgres(ctx context.Context) error {
+	if err := c.pg.Stop(ctx, "immediate"); err != nil {
+		return err
+	}
+	_, err := c.pg.Ensure(ctx)
+	return err
+}
+
+// ensureAll starts every instance that is not running.
+func (c *cluster) ensureAll(ctx context.Context) error {
+	for _, in := range instances {
+		comp := c.comp(in.name)
+		if comp == nil || comp.Exited() {
+			if err := c.start(ctx, in.name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Fault kinds, as the summary names them.
+const (
+	faultKill     = "SIGKILL component"
+	faultBroker   = "broker hard restart"
+	faultPostgres = "postgres immediate restart"
+	faultZombie   = "processor paused past session timeout"
+	faultRelay    = "extra relay on the same shards"
+)
+
+// faults injects a seeded schedule of faults, one at a time.
+type faults struct {
+	c   *cluster
+	rng *rand.Rand
+
+	mu     sync.Mutex
+	counts map[string]int
+	log    []string
+	errs   []error
+}
+
+func newFaults(c *cluster, seed uint64) *faults {
+	return &faults{c: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), counts: map[string]int{}}
+}
+
+func (f *faults) note(kind, detail string, start time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.counts[kind]++
+	f.log = append(f.log, fmt.Sprintf("%s %s: %s", start.Format("15:04:05.000"), kind, detail))
+}
+
+func (f *faults) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errs = append(f.errs, err)
+}
+
+// run injects faults until ctx ends, then makes sure everything runs.
+func (f *faults) run(ctx context.Context) {
+	kinds := []struct {
+		name   string
+		weight int
+	}{{faultKill, 50}, {faultBroker, 10}, {faultPostgres, 10}, {faultZombie, 15}, {faultRelay, 15}}
+	total := 0
+	for _, k := range kinds {
+		total += k.weight
+	}
+	for {
+		wait := time.Duration(1500+f.rng.IntN(3000)) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		pick := f.rng.IntN(total)
+		kind := kinds[0].name
+		for _, k := range kinds {
+			if pick < k.weight {
+				kind = k.name
+				break
+			}
+			pick -= k.weight
+		}
+		// Draw every random choice before acting, so a seed gives the same
+		// schedule however long each fault takes.
+		victim := instances[f.rng.IntN(len(instances))].name
+		zombie := fmt.Sprintf("processor-%d", 1+f.rng.IntN(2))
+		down := time.Duration(200+f.rng.IntN(1800)) * time.Millisecond
+		f.inject(ctx, kind, victim, zombie, down)
+	}
+}
+
+func (f *faults) inject(ctx context.Context, kind, victim, zombie string, down time.Duration) {
+	start := time.Now()
+	// A fault's own steps run to completion even if the run is ending.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	switch kind {
+	case faultKill:
+		f.c.comp(victim).Kill()
+		time.Sleep(down)
+		f.restart(fctx, victim)
+		f.note(kind, victim, start)
+	case faultBroker:
+		if err := f.c.restartBroker(fctx); err != nil {
+			f.fail(fmt.Errorf("restart broker: %w", err))
+		}
+		f.note(kind, "", start)
+	case faultPostgres:
+		if err := f.c.restartPostgres(fctx); err != nil {
+			f.fail(fmt.Errorf("restart postgres: %w", err))
+		}
+		f.note(kind, "", start)
+	case faultZombie:
+		p := f.c.comp(zombie)
+		p.Pause()
+		time.Sleep(sessionTimeout + 2*time.Second)
+		p.Resume()
+		f.note(kind, zombie, start)
+	case faultRelay:
+		f.c.kinds["relay-extra"] = "relay"
+		if err := f.c.start(fctx, "relay-extra"); err != nil {
+			f.fail(err)
+			return
+		}
+		time.Sleep(2*time.Second + down)
+		f.c.comp("relay-extra").Kill()
+		f.note(kind, "relay-extra for "+time.Since(start).Round(time.Millisecond).String(), start)
+	}
+}
+
+// restart starts an instance again, retrying while its dependencies are
+// themselves restarting.
+func (f *faults) restart(ctx context.Context, name string) {
+	for {
+		err := f.c.start(ctx, name)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			f.fail(fmt.Errorf("restart %s: %w", name, err))
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// summary returns the counts by kind, sorted.
+func (f *faults) summary() ([]string, map[string]int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	kinds := make([]string, 0, len(f.counts))
+	for k := range f.counts {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	out := make(map[string]int, len(f.counts))
+	for k, v := range f.counts {
+		out[k] = v
+	}
+	return kinds, out
+}
