@@ -156,8 +156,12 @@ func TestCommandRoutesEndToEnd(t *testing.T) {
 		reason string
 	}
 	steps := []step{
-		{"a opens acc-1", func() (apiclient.Accepted, *apiclient.Response, error) { return a.OpenAccount(ctx, "o1", "acc-1", "EUR") }, "accepted", ""},
-		{"a opens acc-2", func() (apiclient.Accepted, *apiclient.Response, error) { return a.OpenAccount(ctx, "o2", "acc-2", "EUR") }, "accepted", ""},
+		{"a opens acc-1", func() (apiclient.Accepted, *apiclient.Response, error) {
+			return a.OpenAccount(ctx, "o1", "acc-1", "EUR")
+		}, "accepted", ""},
+		{"a opens acc-2", func() (apiclient.Accepted, *apiclient.Response, error) {
+			return a.OpenAccount(ctx, "o2", "acc-2", "EUR")
+		}, "accepted", ""},
 		{"a deposits 100", func() (apiclient.Accepted, *apiclient.Response, error) { return a.Deposit(ctx, "d1", "acc-1", 100) }, "accepted", ""},
 		{"a withdraws 30", func() (apiclient.Accepted, *apiclient.Response, error) { return a.Withdraw(ctx, "w1", "acc-1", 30) }, "accepted", ""},
 		{"a overdraws", func() (apiclient.Accepted, *apiclient.Response, error) { return a.Withdraw(ctx, "w2", "acc-1", 1000) }, "rejected", "insufficient_funds"},
