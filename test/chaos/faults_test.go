@@ -56,22 +56,30 @@ func (f *faults) run(ctx context.Context) {
 	for _, k := range kinds {
 		total += k.weight
 	}
-	for {
+	order := f.rng.Perm(len(kinds))
+	for n := 0; ; {
 		wait := time.Duration(1500+f.rng.IntN(3000)) * time.Millisecond
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
 		}
-		pick := f.rng.IntN(total)
-		kind := kinds[0].name
-		for _, k := range kinds {
-			if pick < k.weight {
-				kind = k.name
-				break
+		// The first faults are every kind once, in a seeded order, so even
+		// a short run meets each; then kinds are drawn by weight.
+		var kind string
+		if n < len(order) {
+			kind = kinds[order[n]].name
+		} else {
+			pick := f.rng.IntN(total)
+			for _, k := range kinds {
+				if pick < k.weight {
+					kind = k.name
+					break
+				}
+				pick -= k.weight
 			}
-			pick -= k.weight
 		}
+		n++
 		// Draw every random choice before acting, so a seed gives the same
 		// schedule however long each fault takes.
 		victim := instances[f.rng.IntN(len(instances))].name
