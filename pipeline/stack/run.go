@@ -110,6 +110,11 @@ func Run(ctx context.Context, rc RunConfig) error {
 	defer cancel()
 	g, gctx := errgroup.WithContext(runCtx)
 	addrs := Addrs{Admin: adminLn.Addr().String()}
+	lag, err := newLagMetrics(rc.Config, metrics)
+	if err != nil {
+		return err
+	}
+	defer lag.close()
 
 	if c.Ingest || c.Relay || c.Projector {
 		pool, err := OpenDatabase(ctx, rc.Config, 0)
@@ -151,6 +156,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 				return err
 			}
 			adm.AddCheck("projector", readyCheck(proj.Ready()))
+			lag.Add(proj.LagSource())
 			g.Go(func() error { return proj.Run(gctx) })
 		}
 	}
@@ -160,6 +166,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 			return err
 		}
 		adm.AddCheck("processor", readyCheck(proc.Ready()))
+		lag.Add(processorLag(rc.Config, rc.Processor))
 		g.Go(func() error { return proc.Run(gctx) })
 	}
 	g.Go(func() error { return adm.Serve(gctx, adminLn) })

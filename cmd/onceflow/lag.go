@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/projector"
+)
+
+func init() {
+	register("lag", "consumer lag per group, topic and partition against the last stable offset, and parked partitions", runLag)
+}
+
+// lagRow is one line of `onceflow lag` (and one object of -o json).
+type lagRow struct {
+	kafka.PartitionLag
+	Parked string `json:"parked,omitempty"` // reason@offset of a parked partition
+}
+
+func runLag(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	var groups, output string
+	c, fs, err := parse("lag", args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&groups, "group", "", "only these groups or consumers, comma separated (default: every group on the cluster and every consumer with offsets in Postgres)")
+		fs.StringVar(&output, "o", "table", "table or json")
+	})
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if output != "table" && output != "json" {
+		return fmt.Errorf("-o %q: want table or json", output)
+	}
+	cfg, err := setup(c, io.Discard)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cl, err := cfg.Kafka.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	only := map[string]bool{}
+	for _, g := range strings.Split(groups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			only[g] = true
+		}
+	}
+	wanted := func(g string) bool { return len(only) == 0 || only[g] }
+
+	// Consumers whose offsets live in Postgres (projectors and rebuilds);
+	// their Kafka commits are a copy for monitoring, so Postgres wins.
+	sources := map[string]kafka.LagSource{}
+	var parked []projector.ParkedPartition
+	if c.DatabaseURL != "" {
+		pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		consumers, err := projector.Consumers(ctx, pool, cfg.Topics.Events())
+		if err != nil {
+			return err
+		}
+		for _, name := range consumers {
+			if wanted(name) {
+				sources[name] = projector.LagSource(pool, name, cfg.Topics.Events())
+			}
+		}
+		if parked, err = projector.Parked(ctx, pool); err != nil {
+			return err
+		}
+	}
+	// Groups that commit to Kafka, with the topics they committed for.
+	adm := kadm.NewClient(cl)
+	listed, err := adm.ListGroups(ctx)
+	if err != nil {
+		return fmt.Errorf("list groups: %w", err)
+	}
+	for _, g := range listed.Groups() {
+		if _, inPostgres := sources[g]; inPostgres || !wanted(g) {
+			continue
+		}
+		offs, err := adm.FetchOffsets(ctx, g)
+		if err != nil {
+			return fmt.Errorf("offsets of group %s: %w", g, err)
+		}
+		var topics []string
+		for t := range offs {
+			topics = append(topics, t)
+		}
+		if len(topics) > 0 {
+			sort.Strings(topics)
+			sources[g] = kafka.LagSource{Group: g, Topics: topics}
+		}
+	}
+	for g := range only {
+		if _, ok := sources[g]; !ok {
+			return fmt.Errorf("no group or consumer named %q has offsets", g)
+		}
+	}
+	names := make([]string, 0, len(sources))
+	for n := range sources {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	list := make([]kafka.LagSource, len(names))
+	for i, n := range names {
+		list[i] = sources[n]
+	}
+	lags, err := kafka.Lag(ctx, cl, list)
+	if err != nil {
+		return err
+	}
+	rows := make([]lagRow, len(lags))
+	for i, l := range lags {
+		rows[i] = lagRow{PartitionLag: l}
+		for _, p := range parked {
+			if p.Consumer == l.Group && p.Topic == l.Topic && p.Partition == l.Partition {
+				rows[i].Parked = p.Reason + "@" + strconv.FormatInt(p.Offset, 10)
+			}
+		}
+	}
+	if output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"partitions": rows, "parked": parked})
+	}
+	printLag(stdout, rows, parked)
+	return nil
+}
+
+func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition) {
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no consumer groups")
+	} else {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tOFFSETS-IN\tLOG-END-OFFSET\tLAST-STABLE-OFFSET\tLAG\tLAG-SECONDS\tCONSUMER-ID\tHOST\tCLIENT-ID\tPARKED")
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n",
+				r.Group, r.Topic, r.Partition, dashIf(r.Committed < 0, strconv.FormatInt(r.Committed, 10)), r.OffsetsIn,
+				r.LogEnd, r.LastStable, r.Lag, lagSecondsText(r.LagSeconds),
+				dashIf(r.MemberID == "", r.MemberID), dashIf(r.Host == "", r.Host), dashIf(r.ClientID == "", r.ClientID),
+				dashIf(r.Parked == "", r.Parked))
+		}
+		tw.Flush()
+	}
+	if len(parked) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "parked partitions (an operator must act: fix the cause, then `onceflow projections unpark`):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tOFFSET\tREASON\tSINCE\tDETAIL")
+	for _, p := range parked {
+		detail := strings.ReplaceAll(p.Detail, "\n", " ")
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", p.Consumer, p.Topic, p.Partition, p.Offset, p.Reason,
+			p.Since.UTC().Format(time.RFC3339), detail)
+	}
+	tw.Flush()
+}
+
+func dashIf(cond bool, s string) string {
+	if cond {
+		return "-"
+	}
+	return s
+}
+
+func lagSecondsText(s float64) string {
+	if s < 0 {
+		return "?"
+	}
+	return strconv.FormatFloat(s, 'f', 1, 64)
+}

@@ -1,0 +1,111 @@
+package projector
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pipeline/kafka"
+)
+
+// LagSource is a projector consumer for lag measurement: its offsets are
+// the ones stored in Postgres (those in Kafka are a copy for monitoring and
+// may trail them after a crash).
+func LagSource(pool *pgxpool.Pool, consumer, topic string) kafka.LagSource {
+	return kafka.LagSource{
+		Group:  consumer,
+		Topics: []string{topic},
+		Offsets: func(ctx context.Context) (map[string]map[int32]int64, error) {
+			return StoredOffsets(ctx, pool, consumer)
+		},
+	}
+}
+
+// StoredOffsets returns a consumer's offsets by topic and partition.
+func StoredOffsets(ctx context.Context, pool *pgxpool.Pool, consumer string) (map[string]map[int32]int64, error) {
+	rows, err := pool.Query(ctx, `SELECT topic, partition, next_offset FROM consumer_offsets WHERE consumer = $1`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("read stored offsets: %w", err)
+	}
+	out := map[string]map[int32]int64{}
+	var topic string
+	var part int32
+	var off int64
+	_, err = pgx.ForEachRow(rows, []any{&topic, &part, &off}, func() error {
+		if out[topic] == nil {
+			out[topic] = map[int32]int64{}
+		}
+		out[topic][part] = off
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read stored offsets: %w", err)
+	}
+	return out, nil
+}
+
+// Consumers returns the consumers that store offsets for topic (projectors
+// and rebuilds).
+func Consumers(ctx context.Context, pool *pgxpool.Pool, topic string) ([]string, error) {
+	rows, err := pool.Query(ctx, `SELECT DISTINCT consumer FROM consumer_offsets WHERE topic = $1 ORDER BY consumer`, topic)
+	if err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
+	return out, nil
+}
+
+// ParkedPartition is a partition a projector stopped on.
+type ParkedPartition struct {
+	Consumer, Topic string
+	Partition       int32
+	Offset          int64 // of the record it stopped on
+	Reason, Detail  string
+	Since           time.Time
+}
+
+// Parked lists the parked partitions of every consumer.
+func Parked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedPartition, error) {
+	rows, err := pool.Query(ctx, `SELECT consumer, topic, partition, next_offset, reason, detail, parked_at
+		FROM projector_parked ORDER BY consumer, topic, partition`)
+	if err != nil {
+		return nil, fmt.Errorf("list parked partitions: %w", err)
+	}
+	var out []ParkedPartition
+	var p ParkedPartition
+	_, err = pgx.ForEachRow(rows, []any{&p.Consumer, &p.Topic, &p.Partition, &p.Offset, &p.Reason, &p.Detail, &p.Since}, func() error {
+		out = append(out, p)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list parked partitions: %w", err)
+	}
+	return out, nil
+}
+
+// Unpark removes a consumer's parked-partition rows (all of its partitions
+// when partitions is empty) and returns how many it removed. The projector
+// that owns a partition notices within ParkCheckInterval and tries its
+// record again.
+func Unpark(ctx context.Context, pool *pgxpool.Pool, consumer, topic string, partitions []int32) (int64, error) {
+	if partitions == nil {
+		partitions = []int32{} // NULL would match nothing
+	}
+	tag, err := pool.Exec(ctx, `DELETE FROM projector_parked WHERE consumer = $1 AND topic = $2
+		AND (cardinality($3::int[]) = 0 OR partition = ANY ($3::int[]))`, consumer, topic, partitions)
+	if err != nil {
+		return 0, fmt.Errorf("unpark: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// LagSource is this projector's lag source (offsets stored in Postgres).
+func (p *Projector) LagSource() kafka.LagSource {
+	return LagSource(p.pool, p.cfg.Consumer, p.cfg.Topic)
+}
