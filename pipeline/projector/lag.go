@@ -63,11 +63,13 @@ func Consumers(ctx context.Context, pool *pgxpool.Pool, topic string) ([]string,
 
 // ParkedPartition is a partition a projector stopped on.
 type ParkedPartition struct {
-	Consumer, Topic string
-	Partition       int32
-	Offset          int64 // of the record it stopped on
-	Reason, Detail  string
-	Since           time.Time
+	Consumer  string    `json:"consumer"`
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"` // of the record it stopped on
+	Reason    string    `json:"reason"`
+	Detail    string    `json:"detail"`
+	Since     time.Time `json:"since"`
 }
 
 // Parked lists the parked partitions of every consumer.

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/stack"
+)
+
+func init() {
+	register("projections rebuild", "rebuild a read model from the events topic into shadow tables and swap it in: projections rebuild NAME", runProjectionsRebuild)
+	register("projections unpark", "let a projector try its parked partitions again: projections unpark [PARTITION...]", runProjectionsUnpark)
+	register("projections list", "the projections, their tables, rebuilds and parked partitions", runProjectionsList)
+}
+
+func runProjectionsRebuild(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	var consumer string
+	var restart, verify bool
+	var lockTimeout time.Duration
+	c, fs, err := parse("projections rebuild", args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&consumer, "consumer", projector.DefaultConsumer, "the live projector's consumer")
+		fs.BoolVar(&restart, "restart", false, "drop an unfinished rebuild of this projection and start from the beginning (default: resume it)")
+		fs.BoolVar(&verify, "verify", false, "print row counts and checksums of the live and rebuilt tables at the swap (locks them while it reads)")
+		fs.DurationVar(&lockTimeout, "lock-timeout", 2*time.Second, "longest wait for a lock in the swap (readers wait at most this long behind it)")
+	})
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: onceflow projections rebuild [flags] NAME (one of: %s)", projectionNames())
+	}
+	proj, err := projector.ParseProjection(ledger.Projections(), fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("DATABASE_URL is required")
+	}
+	cfg, err := setup(c, io.Discard)
+	if err != nil {
+		return err
+	}
+	pool, err := stack.OpenDatabase(ctx, cfg, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg, err := stack.Registry(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	serdes, err := stack.NewSerdes(ctx, reg, cfg.Topics)
+	if err != nil {
+		return err
+	}
+	logger, err := c.Logger(stdout)
+	if err != nil {
+		return err
+	}
+	rb, err := projector.NewRebuild(projector.RebuildConfig{
+		Topic: cfg.Topics.Events(), Consumer: consumer, Projection: proj,
+		Restart: restart, Verify: verify, LockTimeout: lockTimeout,
+		Progress: func(p projector.RebuildProgress) {
+			fmt.Fprintf(stdout, "rebuilding %s: %d events applied, %d offsets behind the live projector\n", proj.Name(), p.Applied, p.Behind)
+		},
+	}, cfg.Kafka, pool, serdes.Events, logger)
+	if err != nil {
+		return err
+	}
+	res, err := rb.Run(ctx)
+	if err != nil {
+		return fmt.Errorf("rebuild %s: %w", proj.Name(), err)
+	}
+	fmt.Fprintf(stdout, "rebuilt %s in %s: %d events applied by this run; swapped at offsets %s\n",
+		res.Projection, res.Duration.Round(time.Millisecond), res.Applied, formatOffsets(res.Offsets))
+	for _, t := range res.Tables {
+		if verify {
+			same := "identical"
+			if t.LiveChecksum != t.RebuiltChecksum {
+				same = "different: the rebuild changed the read model"
+			}
+			fmt.Fprintf(stdout, "  %s: live %d rows (md5 %s), rebuilt %d rows (md5 %s): %s\n",
+				t.Name, t.LiveRows, t.LiveChecksum, t.RebuiltRows, t.RebuiltChecksum, same)
+		} else {
+			fmt.Fprintf(stdout, "  %s: swapped\n", t.Name)
+		}
+	}
+	if len(res.LiveParked) > 0 {
+		parts := make([]string, len(res.LiveParked))
+		for i, p := range res.LiveParked {
+			parts[i] = strconv.Itoa(int(p))
+		}
+		fmt.Fprintf(stdout, "the live projector has parked partitions %s: `onceflow projections unpark %s` tries them again against the rebuilt tables\n",
+			strings.Join(parts, ", "), strings.Join(parts, " "))
+	}
+	return nil
+}
+
+func runProjectionsUnpark(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	var consumer string
+	c, fs, err := parse("projections unpark", args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&consumer, "consumer", projector.DefaultConsumer, "the projector's consumer")
+	})
+	if err != nil {
+		return err
+	}
+	var parts []int32
+	for _, a := range fs.Args() {
+		p, err := strconv.ParseInt(a, 10, 32)
+		if err != nil || p < 0 {
+			return fmt.Errorf("partition %q: want a partition number", a)
+		}
+		parts = append(parts, int32(p))
+	}
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("DATABASE_URL is required")
+	}
+	cfg, err := setup(c, io.Discard)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	n, err := projector.Unpark(ctx, pool, consumer, cfg.Topics.Events(), parts)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("no parked partition of %s on %s matched", consumer, cfg.Topics.Events())
+	}
+	fmt.Fprintf(stdout, "unparked %d partition(s) of %s; the projector that owns them tries their record again within seconds (it parks again if the cause is still there)\n", n, consumer)
+	return nil
+}
+
+func runProjectionsList(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, fs, err := parse("projections list", args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROJECTION\tTABLES\tREBUILDABLE")
+	for _, p := range ledger.Projections() {
+		tables, rebuildable := "-", "no"
+		if rb, ok := p.(projector.Rebuildable); ok {
+			tables, rebuildable = strings.Join(rb.Tables(), ","), "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name(), tables, rebuildable)
+	}
+	tw.Flush()
+	if c.DatabaseURL == "" {
+		return nil
+	}
+	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rows, err := pool.Query(ctx, `SELECT projection, consumer, shadow_consumer, state, started_at, finished_at, detail
+		FROM projection_rebuilds ORDER BY started_at DESC LIMIT 20`)
+	if err != nil {
+		return err
+	}
+	type rebuild struct {
+		projection, consumer, shadow, state, detail string
+		started                                     time.Time
+		finished                                    *time.Time
+	}
+	var list []rebuild
+	var r rebuild
+	if _, err := pgx.ForEachRow(rows, []any{&r.projection, &r.consumer, &r.shadow, &r.state, &r.started, &r.finished, &r.detail}, func() error {
+		list = append(list, r)
+		return nil
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	if len(list) == 0 {
+		fmt.Fprintln(stdout, "rebuilds: none")
+	} else {
+		tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "REBUILD\tPROJECTION\tSTATE\tSTARTED\tFINISHED\tDETAIL")
+		for _, r := range list {
+			fin := "-"
+			if r.finished != nil {
+				fin = r.finished.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.shadow, r.projection, r.state, r.started.UTC().Format(time.RFC3339), fin, r.detail)
+		}
+		tw.Flush()
+	}
+	parked, err := projector.Parked(ctx, pool)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nparked partitions: %d", len(parked))
+	if len(parked) > 0 {
+		fmt.Fprint(stdout, " (details: onceflow lag)")
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+func projectionNames() string {
+	var names []string
+	for _, p := range ledger.Projections() {
+		names = append(names, p.Name())
+	}
+	return strings.Join(names, ", ")
+}
+
+func formatOffsets(m map[int32]int64) string {
+	parts := make([]int32, 0, len(m))
+	for p := range m {
+		parts = append(parts, p)
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+	var b strings.Builder
+	for i, p := range parts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:%d", p, m[p])
+	}
+	return b.String()
+}
