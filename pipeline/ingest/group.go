@@ -323,39 +323,42 @@ type storedKey struct {
 	resp      storedResponse
 }
 
-// tryCommit is one attempt at a batch's transaction:
+// tryCommit is one attempt at a batch's transaction, in two round trips
+// when nothing fails:
 //
-//  1. check the API keys, lock every idempotency key (sorted) and look
-//     them up, in one round trip;
-//  2. classify each request: replay, conflict or new (a new command id);
-//  3. count replays and conflicts on their key records, then insert the
-//     new commands (outbox, pending status, key record) in bulk, behind a
-//     savepoint; if the bulk insert fails, roll back to the savepoint and
-//     insert them one by one, each behind its own savepoint, so only the
-//     request that fails gets an error;
-//  4. commit.
+//  1. BEGIN, check the API keys, lock every idempotency key (sorted) and
+//     look them up;
+//  2. classify each request (in Go): replay, conflict or new, with a new
+//     command id;
+//  3. count replays and conflicts on their key records, insert the new
+//     commands (outbox, pending status, key record) in bulk behind a
+//     savepoint, and COMMIT.
+//
+// If the bulk insert fails, the pipeline stops there (Postgres skips the
+// rest, COMMIT included): roll back to the savepoint, insert the new
+// commands one by one, each behind its own savepoint, so only the request
+// that fails gets an error, and commit.
 //
 // An error returned is the whole batch's (the database went away, the
 // commit failed): nothing of the batch was written, or, for a commit that
 // failed in flight, a retry with the same key finds out.
-func (c *committer) tryCommit(ctx context.Context, conn *pgxpool.Conn, batch []*acceptItem) ([]acceptResult, error) {
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin accept transaction: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) // after Commit, a no-op
-
-	tenants := make([]string, len(batch))
-	keys := make([]string, len(batch))
-	for i, it := range batch {
-		tenants[i], keys[i] = it.tenant, it.key
-	}
-	valid, found, err := c.lockAndLookup(ctx, tx, batch, tenants, keys)
+func (c *committer) tryCommit(ctx context.Context, pc *pgxpool.Conn, batch []*acceptItem) (results []acceptResult, err error) {
+	conn := pc.Conn()
+	defer func() {
+		if err != nil && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+				conn.Close(rctx) // never hand an open transaction to the next batch
+			}
+		}
+	}()
+	valid, found, err := c.lockAndLookup(ctx, conn, batch)
 	if err != nil {
 		return nil, err
 	}
 
-	results := make([]acceptResult, len(batch))
+	results = make([]acceptResult, len(batch))
 	var count counts
 	var fresh newRows
 	for i, it := range batch {
@@ -376,42 +379,79 @@ func (c *committer) tryCommit(ctx context.Context, conn *pgxpool.Conn, batch []*
 		}
 	}
 
+	b := &pgx.Batch{}
 	if len(count.tenants) > 0 {
-		if _, err := tx.Exec(ctx, countKeysSQL, count.tenants, count.keys, count.createdAt, count.replays, count.conflicts); err != nil {
-			return nil, fmt.Errorf("count replays and conflicts: %w", err)
-		}
+		b.Queue(countKeysSQL, count.tenants, count.keys, count.createdAt, count.replays, count.conflicts)
 	}
 	if fresh.len() > 0 {
-		err := insertAll(ctx, tx, c.cfg.CommandsTopic, &fresh, "accept_batch", false)
-		if err != nil && !postgres.IsUnavailable(err) && !isMissingPartition(err) && ctx.Err() == nil {
-			c.logger.Warn("bulk accept failed; isolating the failing request", "err", err)
-			err = c.insertEach(ctx, tx, &fresh, results)
-		}
-		if err != nil {
-			return nil, err
+		queueInserts(b, c.cfg.CommandsTopic, &fresh, "accept_batch", false)
+	}
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	var countErr, insertErr, commitErr error
+	if len(count.tenants) > 0 {
+		_, countErr = br.Exec()
+	}
+	if fresh.len() > 0 {
+		for range 4 { // savepoint and three inserts
+			if _, err := br.Exec(); err != nil && insertErr == nil {
+				insertErr = err
+			}
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit accept transaction: %w", err)
+	tag, commitErr := br.Exec()
+	closeErr := br.Close()
+	switch {
+	case countErr != nil:
+		return nil, fmt.Errorf("count replays and conflicts: %w", countErr)
+	case insertErr == nil && commitErr == nil && closeErr == nil && tag.String() == "COMMIT":
+		return results, nil
+	case insertErr == nil:
+		return nil, fmt.Errorf("commit accept transaction: %w", errors.Join(commitErr, closeErr, errNotCommitted(tag)))
+	case postgres.IsUnavailable(insertErr) || isMissingPartition(insertErr) || ctx.Err() != nil:
+		return nil, fmt.Errorf("insert accepted commands: %w", insertErr)
+	}
+	c.logger.Warn("bulk accept failed; isolating the failing request", "err", insertErr)
+	if err := c.insertEach(ctx, conn, &fresh, results); err != nil {
+		return nil, err
+	}
+	tag, err = conn.Exec(ctx, "COMMIT")
+	if err != nil || tag.String() != "COMMIT" {
+		return nil, fmt.Errorf("commit accept transaction: %w", errors.Join(err, errNotCommitted(tag)))
 	}
 	return results, nil
 }
 
-// lockAndLookup checks the batch's API keys, takes the idempotency locks
-// and looks the keys up, in one round trip. valid maps each API key hash
-// that is still active to its tenant.
-func (c *committer) lockAndLookup(ctx context.Context, tx pgx.Tx, batch []*acceptItem, tenants, keys []string) (valid map[string]string, found map[tenantKey]storedKey, err error) {
+// errNotCommitted reports a COMMIT that answered ROLLBACK (the
+// transaction had failed).
+func errNotCommitted(tag pgconn.CommandTag) error {
+	if tag.String() == "COMMIT" || tag.String() == "" {
+		return nil
+	}
+	return fmt.Errorf("the transaction was rolled back (%s)", tag)
+}
+
+// lockAndLookup begins the transaction, checks the batch's API keys,
+// takes the idempotency locks and looks the keys up, in one round trip.
+// valid maps each API key hash that is still active to its tenant.
+func (c *committer) lockAndLookup(ctx context.Context, conn *pgx.Conn, batch []*acceptItem) (valid map[string]string, found map[tenantKey]storedKey, err error) {
+	tenants := make([]string, len(batch))
+	keys := make([]string, len(batch))
 	hashes := make([][]byte, len(batch))
 	for i, it := range batch {
-		hashes[i] = it.keyHash
+		tenants[i], keys[i], hashes[i] = it.tenant, it.key, it.keyHash
 	}
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
 	b.Queue(activeKeysSQL, hashes)
 	b.Queue(lockKeysSQL, tenants, keys)
 	b.Queue(lookupKeysSQL, tenants, keys, c.cfg.IdempotencyRetention.Seconds())
-	br := tx.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, b)
 	defer br.Close()
 
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, fmt.Errorf("begin accept transaction: %w", err)
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return nil, nil, fmt.Errorf("check api keys: %w", err)
@@ -453,32 +493,34 @@ func (c *committer) lockAndLookup(ctx context.Context, tx pgx.Tx, batch []*accep
 // insertEach inserts the new commands one by one behind a savepoint each,
 // after a bulk insert failed: the request whose rows fail gets the error,
 // the others are accepted. An error returned is the whole batch's.
-func (c *committer) insertEach(ctx context.Context, tx pgx.Tx, all *newRows, results []acceptResult) error {
-	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_batch"); err != nil {
+func (c *committer) insertEach(ctx context.Context, conn *pgx.Conn, all *newRows, results []acceptResult) error {
+	if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_batch"); err != nil {
 		return fmt.Errorf("roll back the bulk accept: %w", err)
 	}
 	for j, i := range all.index {
 		one := all.slice(j)
-		err := insertAll(ctx, tx, c.cfg.CommandsTopic, &one, "accept_one", true)
+		b := &pgx.Batch{}
+		queueInserts(b, c.cfg.CommandsTopic, &one, "accept_one", true)
+		err := conn.SendBatch(ctx, b).Close()
 		if err == nil {
 			continue
 		}
 		if postgres.IsUnavailable(err) || ctx.Err() != nil {
 			return err
 		}
-		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_one"); rerr != nil {
+		if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_one"); rerr != nil {
 			return fmt.Errorf("roll back a failed accept: %w", rerr)
 		}
 		c.logger.Error("accept failed", "tenant", one.tenants[0], "aggregate_id", one.aggregates[0], "err", err)
-		results[i] = acceptResult{err: err}
+		results[i] = acceptResult{err: fmt.Errorf("insert accepted command: %w", err)}
 	}
 	return nil
 }
 
-// insertAll inserts rows behind a savepoint (released after them when
-// release is set), in one round trip.
-func insertAll(ctx context.Context, tx pgx.Tx, topic string, r *newRows, savepoint string, release bool) error {
-	b := &pgx.Batch{}
+// queueInserts queues the inserts of rows behind a savepoint (released
+// after them when release is set): four statements, five with the
+// release.
+func queueInserts(b *pgx.Batch, topic string, r *newRows, savepoint string, release bool) {
 	b.Queue("SAVEPOINT " + savepoint)
 	b.Queue(insertOutboxSQL, topic, r.shards, r.aggregateKeys, r.values, r.headers)
 	b.Queue(insertStatusSQL, r.ids, r.tenants, r.aggregates, r.types)
@@ -486,10 +528,6 @@ func insertAll(ctx context.Context, tx pgx.Tx, topic string, r *newRows, savepoi
 	if release {
 		b.Queue("RELEASE SAVEPOINT " + savepoint)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("insert accepted commands: %w", err)
-	}
-	return nil
 }
 
 // counts are the replays and conflicts of one batch, as columns.
