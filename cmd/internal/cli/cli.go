@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
@@ -183,5 +184,17 @@ func RunComponent(ctx context.Context, name string, components stack.Components,
 	if err != nil {
 		return err
 	}
-	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg})
+	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg,
+		Projector: projectorConfig(getenv)})
+}
+
+// projectorConfig installs the projector's test-only crash-point hook when
+// ONCEFLOW_TEST_PROJECTOR_HOLD_DIR names a directory (see projector.Hold);
+// unset, as in production, the projector runs without it.
+func projectorConfig(getenv func(string) string) projector.Config {
+	var pc projector.Config
+	if dir := getenv(projector.HoldEnv); dir != "" {
+		pc.Hold = projector.HoldInDir(dir)
+	}
+	return pc
 }
