@@ -34,9 +34,10 @@ type Config struct {
 	// own transaction.
 	MaxBatch int
 	// Committers is how many accept transactions may be in flight at once;
-	// each holds a connection while it runs. Default half the pool's
-	// connections (at least one), leaving the rest to authentication and
-	// reads.
+	// each holds a connection while requests keep coming. Default 2 (one
+	// commits while the other gathers the next batch; more committers make
+	// smaller batches and cost more per command), at most half the pool's
+	// connections so reads keep the rest.
 	Committers int
 	// MaxPending bounds the accepts waiting for a transaction; beyond it
 	// requests are a 503 with Retry-After instead of piling up. Default

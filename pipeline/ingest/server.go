@@ -47,7 +47,7 @@ type Server struct {
 func New(cfg Config, pool *pgxpool.Pool, enc Encoder, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
 	cfg.setDefaults()
 	if cfg.Committers == 0 {
-		cfg.Committers = max(1, int(pool.Config().MaxConns)/2)
+		cfg.Committers = max(1, min(2, int(pool.Config().MaxConns)/2))
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
