@@ -36,6 +36,9 @@ type Config struct {
 	// MaxBackoff caps the wait between retries while Postgres is
 	// unavailable. Default 5s.
 	MaxBackoff time.Duration
+	// SessionTimeout is the group session timeout: how long a member that
+	// stopped answering keeps its partitions. Default 10s.
+	SessionTimeout time.Duration
 	// ParkCheckInterval is how often a projector with parked partitions
 	// looks for an operator's `onceflow projections unpark`. Default 2s.
 	ParkCheckInterval time.Duration
@@ -56,6 +59,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = 10 * time.Second
 	}
 	if c.ParkCheckInterval == 0 {
 		c.ParkCheckInterval = 2 * time.Second
@@ -141,6 +147,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	cl, err := p.kafka.NewClient(
 		kgo.ConsumerGroup(p.cfg.Consumer),
 		kgo.ConsumeTopics(p.cfg.Topic),
+		kgo.SessionTimeout(p.cfg.SessionTimeout),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),

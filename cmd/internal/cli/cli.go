@@ -46,6 +46,8 @@ type Common struct {
 	// The processor's (strings until Processor parses them).
 	DedupWindow             string
 	ProcessorSessionTimeout string
+	// The projector's.
+	ProjectorSessionTimeout string
 }
 
 // Register defines the shared flags on fs, defaulting from getenv.
@@ -59,6 +61,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	}
 	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id, in command time; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
 	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
+	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
 	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
@@ -184,17 +187,26 @@ func RunComponent(ctx context.Context, name string, components stack.Components,
 	if err != nil {
 		return err
 	}
+	prcfg, err := c.projector(getenv)
+	if err != nil {
+		return err
+	}
 	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg,
-		Projector: projectorConfig(getenv)})
+		Projector: prcfg})
 }
 
-// projectorConfig installs the projector's test-only crash-point hook when
+// projector returns the projector's settings. It also installs the
+// projector's test-only crash-point hook when
 // ONCEFLOW_TEST_PROJECTOR_HOLD_DIR names a directory (see projector.Hold);
 // unset, as in production, the projector runs without it.
-func projectorConfig(getenv func(string) string) projector.Config {
-	var pc projector.Config
+func (c *Common) projector(getenv func(string) string) (projector.Config, error) {
+	session, err := time.ParseDuration(c.ProjectorSessionTimeout)
+	if err != nil || session <= 0 {
+		return projector.Config{}, fmt.Errorf("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT %q: want a positive duration like 10s", c.ProjectorSessionTimeout)
+	}
+	pc := projector.Config{SessionTimeout: session}
 	if dir := getenv(projector.HoldEnv); dir != "" {
 		pc.Hold = projector.HoldInDir(dir)
 	}
-	return pc
+	return pc, nil
 }
