@@ -31,6 +31,7 @@ const (
 	ReasonBalanceNotZero    = "balance_not_zero"
 	ReasonBalanceOverflow   = "balance_overflow"
 	ReasonInvalidTarget     = "invalid_target"
+	ReasonWrongTenant       = "wrong_tenant"
 )
 
 // transferNamespace derives transfer follow-up command ids.
@@ -111,6 +112,10 @@ func requestTransfer(s Account, cmd pipeline.Command, c RequestTransfer) (pipeli
 		return pipeline.Decision{}, err
 	}
 	tenant, self, _ := pipeline.SplitAggregateID(cmd.AggregateID)
+	if other, _, err := pipeline.SplitAggregateID(c.To); err == nil && other != tenant {
+		// Money never crosses tenants; `to` is a local id of this tenant.
+		return pipeline.Decision{}, pipeline.Reject(ReasonWrongTenant, "cannot transfer to %q: it belongs to another tenant", c.To)
+	}
 	if pipeline.ValidateLocalID(c.To) != nil || c.To == self {
 		return pipeline.Decision{}, pipeline.Reject(ReasonInvalidTarget, "cannot transfer to %q", c.To)
 	}

@@ -9,7 +9,8 @@ import (
 )
 
 // The ledger's every command through a real processor and broker: events
-// with derived ids and versions, rejections as CommandRejected with their
+// with derived ids and versions, rejections (overdraft, unknown account,
+// closed account, another tenant's account) as CommandRejected with their
 // reason, a transfer that debits the source and credits the target in one
 // transaction, and transfers the target cannot take coming back as
 // refunds. Money is conserved.
@@ -37,6 +38,7 @@ func TestLedgerCommands(t *testing.T) {
 		{newCmd(b, ledger.CloseAccount{}), nil, ledger.ReasonBalanceNotZero},
 		{newCmd(usd, ledger.CloseAccount{}), []string{"AccountClosed"}, ""},
 		{newCmd(usd, ledger.Deposit{Amount: 1}), nil, ledger.ReasonAccountClosed},
+		{newCmd(a, ledger.RequestTransfer{TransferID: "t4", To: "evil/b", Amount: 1}), nil, ledger.ReasonWrongTenant},
 	}
 	// The follow-ups: t1's credit lands; t2's credit is refused (unknown
 	// account) and refunded; t3's is refused (currency) and refunded.
@@ -106,7 +108,7 @@ func TestLedgerCommands(t *testing.T) {
 			t.Errorf("%s: processor state balance %d, want %d", id, st[id].State.Balance, w)
 		}
 	}
-	if n := p.metric(t, "onceflow_processor_commands_total", "outcome", "rejected"); n != 6 {
-		t.Errorf("rejected commands: %v, want 6", n)
+	if n := p.metric(t, "onceflow_processor_commands_total", "outcome", "rejected"); n != 7 {
+		t.Errorf("rejected commands: %v, want 7", n)
 	}
 }
