@@ -293,11 +293,15 @@ const (
 	// lookupKeysSQL runs after the locks, as its own statement, so its
 	// snapshot includes whatever the holders of those locks committed. Only
 	// records inside the retention count: a key older than that is new.
+	// The upper bound only lets Postgres skip the partitions made ahead for
+	// the coming week; it is a day away because a record committed by the
+	// lock's previous holder may carry a created_at (its transaction's
+	// start) a little after this transaction's now().
 	lookupKeysSQL = `SELECT DISTINCT ON (k.tenant, k.key)
 			k.tenant, k.key, k.created_at, k.request_hash, k.response_status, k.response_headers, k.response_body
 		FROM idempotency_keys AS k
 		JOIN unnest($1::text[], $2::text[]) AS u(tenant, key) ON k.tenant = u.tenant AND k.key = u.key
-		WHERE k.created_at > now() - make_interval(secs => $3)
+		WHERE k.created_at > now() - make_interval(secs => $3) AND k.created_at < now() + interval '1 day'
 		ORDER BY k.tenant, k.key, k.created_at DESC`
 	countKeysSQL = `UPDATE idempotency_keys AS k
 		SET replays = k.replays + u.replays, conflicts = k.conflicts + u.conflicts, last_seen_at = now()
