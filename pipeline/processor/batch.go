@@ -47,13 +47,22 @@ type staged[S any] struct {
 	entry     []byte // after snapshot(): the table entry (id and encoded snapshot)
 }
 
+// aggregateKey names an aggregate within a partition. An aggregate's
+// commands all come on one partition when producers partition by key, as
+// they must; keying by partition too keeps each partition's snapshots
+// consistent with its offsets even when one does not.
+type aggregateKey struct {
+	partition int32
+	id        string
+}
+
 // batch is one transaction's work.
 type batch[S any] struct {
 	p       *Processor[S]
 	ctx     context.Context
 	cl      *kgo.Client
 	promise *kgo.FirstErrPromise
-	overlay map[string]*staged[S]
+	overlay map[aggregateKey]*staged[S]
 	buf     []byte // scratch for snapshot encoding
 
 	accepted, rejected, dedup int
@@ -64,7 +73,7 @@ type batch[S any] struct {
 func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client, promise *kgo.FirstErrPromise) *batch[S] {
 	return &batch[S]{
 		p: p, ctx: ctx, cl: cl, promise: promise,
-		overlay: make(map[string]*staged[S]),
+		overlay: make(map[aggregateKey]*staged[S]),
 		dlq:     make(map[string]int),
 	}
 }
@@ -214,13 +223,20 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison) {
 }
 
 // load returns the batch's copy of an aggregate, decoding its committed
-// snapshot on first touch.
+// snapshot on first touch. A partition whose state is not restored (which
+// the group protocol rules out) fails the batch rather than deciding on an
+// empty state.
 func (b *batch[S]) load(part int32, id string) (*staged[S], error) {
-	if a, ok := b.overlay[id]; ok {
+	k := aggregateKey{part, id}
+	if a, ok := b.overlay[k]; ok {
 		return a, nil
 	}
+	tab := b.p.table(part)
+	if tab == nil {
+		return nil, fmt.Errorf("partition %d has a record but no restored state", part)
+	}
 	a := &staged[S]{partition: part}
-	if value, ok := b.p.committed(part, id); ok {
+	if value, ok := tab.get(id); ok {
 		snap, err := b.p.codec.decode(b.ctx, []byte(value))
 		if err != nil {
 			// Restore decoded it once already; failing now means the
@@ -229,7 +245,7 @@ func (b *batch[S]) load(part int32, id string) (*staged[S], error) {
 		}
 		a.snap = snap
 	}
-	b.overlay[id] = a
+	b.overlay[k] = a
 	return a, nil
 }
 
@@ -330,10 +346,11 @@ func deadLetterRecord(topic string, r *kgo.Record, reason, detail string) *kgo.R
 // snapshot produces the changed aggregates' snapshots to the state topic,
 // at the command's partition number.
 func (b *batch[S]) snapshot() {
-	for id, a := range b.overlay {
+	for k, a := range b.overlay {
 		if !a.dirty {
 			continue
 		}
+		id := k.id
 		// The record's key and value are slices of the table entry the
 		// commit installs, so the snapshot is encoded once.
 		e := binary.AppendUvarint(make([]byte, 0, 2+len(id)+64), uint64(len(id)))

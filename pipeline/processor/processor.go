@@ -279,15 +279,11 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	return true, nil
 }
 
-// committed returns the committed snapshot of an aggregate, if any.
-func (p *Processor[S]) committed(part int32, id string) (string, bool) {
+// table returns the state of an assigned partition, nil if it has none.
+func (p *Processor[S]) table(part int32) *table {
 	p.mu.Lock()
-	tab := p.parts[part]
-	p.mu.Unlock()
-	if tab == nil {
-		return "", false
-	}
-	return tab.get(id)
+	defer p.mu.Unlock()
+	return p.parts[part]
 }
 
 // drop forgets the state of revoked or lost partitions.
