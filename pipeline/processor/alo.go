@@ -47,7 +47,10 @@ func (p *Processor[S]) sessionAtLeastOnce(ctx context.Context, restoreCl *kgo.Cl
 			cl.AllowRebalance()
 			return committed, fmt.Errorf("produce: %w", err)
 		}
-		if err := cl.CommitUncommittedOffsets(context.WithoutCancel(ctx)); err != nil {
+		commitStart := time.Now()
+		err := cl.CommitUncommittedOffsets(context.WithoutCancel(ctx))
+		p.metrics.commit.Observe(time.Since(commitStart).Seconds())
+		if err != nil {
 			cl.AllowRebalance()
 			return committed, fmt.Errorf("commit offsets: %w", err)
 		}

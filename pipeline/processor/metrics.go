@@ -8,6 +8,7 @@ type metrics struct {
 	dlq          *prometheus.CounterVec
 	transactions *prometheus.CounterVec
 	batch        prometheus.Histogram
+	commit       prometheus.Histogram
 	restore      prometheus.Histogram
 	aggregates   prometheus.Gauge
 	sessions     prometheus.Counter
@@ -39,6 +40,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time from polling a batch to the end of its transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_processor_commit_duration_seconds",
+			Help:    "Time to end a batch's transaction once its records are acknowledged: offsets, heartbeat, EndTxn (the price of exactly-once per batch).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
 		restore: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceflow_processor_restore_duration_seconds",
 			Help:    "Time to restore one partition's state from the state topic.",
@@ -53,6 +59,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Sessions restarted after a transaction of unknown outcome or a fenced producer (a zombie that woke up).",
 		}),
 	}
-	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.restore, m.aggregates, m.sessions)
+	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.aggregates, m.sessions)
 	return m
 }

@@ -254,7 +254,12 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	if b.failed == nil {
 		b.snapshot()
 	}
+	// Wait for the records first, so the commit's own price (offsets,
+	// heartbeat, EndTxn) is measured apart; End would flush anyway.
+	cl.Flush(txCtx)
+	commitStart := time.Now()
 	committed, err := sess.End(txCtx, kgo.TransactionEndTry(b.promise.Err() == nil))
+	p.metrics.commit.Observe(time.Since(commitStart).Seconds())
 	if err != nil {
 		p.metrics.transactions.WithLabelValues("unknown").Inc()
 		// kgo: "No returned error is retryable": the commit may or may
