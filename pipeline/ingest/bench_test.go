@@ -59,32 +59,39 @@ func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
 // request). ratio is grouped ingest over the one-insert baseline.
 func BenchmarkIngestThroughput(b *testing.B) {
 	n := benchSize("ONCEFLOW_BENCH_REQUESTS", 20000)
-	var baseline, single, grouped float64
+	var serial, baseline, single, grouped, batch float64
 	for range b.N {
-		baseline += insertBaseline(b, n)
-		single += ingestRate(b, n, ingest.Config{MaxBatch: 1})
-		grouped += ingestRate(b, n, ingest.Config{})
+		serial += insertBaseline(b, n/10, 1)
+		baseline += insertBaseline(b, n, benchClients)
+		r, _ := ingestRate(b, n, ingest.Config{MaxBatch: 1})
+		single += r
+		r, size := ingestRate(b, n, ingest.Config{})
+		grouped += r
+		batch += size
 	}
 	runs := float64(b.N)
+	b.ReportMetric(serial/runs, "serial_tx/s")
 	b.ReportMetric(baseline/runs, "baseline_tx/s")
 	b.ReportMetric(single/runs, "ungrouped_cmds/s")
 	b.ReportMetric(grouped/runs, "grouped_cmds/s")
+	b.ReportMetric(batch/runs, "mean_batch")
 	b.ReportMetric(grouped/baseline, "ratio")
 	b.ReportMetric(0, "ns/op")
 }
 
-// insertBaseline returns the rate of one-insert transactions that 64
-// concurrent clients get on this machine: each commit waits for its own
-// WAL flush (Postgres may share a flush between commits that arrive
-// together; that is part of the cap).
-func insertBaseline(b *testing.B, n int) float64 {
-	pool := benchPool(b, benchClients)
+// insertBaseline returns the rate of one-insert transactions that clients
+// concurrent clients get on this machine, each with its own connection:
+// each commit waits for its WAL flush (Postgres may share a flush between
+// commits that arrive together; that is part of the cap). With one client
+// it is the disk's serial commit rate.
+func insertBaseline(b *testing.B, n, clients int) float64 {
+	pool := benchPool(b, int32(clients))
 	ctx := context.Background()
 	value := make([]byte, 24)
 	var next atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range benchClients {
+	for range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -102,8 +109,9 @@ func insertBaseline(b *testing.B, n int) float64 {
 }
 
 // ingestRate returns the accepted commands per second of an ingest server
-// under benchClients clients sending n deposits in all.
-func ingestRate(b *testing.B, n int, cfg ingest.Config) float64 {
+// under benchClients clients sending n deposits in all, and the mean
+// number of requests per accept transaction.
+func ingestRate(b *testing.B, n int, cfg ingest.Config) (float64, float64) {
 	pool := benchPool(b, benchPoolSize)
 	cfg.RateLimit = -1
 	s := startServer(b, pool, cfg)
@@ -135,7 +143,14 @@ func ingestRate(b *testing.B, n int, cfg ingest.Config) float64 {
 	if got := countRows(b, pool).outbox; got != n {
 		b.Fatalf("outbox holds %d commands, want %d", got, n)
 	}
-	return rate
+	var batches float64
+	mfs, _ := s.metrics.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "onceflow_api_accept_batch_size" {
+			batches = float64(mf.GetMetric()[0].GetHistogram().GetSampleCount())
+		}
+	}
+	return rate, float64(n) / batches
 }
 
 // BenchmarkIngestLatency sends deposits at a fixed 1,000 requests per
@@ -207,4 +222,86 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(float64(len(s))*p/100))]
+}
+
+// BenchmarkTenantFlood measures what one tenant's flood costs another. A
+// calm tenant sends deposits at 100 requests/s (500 requests) three
+// times: alone (the baseline); while a flooding tenant sends 1,500
+// requests/s, far over the rate limit of 200/s (flooded); and the same
+// flood against a server without rate limits (unlimited), which is what
+// the limit protects from. Both loads are open loop (each request leaves
+// at its time whatever the answers do), so the flood's own cost on these
+// two cores is the same in both flooded runs. It reports the calm
+// tenant's p50 and p99 in each, and the share of the limited flood
+// answered 429.
+func BenchmarkTenantFlood(b *testing.B) {
+	const calmRate, calmN, floodRate, limit = 100, 500, 1500, 200
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	var quiet, limited, unlimited []time.Duration
+	var refused, floodSent float64
+	for range b.N {
+		pool := benchPool(b, benchPoolSize)
+		calm, flood := tenant(b, pool, "calm"), tenant(b, pool, "flood")
+		run := time.Now().UnixNano()
+		phase := func(s *server, tag string, flooding bool) []time.Duration {
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var sent, got429 atomic.Int64
+			if flooding {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					interval := time.Second / floodRate
+					start := time.Now()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						case <-time.After(time.Until(start.Add(time.Duration(i) * interval))):
+						}
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							r, err := s.try(context.Background(), req{path: "/v1/accounts/flood/deposits", apiKey: flood,
+								idemKey: fmt.Sprintf("f-%s-%d-%d", tag, run, i), body: `{"amount":1}`})
+							if err != nil {
+								return // the server is saturated; the calm tenant's figures tell
+							}
+							sent.Add(1)
+							if r.Status == http.StatusTooManyRequests {
+								got429.Add(1)
+							}
+						}()
+					}
+				}()
+			}
+			lat := fixedRate(b, calmN, calmRate, func(i int) error {
+				r, err := s.try(context.Background(), req{path: "/v1/accounts/calm/deposits", apiKey: calm,
+					idemKey: fmt.Sprintf("%s-%d-%d", tag, run, i), body: `{"amount":1}`})
+				if err == nil && r.Status != http.StatusAccepted {
+					err = fmt.Errorf("calm tenant: %s", r)
+				}
+				return err
+			})
+			close(stop)
+			wg.Wait()
+			if tag == "limited" {
+				refused += float64(got429.Load())
+				floodSent += float64(sent.Load())
+			}
+			return lat
+		}
+		withLimit := startServer(b, pool, ingest.Config{RateLimit: limit, RateBurst: limit})
+		quiet = append(quiet, phase(withLimit, "quiet", false)...)
+		limited = append(limited, phase(withLimit, "limited", true)...)
+		unlimited = append(unlimited, phase(startServer(b, pool, ingest.Config{RateLimit: -1}), "unlimited", true)...)
+	}
+	b.ReportMetric(ms(percentile(quiet, 50)), "baseline_p50_ms")
+	b.ReportMetric(ms(percentile(quiet, 99)), "baseline_p99_ms")
+	b.ReportMetric(ms(percentile(limited, 50)), "flooded_p50_ms")
+	b.ReportMetric(ms(percentile(limited, 99)), "flooded_p99_ms")
+	b.ReportMetric(ms(percentile(unlimited, 50)), "unlimited_p50_ms")
+	b.ReportMetric(ms(percentile(unlimited, 99)), "unlimited_p99_ms")
+	b.ReportMetric(refused/floodSent, "flood_refused")
+	b.ReportMetric(0, "ns/op")
 }
