@@ -148,6 +148,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		kgo.ConsumerGroup(p.cfg.Consumer),
 		kgo.ConsumeTopics(p.cfg.Topic),
 		kgo.SessionTimeout(p.cfg.SessionTimeout),
+		kgo.HeartbeatInterval(min(3*time.Second, p.cfg.SessionTimeout/3)),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),

@@ -1,0 +1,342 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/stack"
+)
+
+// projRig is the broker, a database and projector processes, with the
+// test producing events straight into {prefix}.events as the processor
+// would: the projector is the only thing under test.
+type projRig struct {
+	*Pipeline
+	t      *testing.T
+	pool   *pgxpool.Pool
+	serdes stack.Serdes
+	cl     *kgo.Client
+	hold   string // the projectors' crash-point directory
+
+	accounts map[string]*projAccount
+	events   int
+	proj     *Component
+	starts   int
+}
+
+type projAccount struct {
+	version int64
+	balance int64
+}
+
+func newProjRig(t *testing.T, ctx context.Context) *projRig {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("multi-process end-to-end test; skipped with -short")
+	}
+	pool, url := pipelinetest.Pool(t)
+	pl := NewPipeline(binDir, t.TempDir(), url)
+	pl.BrokerEnv = map[string]string{"ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT": "500ms"}
+	r := &projRig{Pipeline: pl, t: t, pool: pool, hold: t.TempDir(), accounts: map[string]*projAccount{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("process logs:\n%s", pl.Logs(60))
+		}
+		pl.KillAll()
+	})
+	if _, err := pl.StartBroker(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := avro.NewClient(pl.RegistryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.serdes, err = stack.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix}); err != nil {
+		t.Fatal(err)
+	}
+	r.cl = pipelinetest.Client(t, []string{pl.BrokerAddr})
+	return r
+}
+
+// startProjector starts a new projector process (after a kill, the next
+// incarnation) and waits until it is ready.
+func (r *projRig) startProjector(ctx context.Context) {
+	r.t.Helper()
+	r.starts++
+	c, err := r.StartComponent(ctx, "projector", fmt.Sprintf("projector-%d", r.starts), map[string]string{
+		projector.HoldEnv:                    r.hold,
+		"ONCEFLOW_PROJECTOR_SESSION_TIMEOUT": "2s",
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.proj = c
+}
+
+// produce writes n new events (openings and deposits over a few
+// accounts, with their versions) and remembers what they must add up to.
+func (r *projRig) produce(ctx context.Context, n int) {
+	r.t.Helper()
+	recs := make([]*kgo.Record, 0, n)
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("acc-%d", (r.events+i)%12)
+		a := r.accounts[id]
+		if a == nil {
+			a = &projAccount{}
+			r.accounts[id] = a
+		}
+		var m pipeline.Message = ledger.Deposited{Amount: int64(r.events + i)}
+		if a.version == 0 {
+			m = ledger.AccountOpened{Currency: "EUR"}
+		} else {
+			a.balance += int64(r.events + i)
+		}
+		a.version++
+		cmd := pipeline.NewCommandID()
+		value, err := r.serdes.Events.Encode(ctx, m)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{
+			Topic: r.Prefix + ".events", Key: []byte("acme/" + id), Value: value,
+			Headers: []kgo.RecordHeader{
+				{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID(cmd, 0).String())},
+				{Key: pipeline.HeaderEventType, Value: []byte(m.MessageType())},
+				{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
+				{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(a.version, 10))},
+				{Key: pipeline.HeaderTenant, Value: []byte("acme")},
+			},
+		})
+	}
+	r.events += n
+	if err := r.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// arm makes the next batch stop at point; held waits until one has and
+// returns its Postgres backend pid; release lets it go on.
+func (r *projRig) arm(point string) {
+	r.t.Helper()
+	if err := os.WriteFile(filepath.Join(r.hold, point+".arm"), nil, 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *projRig) held(point string) int {
+	r.t.Helper()
+	var pid int
+	pipelinetest.Eventually(r.t, 60*time.Second, func() error {
+		b, err := os.ReadFile(filepath.Join(r.hold, point+".held"))
+		if err != nil {
+			return fmt.Errorf("projector not at %s yet: %v", point, err)
+		}
+		pid, err = strconv.Atoi(string(b))
+		return err
+	})
+	return pid
+}
+
+func (r *projRig) release(point string) {
+	r.t.Helper()
+	if err := os.Remove(filepath.Join(r.hold, point+".held")); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// caughtUp waits until the stored offsets reach the end of the log.
+func (r *projRig) caughtUp(ctx context.Context) {
+	r.t.Helper()
+	adm := kadm.NewClient(r.cl)
+	pipelinetest.Eventually(r.t, 90*time.Second, func() error {
+		ends, err := adm.ListEndOffsets(ctx, r.Prefix+".events")
+		if err != nil {
+			return err
+		}
+		var end, stored int64
+		ends.Each(func(o kadm.ListedOffset) { end += o.Offset })
+		if err := r.pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets WHERE consumer = $1`, projector.DefaultConsumer).Scan(&stored); err != nil {
+			return err
+		}
+		if stored != end {
+			return fmt.Errorf("stored offsets at %d of %d", stored, end)
+		}
+		return nil
+	})
+}
+
+// check asserts every event was applied exactly once: the read models hold
+// exactly what the events add up to, one audit row, one inbox row and one
+// command outcome per event, and the running projector never had to absorb
+// a second application of an event (which the ledger's own guards would
+// otherwise hide).
+func (r *projRig) check(ctx context.Context) {
+	r.t.Helper()
+	r.caughtUp(ctx)
+	for id, want := range r.accounts {
+		var bal, ver int64
+		err := r.pool.QueryRow(ctx, `SELECT balance, version FROM accounts WHERE tenant = 'acme' AND account_id = $1`, id).Scan(&bal, &ver)
+		if err != nil || bal != want.balance || ver != want.version {
+			r.t.Errorf("%s: balance %d version %d (%v), want %d and %d", id, bal, ver, err, want.balance, want.version)
+		}
+	}
+	for _, q := range []string{
+		`SELECT count(*) FROM audit_log`,
+		`SELECT count(*) FROM inbox WHERE consumer = 'onceflow-projector'`,
+		`SELECT count(*) FROM command_status WHERE status = 'accepted' AND cardinality(event_ids) = 1`,
+	} {
+		var n int
+		if err := r.pool.QueryRow(ctx, q).Scan(&n); err != nil || n != r.events {
+			r.t.Errorf("%s: %d (%v), want %d", q, n, err, r.events)
+		}
+	}
+	if dups, err := r.proj.Metric(ctx, `onceflow_projector_duplicates_total{consumer="onceflow-projector"}`); err != nil || dups != 0 {
+		r.t.Errorf("the projector met %v events it had applied before (%v), want 0", dups, err)
+	}
+}
+
+// The projector killed with SIGKILL before, inside and right after its
+// transaction, and its connection terminated by the server inside it:
+// afterwards every event is applied exactly once.
+func TestProjectorCrashPoints(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r := newProjRig(t, ctx)
+	r.produce(ctx, 40)
+	r.startProjector(ctx)
+	r.check(ctx)
+
+	for _, point := range []string{projector.HoldBeforeTx, projector.HoldInTx, projector.HoldAfterCommit} {
+		t.Run("sigkill "+point, func(t *testing.T) {
+			r.t = t
+			r.arm(point)
+			r.produce(ctx, 30)
+			r.held(point)
+			var before int64
+			r.pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets`).Scan(&before)
+			r.proj.Kill()
+			r.release(point)
+			var after int64
+			r.pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets`).Scan(&after)
+			if after != before {
+				t.Errorf("offsets moved after the kill: %d -> %d", before, after)
+			}
+			r.produce(ctx, 10) // and more while it is down
+			r.startProjector(ctx)
+			r.check(ctx)
+		})
+	}
+
+	t.Run("pg_terminate_backend in-tx", func(t *testing.T) {
+		r.t = t
+		r.arm(projector.HoldInTx)
+		r.produce(ctx, 30)
+		pid := r.held(projector.HoldInTx)
+		var ok bool
+		if err := r.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+			t.Fatalf("terminate backend %d: %v %v", pid, ok, err)
+		}
+		r.release(projector.HoldInTx)
+		r.check(ctx)
+		if n, err := r.proj.Metric(ctx, `onceflow_projector_batch_errors_total{consumer="onceflow-projector"}`); err != nil || n < 1 {
+			t.Errorf("batch errors %v (%v): the terminated transaction should have failed and been retried", n, err)
+		}
+	})
+
+	t.Run("sigkill under load", func(t *testing.T) {
+		r.t = t
+		for i := 0; i < 3; i++ {
+			r.produce(ctx, 200)
+			time.Sleep(time.Duration(20+30*i) * time.Millisecond)
+			r.proj.Kill()
+			r.startProjector(ctx)
+		}
+		r.check(ctx)
+	})
+}
+
+// An out-of-order event parks its partition in the real binary too: the
+// version gap is counted, `onceflow lag` shows the partition parked at the
+// event, the events before it are applied and nothing after it.
+func TestProjectorParksOutOfOrderEvent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := newProjRig(t, ctx)
+	r.produce(ctx, 24) // every account opened, some deposits
+	r.startProjector(ctx)
+	r.check(ctx)
+
+	// acc-0 version 4 arrives before version 3.
+	a := r.accounts["acc-0"]
+	mk := func(version int64) *kgo.Record {
+		cmd := pipeline.NewCommandID()
+		value, _ := r.serdes.Events.Encode(ctx, ledger.Deposited{Amount: 1})
+		return &kgo.Record{Topic: r.Prefix + ".events", Key: []byte("acme/acc-0"), Value: value, Headers: []kgo.RecordHeader{
+			{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID(cmd, 0).String())},
+			{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
+			{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(version, 10))},
+			{Key: pipeline.HeaderTenant, Value: []byte("acme")},
+		}}
+	}
+	gap := mk(a.version + 2)
+	if err := r.cl.ProduceSync(ctx, gap, mk(a.version+1)).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		n, err := r.proj.Metric(ctx, `onceflow_projector_version_gaps_total{consumer="onceflow-projector"}`)
+		if err != nil || n != 1 {
+			return fmt.Errorf("version gaps %v (%v)", n, err)
+		}
+		return nil
+	})
+	var ver int64
+	if err := r.pool.QueryRow(ctx, `SELECT version FROM accounts WHERE tenant = 'acme' AND account_id = 'acc-0'`).Scan(&ver); err != nil || ver != a.version {
+		t.Errorf("acc-0 at version %d (%v), want %d: nothing after the gap applied", ver, err, a.version)
+	}
+	out, err := runCLI(ctx, r.Pipeline, "lag", "-group", projector.DefaultConsumer)
+	if err != nil {
+		t.Fatalf("onceflow lag: %v\n%s", err, out)
+	}
+	want := fmt.Sprintf("version-gap@%d", gap.Offset)
+	if !strings.Contains(out, want) || !strings.Contains(out, "postgres") {
+		t.Errorf("onceflow lag does not show the partition parked (%s):\n%s", want, out)
+	}
+}
+
+// runCLI runs the onceflow binary against the rig.
+func runCLI(ctx context.Context, pl *Pipeline, args ...string) (string, error) {
+	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "cli", args, map[string]string{
+		"KAFKA_BROKERS": pl.BrokerAddr, "DATABASE_URL": pl.DatabaseURL, "SCHEMA_REGISTRY_URL": pl.RegistryURL,
+		"ONCEFLOW_TOPIC_PREFIX": pl.Prefix,
+	}, filepath.Join(pl.Dir, "cli.log"), "")
+	if err != nil {
+		return "", err
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		p.Kill()
+		return p.Tail(100), ctx.Err()
+	}
+	out := p.Tail(200)
+	if p.err != nil {
+		return out, p.err
+	}
+	return out, nil
+}
