@@ -3,6 +3,7 @@ package processor
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"strings"
 )
 
 // table holds one partition's aggregates: for each aggregate id, the value
@@ -39,12 +40,16 @@ func slotHash(s uint64) uint32 { return uint32(s >> 32) }
 
 func newTable() *table { return &table{seed: maphash.MakeSeed()} }
 
-// entry builds the entry of id with value.
+// entry builds the entry of id with value, in one allocation.
 func entry(id string, value []byte) string {
-	b := make([]byte, 0, binary.MaxVarintLen64+len(id)+len(value))
-	b = binary.AppendUvarint(b, uint64(len(id)))
-	b = append(b, id...)
-	return string(append(b, value...))
+	var n [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(n[:], uint64(len(id)))
+	var b strings.Builder
+	b.Grow(k + len(id) + len(value))
+	b.Write(n[:k])
+	b.WriteString(id)
+	b.Write(value)
+	return b.String()
 }
 
 // split returns an entry's id and value.
