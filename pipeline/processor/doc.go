@@ -70,8 +70,9 @@
 // transactional id, which fences whatever the old one left open; it
 // rejoins the group, fetches the committed offsets and restores the
 // committed state. Whatever the broker decided, the new session starts
-// from it: nothing is decided twice, nothing is lost. Five failed sessions
-// in a row without a commit end Run with the error.
+// from it: nothing is decided twice, nothing is lost. New sessions back off
+// (250ms doubling to 5s); sessions failing for two minutes without a
+// commit end Run with the error, for the process's supervisor to act on.
 //
 // A process killed mid-transaction leaves the transaction open until its
 // restart fences it (same instance id) or the transaction timeout aborts it;

@@ -99,10 +99,10 @@ type errSession struct{ err error }
 func (e *errSession) Error() string { return e.err.Error() }
 func (e *errSession) Unwrap() error { return e.err }
 
-// maxSessionFailures is how many sessions in a row may fail without
-// committing anything before Run gives up (and the process exits, for its
-// supervisor to restart).
-const maxSessionFailures = 5
+// giveUpAfter is how long sessions may keep failing without committing
+// anything before Run gives up (and the process exits, for its supervisor
+// to restart): long enough to ride out a broker restart.
+const giveUpAfter = 2 * time.Minute
 
 // Run processes until ctx ends. It finishes the batch in flight (its
 // transaction commits or aborts) and leaves the group before returning nil.
@@ -114,7 +114,8 @@ func (p *Processor[S]) Run(ctx context.Context) error {
 	defer restoreCl.Close()
 	p.checkRetention(ctx, restoreCl)
 
-	failures := 0
+	var failingSince time.Time
+	backoff := 250 * time.Millisecond
 	for {
 		committed, err := p.session(ctx, restoreCl)
 		p.dropAll()
@@ -125,21 +126,19 @@ func (p *Processor[S]) Run(ctx context.Context) error {
 		if !errors.As(err, &se) {
 			return err
 		}
-		if committed {
-			failures = 0
-		}
-		failures++
-		if failures > maxSessionFailures {
-			return fmt.Errorf("%d sessions in a row failed: %w", failures, err)
+		if committed || failingSince.IsZero() {
+			failingSince, backoff = time.Now(), 250*time.Millisecond
+		} else if time.Since(failingSince) > giveUpAfter {
+			return fmt.Errorf("sessions failed for %s without committing: %w", time.Since(failingSince).Round(time.Second), err)
 		}
 		p.metrics.sessions.Inc()
-		backoff := time.Duration(failures) * 250 * time.Millisecond
-		p.logger.Warn("starting a new session", "err", err, "failures", failures, "backoff", backoff)
+		p.logger.Warn("starting a new session", "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
