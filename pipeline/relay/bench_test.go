@@ -73,7 +73,8 @@ const benchBatch = 500
 // database: the same rows deleted in the same batch size by one worker per
 // shard with DELETE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED
 // LIMIT 500) RETURNING the payload, over the same connection pool. It
-// reports rows/s for both and their ratio (goal >= 0.8).
+// reports rows/s for both and their ratio (goal >= 0.8), each the best of
+// ONCEFLOW_BENCH_DRAIN_ROUNDS (default 2) alternating rounds.
 func BenchmarkDrain(b *testing.B) {
 	rows := benchEnvInt(b, "ONCEFLOW_BENCH_OUTBOX_ROWS", 1_000_000)
 	ctx := context.Background()
@@ -99,49 +100,31 @@ func BenchmarkDrain(b *testing.B) {
 		exec(b, pool, `VACUUM ANALYZE outbox`)
 	}
 
+	rounds := benchEnvInt(b, "ONCEFLOW_BENCH_DRAIN_ROUNDS", 2)
 	b.ResetTimer()
 	for range b.N {
-		b.StopTimer()
-		fill()
-		b.StartTimer()
-		start := time.Now()
-		deleted := baselineDrain(b, pool)
-		base := time.Since(start)
-		if deleted != rows {
-			b.Fatalf("baseline deleted %d rows, want %d", deleted, rows)
-		}
+		// The machine is shared: each side runs rounds times, alternately,
+		// and the best round of each is reported.
+		var base, took time.Duration
+		for range rounds {
+			b.StopTimer()
+			fill()
+			b.StartTimer()
+			start := time.Now()
+			if deleted := baselineDrain(b, pool); deleted != rows {
+				b.Fatalf("baseline deleted %d rows, want %d", deleted, rows)
+			}
+			if d := time.Since(start); base == 0 || d < base {
+				base = d
+			}
 
-		b.StopTimer()
-		fill()
-		b.StartTimer()
-		reg := &capture{Registerer: prometheus.NewRegistry()}
-		r, err := relay.New(relay.Config{BatchSize: benchBatch, TransactionalIDPrefix: "bench-" + topics.Prefix},
-			pool, kafka.Config{Brokers: broker.Addrs()}, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		shipped := reg.find(b, "onceflow_outbox_shipped_rows_total")
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		start = time.Now()
-		go func() { done <- r.Run(rctx) }()
-		for testutil.ToFloat64(shipped) < float64(rows) {
-			select {
-			case err := <-done:
-				b.Fatalf("relay stopped: %v", err)
-			case <-time.After(10 * time.Millisecond):
+			b.StopTimer()
+			fill()
+			b.StartTimer()
+			if d := relayDrain(b, pool, broker.Addrs(), topics.Prefix, rows); took == 0 || d < took {
+				took = d
 			}
 		}
-		took := time.Since(start)
-		cancel()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
-		var left int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil || left != 0 {
-			b.Fatalf("%d rows left in the outbox (%v)", left, err)
-		}
-
 		relayRate := float64(rows) / took.Seconds()
 		baseRate := float64(rows) / base.Seconds()
 		b.ReportMetric(relayRate, "rows/s")
@@ -149,6 +132,40 @@ func BenchmarkDrain(b *testing.B) {
 		b.ReportMetric(relayRate/baseRate, "ratio")
 		b.ReportMetric(float64(rows), "rows")
 	}
+}
+
+// relayDrain runs a relay until it has shipped rows rows and returns how
+// long that took, from its start.
+func relayDrain(b *testing.B, pool *pgxpool.Pool, brokers []string, prefix string, rows int) time.Duration {
+	ctx := context.Background()
+	reg := &capture{Registerer: prometheus.NewRegistry()}
+	r, err := relay.New(relay.Config{BatchSize: benchBatch, TransactionalIDPrefix: "bench-" + prefix},
+		pool, kafka.Config{Brokers: brokers}, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	shipped := reg.find(b, "onceflow_outbox_shipped_rows_total")
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	for testutil.ToFloat64(shipped) < float64(rows) {
+		select {
+		case err := <-done:
+			b.Fatalf("relay stopped: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	took := time.Since(start)
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil || left != 0 {
+		b.Fatalf("%d rows left in the outbox (%v)", left, err)
+	}
+	return took
 }
 
 // baselineDrain deletes the whole outbox the way a database-only shipper

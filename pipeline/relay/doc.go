@@ -18,12 +18,13 @@
 //
 // The fencing token grows by one at every acquisition. Every write a relay
 // makes for a shard names its token in the same statement: renewing,
-// deleting shipped rows (an UPDATE of the lease row, which locks it, and the
-// DELETE in one statement), moving a row to outbox_dead. A relay that lost
-// its lease therefore changes nothing of a shard another relay owns. Lease
-// times come from the database clock only; locally a relay keeps a
-// conservative deadline (the time it sent the renewal plus the lease
-// period) and never waits for Kafka past it.
+// deleting shipped rows (the lease row is share-locked, then the rows
+// deleted, in one statement), moving a row to outbox_dead. A relay that
+// lost its lease therefore changes nothing of a shard another relay owns.
+// Lease times come from the database clock only; locally a relay keeps a
+// conservative deadline (the time it sent the query that reported the
+// lease's expiry, plus what was left of it) and never waits for Kafka past
+// it.
 //
 // Relays register in outbox_relays and heartbeat with every lease round
 // (a third of the lease period). Each takes its fair share: the live relays,
@@ -49,7 +50,16 @@
 //     producer (key = aggregate id, the stored headers plus relay-lease,
 //     timestamp = when ingest accepted the row), and commit it, all before
 //     the local lease deadline (minus a margin);
-//  3. delete the rows by id, if the token still holds, renewing the lease.
+//  3. delete the rows by id, if the token still holds, and read the next
+//     batch in the same statement (so a busy shard costs one query per
+//     batch). The delete commits without waiting for the WAL flush: a
+//     delete lost in a database crash only re-publishes rows.
+//
+// An idle worker waits for the dispatcher, which on Wake or every
+// PollInterval reads the head of every idle shard in one query and hands
+// each worker its rows. The reads walk the (shard, id) index through
+// onceflow_outbox_head, whatever the planner thinks of the queue table's
+// statistics, so dead tuples between autovacuum runs do not slow them.
 //
 // Rows are deleted only after the broker acknowledged the commit. A crash
 // (or a lost lease) between the commit and the delete leaves the rows; the
@@ -95,9 +105,8 @@
 // # Wake-up
 //
 // Wake (called by ingest in the same process after each commit) or every
-// PollInterval, one query probes all held shards for rows and wakes their
-// workers. Never NOTIFY inside the ingest transaction: it serializes
-// commits.
+// PollInterval, the dispatcher reads the idle shards' heads (above). Never
+// NOTIFY inside the ingest transaction: it serializes commits.
 //
 // # Janitor
 //

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -137,13 +136,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	return err
 }
 
-// probeSQL finds which of the given shards have rows waiting: one index
-// probe per shard, in one round trip.
-const probeSQL = `SELECT s FROM unnest($1::int[]) AS s WHERE EXISTS (SELECT 1 FROM outbox WHERE shard = s)`
+// headsSQL reads the oldest rows of each given shard that is still leased
+// with the given token, with how long its lease has left: one round trip
+// for every idle shard, so a wake-up costs one query before producing.
+const headsSQL = `SELECT l.shard, EXTRACT(EPOCH FROM l.expires_at - now())::float8,
+		o.id, o.topic, o.key, o.value, o.headers, o.created_at
+	FROM unnest($1::int[], $2::bigint[]) AS h(shard, token)
+	JOIN outbox_leases l ON l.shard = h.shard AND l.token = h.token AND l.owner = $3
+	JOIN LATERAL onceflow_outbox_head(l.shard, $4) o ON true
+	ORDER BY l.shard, o.id`
 
-// dispatch wakes the workers of shards that have rows, on Wake or every
-// PollInterval. One probe for all shards costs less than every worker
-// polling on its own.
+// dispatch hands work to idle workers, on Wake or every PollInterval: it
+// claims the idle workers, reads the head of their shards in one query
+// and gives each its rows. One query for all shards costs less than every
+// worker polling on its own, and a woken shard starts producing after a
+// single round trip to Postgres.
 func (r *Relay) dispatch(ctx context.Context) error {
 	t := time.NewTimer(jitter(r.cfg.PollInterval))
 	defer t.Stop()
@@ -155,35 +162,71 @@ func (r *Relay) dispatch(ctx context.Context) error {
 		case <-t.C:
 		}
 		t.Reset(jitter(r.cfg.PollInterval))
-		held := r.heldShards()
-		if len(held) == 0 {
-			continue
-		}
-		shards := make([]int32, len(held))
-		for i, w := range held {
-			shards[i] = int32(w.shard)
-		}
-		rows, err := r.pool.Query(ctx, probeSQL, shards)
-		if err == nil {
-			var busy []int32
-			busy, err = pgx.CollectRows(rows, pgx.RowTo[int32])
-			for _, s := range busy {
-				r.signal(int(s))
+		var claimed []*worker
+		for _, w := range r.heldShards() {
+			if w.idle.CompareAndSwap(true, false) {
+				claimed = append(claimed, w)
 			}
 		}
-		if err != nil && ctx.Err() == nil {
-			r.logLimited("probe outbox", "err", err)
+		if len(claimed) == 0 {
+			continue
+		}
+		if err := r.handOut(ctx, claimed); err != nil && ctx.Err() == nil {
+			r.logLimited("read outbox heads", "err", err)
 		}
 	}
 }
 
-func (r *Relay) signal(shard int) {
-	r.mu.Lock()
-	w := r.workers[shard]
-	r.mu.Unlock()
-	if w != nil {
-		w.poke()
+// handOut reads the claimed workers' shards and gives each worker its
+// rows; a worker with nothing to do is idle again.
+func (r *Relay) handOut(ctx context.Context, claimed []*worker) error {
+	given := make(map[int]bool, len(claimed))
+	defer func() {
+		for _, w := range claimed {
+			if !given[w.shard] {
+				w.idle.Store(true)
+			}
+		}
+	}()
+	shards := make([]int32, len(claimed))
+	tokens := make([]int64, len(claimed))
+	byShard := make(map[int]*worker, len(claimed))
+	for i, w := range claimed {
+		shards[i], tokens[i] = int32(w.shard), w.token
+		byShard[w.shard] = w
 	}
+	sent := time.Now()
+	rows, err := r.pool.Query(ctx, headsSQL, shards, tokens, r.owner, r.cfg.BatchSize)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	batches := map[int][]outboxRow{}
+	remaining := map[int]float64{}
+	for rows.Next() {
+		var (
+			shard   int
+			rem     float64
+			row     outboxRow
+			headers map[string]string
+		)
+		if err := rows.Scan(&shard, &rem, &row.id, &row.topic, &row.key, &row.value, &headers, &row.createdAt); err != nil {
+			return err
+		}
+		row.headers = headers
+		batches[shard] = append(batches[shard], row)
+		remaining[shard] = rem
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for shard, batch := range batches {
+		w := byShard[shard]
+		w.setDeadline(sent.Add(time.Duration(remaining[shard] * float64(time.Second))))
+		given[shard] = true
+		w.work <- batch // the claimed worker waits for it; the buffer holds one
+	}
+	return nil
 }
 
 // heldShards returns this process's workers in shard order.

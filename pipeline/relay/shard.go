@@ -20,8 +20,9 @@ type worker struct {
 	shard int
 	token int64
 
-	signal    chan struct{} // rows may be waiting
-	stopc     chan struct{} // closed: stop after the batch in flight
+	idle      atomic.Bool      // waiting for work: the dispatcher may claim it
+	work      chan []outboxRow // rows the dispatcher read for it
+	stopc     chan struct{}    // closed: stop after the batch in flight
 	stopOnce  sync.Once
 	releasing atomic.Bool // give the lease back when stopping
 	gone      atomic.Bool // the lease was lost: do not touch it again
@@ -30,13 +31,6 @@ type worker struct {
 	deadline time.Time // the lease is certainly ours until then (local clock)
 
 	client *kgo.Client // the shard's transactional producer; worker goroutine only
-}
-
-func (w *worker) poke() {
-	select {
-	case w.signal <- struct{}{}:
-	default:
-	}
 }
 
 func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopc) }) }
@@ -83,7 +77,7 @@ func (w *worker) getDeadline() time.Time {
 func (r *Relay) start(ctx context.Context, shard int, token int64, deadline time.Time) {
 	w := &worker{
 		shard: shard, token: token,
-		signal:   make(chan struct{}, 1),
+		work:     make(chan []outboxRow, 1),
 		stopc:    make(chan struct{}),
 		deadline: deadline,
 	}
@@ -147,21 +141,24 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 	}
 	cancel()
 	backoff := r.cfg.PollInterval
-	pending := true // look at the shard at once
+	pending := true      // look at the shard at once
+	var next []outboxRow // rows read ahead by the last delete
 	for {
 		if ctx.Err() != nil || w.stopped() {
 			return
 		}
-		if !pending {
+		if !pending && next == nil {
+			w.idle.Store(true)
 			select {
 			case <-ctx.Done():
 				return
 			case <-w.stopc:
 				return
-			case <-w.signal:
+			case next = <-w.work: // the dispatcher claimed this worker
 			}
 		}
-		n, err := r.shipBatch(ctx, w)
+		var err error
+		next, err = r.shipBatch(ctx, w, next)
 		var lost *lostError
 		switch {
 		case errors.As(err, &lost):
@@ -171,6 +168,7 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 			r.metrics.errors.Inc()
 			r.logLimited("ship outbox batch", "shard", w.shard, "err", err, "backoff", backoff)
 			r.discardClient(w)
+			next = nil
 			select {
 			case <-ctx.Done():
 				return
@@ -182,7 +180,10 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 			pending = true
 		default:
 			backoff = r.cfg.PollInterval
-			pending = n >= r.cfg.BatchSize // page until a short batch
+			pending = false
+			if len(next) == 0 {
+				next = nil // the shard is empty: wait to be woken
+			}
 		}
 	}
 }
@@ -211,10 +212,7 @@ const (
 	readBatchSQL = `SELECT EXTRACT(EPOCH FROM l.expires_at - now())::float8,
 			o.id, o.topic, o.key, o.value, o.headers, o.created_at
 		FROM outbox_leases l
-		LEFT JOIN LATERAL (
-			SELECT id, topic, key, value, headers, created_at FROM outbox
-			WHERE shard = l.shard ORDER BY id LIMIT $4
-		) o ON true
+		LEFT JOIN LATERAL onceflow_outbox_head(l.shard, $4) o ON true
 		WHERE l.shard = $1 AND l.token = $2 AND l.owner = $3
 		ORDER BY o.id`
 
@@ -223,61 +221,70 @@ const (
 		RETURNING 1`
 
 	// deleteShippedSQL deletes acknowledged rows only while the lease is
-	// still this token's, renewing it in the same statement. The UPDATE
-	// locks the lease row, so a relay taking the shard over concurrently
-	// either waits for this delete or has already moved the token, and
-	// then nothing is deleted.
+	// still this token's, and reads the shard's next batch (the
+	// statement's snapshot still has the deleted rows, hence the
+	// exclusion), saving a round trip per batch. It share-locks the lease
+	// row first, so a relay taking the shard over concurrently either
+	// waits for this delete or has already moved the token, and then
+	// nothing is deleted. (A lock, not a renewal: renewing at every batch
+	// would bloat the lease table by hundreds of row versions a second;
+	// the keeper renews.)
 	//
 	// The statement's transaction commits without waiting for the WAL
 	// flush (synchronous_commit off, for this transaction only): a delete
 	// lost in a database crash only means the rows are published again,
 	// which the relay allows anyway, and not waiting for an fsync per
-	// batch is most of the relay's speed. (A renewal lost that way is
-	// harmless too: another relay may take the shard early, and its
-	// producer fences this one in Kafka.)
+	// batch is much of the relay's speed.
 	deleteShippedSQL = `WITH async AS (
 			SELECT set_config('synchronous_commit', 'off', true)
 		), lease AS (
-			UPDATE outbox_leases SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+			SELECT shard, expires_at FROM outbox_leases
 			WHERE shard = $1 AND token = $2 AND owner = $3
-			RETURNING shard
+			FOR SHARE
 		), del AS (
-			DELETE FROM outbox WHERE id = ANY($5) AND shard = (SELECT shard FROM lease)
-			RETURNING 1
+			SELECT onceflow_outbox_delete(shard, $4) AS n FROM lease
 		)
-		SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM del), (SELECT count(*) FROM async)`
+		SELECT (SELECT sum(n) FROM del)::bigint, (SELECT count(*) FROM async),
+			EXTRACT(EPOCH FROM l.expires_at - now())::float8,
+			o.id, o.topic, o.key, o.value, o.headers, o.created_at
+		FROM lease l
+		LEFT JOIN LATERAL onceflow_outbox_head(l.shard, $5, $4) o ON true
+		ORDER BY o.id`
 
 	// moveDeadSQL moves a row the broker refused for good to outbox_dead,
 	// under the same lease condition as a delete.
 	moveDeadSQL = `WITH lease AS (
-			UPDATE outbox_leases SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+			SELECT shard FROM outbox_leases
 			WHERE shard = $1 AND token = $2 AND owner = $3
-			RETURNING shard
+			FOR SHARE
 		), moved AS (
-			DELETE FROM outbox WHERE id = $5 AND shard = (SELECT shard FROM lease)
+			DELETE FROM outbox WHERE id = $4 AND shard = (SELECT shard FROM lease)
 			RETURNING id, shard, topic, key, value, headers, created_at
 		), ins AS (
 			INSERT INTO outbox_dead (id, shard, topic, key, value, headers, created_at, reason, detail)
-			SELECT id, shard, topic, key, value, headers, created_at, $6, $7 FROM moved
+			SELECT id, shard, topic, key, value, headers, created_at, $5, $6 FROM moved
 			RETURNING 1
 		)
 		SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM ins)`
 )
 
-// shipBatch ships the oldest rows of the worker's shard and returns how
-// many it took out of the outbox (shipped or moved to outbox_dead).
-func (r *Relay) shipBatch(ctx context.Context, w *worker) (int, error) {
+// shipBatch ships the oldest rows of the worker's shard (rows, when the
+// previous batch's delete read them ahead, else it reads them) and returns
+// the next batch read ahead, empty when the shard is empty.
+func (r *Relay) shipBatch(ctx context.Context, w *worker, rows []outboxRow) ([]outboxRow, error) {
 	// A batch that has started finishes during a graceful shutdown; the
 	// lease, not ctx, bounds it.
 	ctx = context.WithoutCancel(ctx)
 	if time.Until(w.getDeadline()) < r.cfg.LeaseDuration/2 {
 		if err := r.renewOne(ctx, w); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
-	rows, err := r.readBatch(ctx, w)
-	if err != nil || len(rows) == 0 {
-		return 0, err
+	if rows == nil {
+		var err error
+		if rows, err = r.readBatch(ctx, w); err != nil || len(rows) == 0 {
+			return nil, err
+		}
 	}
 	if h := r.hooks.beforeProduce; h != nil {
 		h(w.shard)
@@ -288,43 +295,40 @@ func (r *Relay) shipBatch(ctx context.Context, w *worker) (int, error) {
 			// Someone in this batch is poison, but a broker refusing a
 			// partition's batch fails every record in it: ship one row
 			// per transaction to find out which.
-			return r.isolate(ctx, w, rows)
+			return nil, r.isolate(ctx, w, rows)
 		}
-		return 0, err
+		return nil, err
 	}
 	if h := r.hooks.afterCommit; h != nil {
 		h(w.shard)
 	}
-	if err := r.deleteShipped(ctx, w, rows); err != nil {
-		return 0, err
-	}
-	return len(rows), nil
+	return r.deleteShipped(ctx, w, rows)
 }
 
 // isolate ships rows one per transaction, in order, moving to outbox_dead
 // those the broker refuses for good.
-func (r *Relay) isolate(ctx context.Context, w *worker, rows []outboxRow) (int, error) {
+func (r *Relay) isolate(ctx context.Context, w *worker, rows []outboxRow) error {
 	for i, row := range rows {
 		if time.Until(w.getDeadline()) < r.cfg.LeaseDuration/2 {
 			if err := r.renewOne(ctx, w); err != nil {
-				return i, err
+				return err
 			}
 		}
 		recErrs, err := r.produce(ctx, w, rows[i:i+1])
 		if err != nil {
 			if !anyPermanent(recErrs) {
-				return i, err
+				return err
 			}
 			if err := r.moveDead(ctx, w, row, recErrs[0]); err != nil {
-				return i, err
+				return err
 			}
 			continue
 		}
-		if err := r.deleteShipped(ctx, w, rows[i:i+1]); err != nil {
-			return i, err
+		if _, err := r.deleteShipped(ctx, w, rows[i:i+1]); err != nil {
+			return err
 		}
 	}
-	return len(rows), nil
+	return nil
 }
 
 func (r *Relay) renewOne(ctx context.Context, w *worker) error {
@@ -346,6 +350,21 @@ func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 	}
+	out, leased, err := r.scanBatch(rows, w, sent, "check", func(dst []any) []any { return dst })
+	if err != nil || !leased {
+		return nil, err
+	}
+	if len(out) > 0 && time.Until(w.getDeadline()) < 2*r.cfg.margin() {
+		return nil, fmt.Errorf("lease of shard %d about to expire; renewing before producing", w.shard)
+	}
+	return out, nil
+}
+
+// scanBatch reads rows of (leading columns..., remaining lease, outbox
+// row or NULLs): no row at all means the lease is not this token's (a
+// *lostError naming stage), one row with a NULL id means the shard is
+// empty. It updates the worker's deadline from the remaining lease.
+func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string, lead func([]any) []any) ([]outboxRow, bool, error) {
 	defer rows.Close()
 	var (
 		out       []outboxRow
@@ -361,8 +380,10 @@ func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
 			headers   map[string]string
 			createdAt *time.Time
 		)
-		if err := rows.Scan(&remaining, &id, &topic, &key, &value, &headers, &createdAt); err != nil {
-			return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+		dst := lead(make([]any, 0, 8))
+		dst = append(dst, &remaining, &id, &topic, &key, &value, &headers, &createdAt)
+		if err := rows.Scan(dst...); err != nil {
+			return nil, false, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 		}
 		leased = true
 		if id != nil {
@@ -370,18 +391,15 @@ func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+		return nil, false, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 	}
 	if !leased {
-		return nil, &lostError{stage: "check"}
+		return nil, false, &lostError{stage: stage}
 	}
 	// The database's word on how long the lease has left is authoritative;
 	// counted from before the query was sent, it errs on the short side.
 	w.setDeadline(sent.Add(time.Duration(remaining * float64(time.Second))))
-	if len(out) > 0 && time.Until(w.getDeadline()) < 2*r.cfg.margin() {
-		return nil, fmt.Errorf("lease of shard %d about to expire; renewing before producing", w.shard)
-	}
-	return out, nil
+	return out, true, nil
 }
 
 // produce ships rows in one Kafka transaction on the shard's producer and
@@ -517,26 +535,28 @@ func (r *Relay) closeClient(cl *kgo.Client) {
 	}()
 }
 
-func (r *Relay) deleteShipped(ctx context.Context, w *worker, rows []outboxRow) error {
-	ids := make([]int64, len(rows))
-	for i, row := range rows {
+// deleteShipped deletes acknowledged rows if the lease still holds and
+// returns the shard's next batch.
+func (r *Relay) deleteShipped(ctx context.Context, w *worker, shipped []outboxRow) ([]outboxRow, error) {
+	ids := make([]int64, len(shipped))
+	for i, row := range shipped {
 		ids[i] = row.id
 	}
 	sent := time.Now()
-	var leased, deleted int
-	err := r.pool.QueryRow(ctx, deleteShippedSQL, w.shard, w.token, r.owner, r.cfg.LeaseDuration.Seconds(), ids).Scan(&leased, &deleted, nil)
+	rows, err := r.pool.Query(ctx, deleteShippedSQL, w.shard, w.token, r.owner, ids, r.cfg.BatchSize)
 	if err != nil {
 		// Shipped but not deleted: the rows go out again next time.
-		return fmt.Errorf("delete %d shipped rows of shard %d: %w", len(ids), w.shard, err)
+		return nil, fmt.Errorf("delete %d shipped rows of shard %d: %w", len(ids), w.shard, err)
 	}
-	if leased == 0 {
-		// Shipped, but the shard moved meanwhile: its new holder ships
-		// these rows again (duplicates the processor absorbs).
-		return &lostError{stage: "delete"}
+	var deleted int
+	next, _, err := r.scanBatch(rows, w, sent, "delete", func(dst []any) []any { return append(dst, &deleted, nil) })
+	if err != nil {
+		// A lost lease: shipped, but the shard moved meanwhile; its new
+		// holder ships these rows again (duplicates the processor absorbs).
+		return nil, err
 	}
-	w.extend(sent.Add(r.cfg.LeaseDuration))
 	r.metrics.shipped.Add(float64(deleted))
-	return nil
+	return next, nil
 }
 
 func (r *Relay) moveDead(ctx context.Context, w *worker, row outboxRow, cause error) error {
@@ -545,17 +565,14 @@ func (r *Relay) moveDead(ctx context.Context, w *worker, row outboxRow, cause er
 	if errors.As(cause, &ke) {
 		reason = ke.Message
 	}
-	sent := time.Now()
 	var leased, moved int
-	err := r.pool.QueryRow(ctx, moveDeadSQL, w.shard, w.token, r.owner, r.cfg.LeaseDuration.Seconds(),
-		row.id, reason, cause.Error()).Scan(&leased, &moved)
+	err := r.pool.QueryRow(ctx, moveDeadSQL, w.shard, w.token, r.owner, row.id, reason, cause.Error()).Scan(&leased, &moved)
 	if err != nil {
 		return fmt.Errorf("move outbox row %d to outbox_dead: %w", row.id, err)
 	}
 	if leased == 0 {
 		return &lostError{stage: "delete"}
 	}
-	w.extend(sent.Add(r.cfg.LeaseDuration))
 	if moved > 0 {
 		r.metrics.dead.WithLabelValues(reason).Inc()
 		r.logger.Error("outbox row refused by the broker, moved to outbox_dead",
