@@ -3,7 +3,9 @@ package ingest_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
@@ -52,15 +54,20 @@ func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
 
 // BenchmarkIngestThroughput measures accepted commands per second at 64
 // concurrent HTTP clients (each sends deposits with new keys, one at a
-// time), with synchronous_commit on, against two baselines from the same
+// time), with synchronous_commit on, next to references from the same
 // run: 64 clients each committing one outbox insert per transaction
-// straight to Postgres (the disk's commit cap that group commit must
-// beat), and ingest with grouping off (MaxBatch 1: one transaction per
-// request). ratio is grouped ingest over the one-insert baseline.
+// straight to Postgres (baseline: the one-insert-per-transaction cap that
+// group commit must beat), one such client alone (serial: the disk's
+// commit rate), ingest with grouping off (MaxBatch 1: one transaction per
+// request), and the same HTTP clients against a server that does no
+// database work at all (http_only: the ceiling of any ingest on this
+// machine). ratio is grouped ingest over the 64-client baseline,
+// ratio_vs_serial over the serial one.
 func BenchmarkIngestThroughput(b *testing.B) {
 	n := benchSize("ONCEFLOW_BENCH_REQUESTS", 20000)
-	var serial, baseline, single, grouped, batch float64
+	var ceiling, serial, baseline, single, grouped, batch float64
 	for range b.N {
+		ceiling += httpCeiling(b, n)
 		serial += insertBaseline(b, n/10, 1)
 		baseline += insertBaseline(b, n, benchClients)
 		r, _ := ingestRate(b, n, ingest.Config{MaxBatch: 1})
@@ -70,13 +77,49 @@ func BenchmarkIngestThroughput(b *testing.B) {
 		batch += size
 	}
 	runs := float64(b.N)
+	b.ReportMetric(ceiling/runs, "http_only_req/s")
 	b.ReportMetric(serial/runs, "serial_tx/s")
 	b.ReportMetric(baseline/runs, "baseline_tx/s")
 	b.ReportMetric(single/runs, "ungrouped_cmds/s")
 	b.ReportMetric(grouped/runs, "grouped_cmds/s")
 	b.ReportMetric(batch/runs, "mean_batch")
 	b.ReportMetric(grouped/baseline, "ratio")
+	b.ReportMetric(grouped/serial, "ratio_vs_serial")
 	b.ReportMetric(0, "ns/op")
+}
+
+// httpCeiling returns the rate the same 64 HTTP clients get from a server
+// that answers every POST with a fixed 202 without touching the database:
+// what HTTP alone costs on this machine, the ceiling of any ingest.
+func httpCeiling(b *testing.B, n int) float64 {
+	body := []byte(`{"command_id":"01a22a95-9953-700c-9451-6b2b32eab461","status":"pending"}` + "\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/v1/commands/01a22a95-9953-700c-9451-6b2b32eab461")
+		w.WriteHeader(http.StatusAccepted)
+		w.Write(body)
+	}))
+	defer srv.Close()
+	s := &server{URL: srv.URL}
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range benchClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				if _, err := s.try(context.Background(), req{path: "/v1/accounts/acc-1/deposits", apiKey: "k",
+					idemKey: strconv.FormatInt(i, 10), body: `{"amount":1}`}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds()
 }
 
 // insertBaseline returns the rate of one-insert transactions that clients
