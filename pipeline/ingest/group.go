@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -275,10 +274,6 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 }
 
 const (
-	// activeKeysSQL checks the batch's API keys again inside the
-	// transaction: a key revoked since the request was authenticated from
-	// the cache writes nothing.
-	activeKeysSQL = `SELECT key_hash, tenant FROM api_keys WHERE key_hash = ANY($1) AND revoked_at IS NULL`
 	// lockKeysSQL takes the transaction-level advisory lock of every key
 	// of the batch, in ascending lock id order: two batches that share
 	// keys then wait for each other instead of deadlocking. The sorted
@@ -290,58 +285,80 @@ const (
 		SELECT DISTINCT hashtextextended(u.tenant || '/' || u.key, 0) AS id
 		FROM unnest($1::text[], $2::text[]) AS u(tenant, key)
 		ORDER BY 1) AS l`
-	// lookupKeysSQL runs after the locks, as its own statement, so its
-	// snapshot includes whatever the holders of those locks committed. Only
-	// records inside the retention count: a key older than that is new.
-	// The upper bound only lets Postgres skip the partitions made ahead for
-	// the coming week; it is a day away because a record committed by the
-	// lock's previous holder may carry a created_at (its transaction's
-	// start) a little after this transaction's now().
-	lookupKeysSQL = `SELECT DISTINCT ON (k.tenant, k.key)
-			k.tenant, k.key, k.created_at, k.request_hash, k.response_status, k.response_headers, k.response_body
-		FROM idempotency_keys AS k
-		JOIN unnest($1::text[], $2::text[]) AS u(tenant, key) ON k.tenant = u.tenant AND k.key = u.key
-		WHERE k.created_at > now() - make_interval(secs => $3) AND k.created_at < now() + interval '1 day'
-		ORDER BY k.tenant, k.key, k.created_at DESC`
-	countKeysSQL = `UPDATE idempotency_keys AS k
-		SET replays = k.replays + u.replays, conflicts = k.conflicts + u.conflicts, last_seen_at = now()
-		FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::int[], $5::int[])
-			AS u(tenant, key, created_at, replays, conflicts)
-		WHERE k.tenant = u.tenant AND k.key = u.key AND k.created_at = u.created_at`
-	insertOutboxSQL = `INSERT INTO outbox (shard, topic, key, value, headers)
-		SELECT u.shard, $1, u.key, u.value, u.headers::jsonb
-		FROM unnest($2::int[], $3::bytea[], $4::bytea[], $5::text[]) AS u(shard, key, value, headers)`
-	insertStatusSQL = `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status)
-		SELECT u.id::uuid, u.tenant, u.aggregate_id, u.command_type, 'pending'
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(id, tenant, aggregate_id, command_type)`
-	insertKeysSQL = `INSERT INTO idempotency_keys
+
+	// acceptSQL accepts a batch of requests (one per key, their keys
+	// locked) in one statement. It runs after lockKeysSQL, as its own
+	// statement, so its snapshot includes whatever the previous holders of
+	// those locks committed. Each input row carries everything a new
+	// command needs (its command id and 202 response are minted in Go
+	// beforehand and dropped if unused). Per request:
+	//
+	//   - authorized: its API key is still active for its tenant (a key
+	//     revoked since the request was authenticated from the cache
+	//     writes nothing);
+	//   - existing: the key's record inside the retention, if any (the
+	//     upper bound only lets Postgres skip the partitions made ahead:
+	//     it is a day away because the previous lock holder's record
+	//     carries its transaction's start, which may be a little after
+	//     this transaction's now());
+	//   - fresh requests insert their outbox row, pending status and key
+	//     record; replays and conflicts are counted on the existing record.
+	//
+	// It returns one row per request, in input order, with its outcome and,
+	// for a replay, the stored response.
+	acceptSQL = `WITH input AS (
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[],
+			$8::bytea[], $9::bytea[], $10::text[], $11::text[], $12::text[], $13::int[], $14::text[], $15::bytea[])
+			WITH ORDINALITY AS i(tenant, key, key_hash, hash, route, command_id, shard,
+				aggregate_key, value, headers, aggregate_id, command_type, status, response_headers, response_body, ord)
+	), authorized AS (
+		SELECT i.* FROM input AS i
+		WHERE EXISTS (SELECT 1 FROM api_keys AS a WHERE a.key_hash = i.key_hash AND a.tenant = i.tenant AND a.revoked_at IS NULL)
+	), existing AS (
+		SELECT DISTINCT ON (k.tenant, k.key) k.tenant, k.key, k.created_at, k.request_hash,
+			k.response_status, k.response_headers, k.response_body
+		FROM idempotency_keys AS k JOIN authorized AS i ON k.tenant = i.tenant AND k.key = i.key
+		WHERE k.created_at > now() - make_interval(secs => $17) AND k.created_at < now() + interval '1 day'
+		ORDER BY k.tenant, k.key, k.created_at DESC
+	), fresh AS (
+		SELECT i.* FROM authorized AS i
+		WHERE NOT EXISTS (SELECT 1 FROM existing AS e WHERE e.tenant = i.tenant AND e.key = i.key)
+	), outbox_rows AS (
+		INSERT INTO outbox (shard, topic, key, value, headers)
+		SELECT shard, $16, aggregate_key, value, headers::jsonb FROM fresh ORDER BY ord
+	), status_rows AS (
+		INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status)
+		SELECT command_id::uuid, tenant, aggregate_id, command_type, 'pending' FROM fresh
+	), key_rows AS (
+		INSERT INTO idempotency_keys
 			(tenant, key, route, request_hash, command_id, response_status, response_headers, response_body)
-		SELECT u.tenant, u.key, u.route, u.hash, u.id::uuid, u.status, u.headers::jsonb, u.body
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int[], $7::text[], $8::bytea[])
-			AS u(tenant, key, route, hash, id, status, headers, body)`
+		SELECT tenant, key, route, hash, command_id::uuid, status, response_headers::jsonb, response_body FROM fresh
+	), counted AS (
+		UPDATE idempotency_keys AS k
+		SET replays = k.replays + (e.request_hash = i.hash)::int,
+			conflicts = k.conflicts + (e.request_hash <> i.hash)::int,
+			last_seen_at = now()
+		FROM existing AS e JOIN authorized AS i ON i.tenant = e.tenant AND i.key = e.key
+		WHERE k.tenant = e.tenant AND k.key = e.key AND k.created_at = e.created_at
+	)
+	SELECT CASE
+			WHEN NOT EXISTS (SELECT 1 FROM authorized AS a WHERE a.ord = i.ord) THEN 'unauthorized'
+			WHEN e.key IS NULL THEN 'accepted'
+			WHEN e.request_hash = i.hash THEN 'replayed'
+			ELSE 'conflict' END,
+		e.response_status, e.response_headers, e.response_body
+	FROM input AS i LEFT JOIN existing AS e ON e.tenant = i.tenant AND e.key = i.key
+	ORDER BY i.ord`
 )
 
-type storedKey struct {
-	createdAt time.Time
-	hash      []byte
-	resp      storedResponse
-}
-
-// tryCommit is one attempt at a batch's transaction, in two round trips
-// when nothing fails:
+// tryCommit is one attempt at a batch's transaction. When nothing fails
+// it is one round trip: BEGIN, lock the keys (sorted), SAVEPOINT, accept
+// the whole batch in one statement (acceptSQL), COMMIT.
 //
-//  1. BEGIN, check the API keys, lock every idempotency key (sorted) and
-//     look them up;
-//  2. classify each request (in Go): replay, conflict or new, with a new
-//     command id;
-//  3. count replays and conflicts on their key records, insert the new
-//     commands (outbox, pending status, key record) in bulk behind a
-//     savepoint, and COMMIT.
-//
-// If the bulk insert fails, the pipeline stops there (Postgres skips the
-// rest, COMMIT included): roll back to the savepoint, insert the new
-// commands one by one, each behind its own savepoint, so only the request
-// that fails gets an error, and commit.
+// If the accept statement fails, Postgres skips the rest of the pipeline,
+// COMMIT included: roll back to the savepoint and accept the requests one
+// by one, each behind its own savepoint, so only the request that fails
+// gets an error; then commit.
 //
 // An error returned is the whole batch's (the database went away, the
 // commit failed): nothing of the batch was written, or, for a commit that
@@ -357,73 +374,109 @@ func (c *committer) tryCommit(ctx context.Context, pc *pgxpool.Conn, batch []*ac
 			}
 		}
 	}()
-	valid, found, err := c.lockAndLookup(ctx, conn, batch)
-	if err != nil {
-		return nil, err
-	}
-
-	results = make([]acceptResult, len(batch))
-	var count counts
-	var fresh newRows
-	for i, it := range batch {
-		k, ok := found[tenantKey{it.tenant, it.key}]
-		switch {
-		case valid[string(it.keyHash)] != it.tenant:
-			results[i] = acceptResult{outcome: outcomeUnauthorized}
-		case !ok:
-			id := pipeline.NewCommandID()
-			results[i] = acceptResult{outcome: outcomeAccepted, resp: acceptedResponse(id)}
-			fresh.add(c.cfg, i, it, id, results[i].resp)
-		case bytes.Equal(k.hash, it.hash):
-			results[i] = acceptResult{outcome: outcomeReplayed, resp: k.resp}
-			count.add(it, k.createdAt, 1, 0)
-		default:
-			results[i] = acceptResult{outcome: outcomeConflict}
-			count.add(it, k.createdAt, 0, 1)
-		}
-	}
-
+	in := c.inputs(batch)
 	b := &pgx.Batch{}
-	if len(count.tenants) > 0 {
-		b.Queue(countKeysSQL, count.tenants, count.keys, count.createdAt, count.replays, count.conflicts)
-	}
-	if fresh.len() > 0 {
-		queueInserts(b, c.cfg.CommandsTopic, &fresh, "accept_batch", false)
-	}
+	b.Queue("BEGIN")
+	b.Queue(lockKeysSQL, in.tenants, in.keys)
+	b.Queue("SAVEPOINT accept_batch")
+	b.Queue(acceptSQL, in.args(0, len(batch), c.cfg)...)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
-	var countErr, insertErr, commitErr error
-	if len(count.tenants) > 0 {
-		_, countErr = br.Exec()
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, fmt.Errorf("begin accept transaction: %w", err)
 	}
-	if fresh.len() > 0 {
-		for range 4 { // savepoint and three inserts
-			if _, err := br.Exec(); err != nil && insertErr == nil {
-				insertErr = err
-			}
-		}
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, fmt.Errorf("lock idempotency keys: %w", err)
 	}
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	results = make([]acceptResult, len(batch))
+	acceptErr := readOutcomes(br, in, 0, results)
 	tag, commitErr := br.Exec()
 	closeErr := br.Close()
 	switch {
-	case countErr != nil:
-		return nil, fmt.Errorf("count replays and conflicts: %w", countErr)
-	case insertErr == nil && commitErr == nil && closeErr == nil && tag.String() == "COMMIT":
+	case acceptErr == nil && commitErr == nil && closeErr == nil && tag.String() == "COMMIT":
 		return results, nil
-	case insertErr == nil:
+	case acceptErr == nil:
 		return nil, fmt.Errorf("commit accept transaction: %w", errors.Join(commitErr, closeErr, errNotCommitted(tag)))
-	case postgres.IsUnavailable(insertErr) || isMissingPartition(insertErr) || ctx.Err() != nil:
-		return nil, fmt.Errorf("insert accepted commands: %w", insertErr)
+	case postgres.IsUnavailable(acceptErr) || isMissingPartition(acceptErr) || ctx.Err() != nil:
+		return nil, fmt.Errorf("accept commands: %w", acceptErr)
 	}
-	c.logger.Warn("bulk accept failed; isolating the failing request", "err", insertErr)
-	if err := c.insertEach(ctx, conn, &fresh, results); err != nil {
-		return nil, err
+
+	c.logger.Warn("batch accept failed; isolating the failing request", "err", acceptErr)
+	if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_batch"); err != nil {
+		return nil, fmt.Errorf("roll back the batch accept: %w", err)
+	}
+	for i, it := range batch {
+		b := &pgx.Batch{}
+		b.Queue("SAVEPOINT accept_one")
+		b.Queue(acceptSQL, in.args(i, i+1, c.cfg)...)
+		b.Queue("RELEASE SAVEPOINT accept_one")
+		br := conn.SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			err = readOutcomes(br, in, i, results)
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		err = errors.Join(err, br.Close())
+		if err == nil {
+			continue
+		}
+		if postgres.IsUnavailable(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_one"); rerr != nil {
+			return nil, fmt.Errorf("roll back a failed accept: %w", rerr)
+		}
+		c.logger.Error("accept failed", "tenant", it.tenant, "aggregate_id", in.aggregates[i], "err", err)
+		results[i] = acceptResult{err: fmt.Errorf("accept command: %w", err)}
 	}
 	tag, err = conn.Exec(ctx, "COMMIT")
 	if err != nil || tag.String() != "COMMIT" {
 		return nil, fmt.Errorf("commit accept transaction: %w", errors.Join(err, errNotCommitted(tag)))
 	}
 	return results, nil
+}
+
+// readOutcomes reads acceptSQL's rows for the requests from first on into
+// results.
+func readOutcomes(br pgx.BatchResults, in *inputs, first int, results []acceptResult) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	i := first
+	for rows.Next() {
+		var outcome string
+		var status *int
+		var stored storedResponse
+		if err := rows.Scan(&outcome, &status, &stored.Headers, &stored.Body); err != nil {
+			return err
+		}
+		if i >= len(results) {
+			return errors.New("accept returned more rows than requests")
+		}
+		switch outcome {
+		case "accepted":
+			results[i] = acceptResult{outcome: outcomeAccepted, resp: in.responses[i]}
+		case "replayed":
+			stored.Status = *status
+			results[i] = acceptResult{outcome: outcomeReplayed, resp: stored}
+		case "conflict":
+			results[i] = acceptResult{outcome: outcomeConflict}
+		default:
+			results[i] = acceptResult{outcome: outcomeUnauthorized}
+		}
+		i++
+	}
+	return rows.Err()
 }
 
 // errNotCommitted reports a COMMIT that answered ROLLBACK (the
@@ -435,172 +488,59 @@ func errNotCommitted(tag pgconn.CommandTag) error {
 	return fmt.Errorf("the transaction was rolled back (%s)", tag)
 }
 
-// lockAndLookup begins the transaction, checks the batch's API keys,
-// takes the idempotency locks and looks the keys up, in one round trip.
-// valid maps each API key hash that is still active to its tenant.
-func (c *committer) lockAndLookup(ctx context.Context, conn *pgx.Conn, batch []*acceptItem) (valid map[string]string, found map[tenantKey]storedKey, err error) {
-	tenants := make([]string, len(batch))
-	keys := make([]string, len(batch))
-	hashes := make([][]byte, len(batch))
-	for i, it := range batch {
-		tenants[i], keys[i], hashes[i] = it.tenant, it.key, it.keyHash
-	}
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(activeKeysSQL, hashes)
-	b.Queue(lockKeysSQL, tenants, keys)
-	b.Queue(lookupKeysSQL, tenants, keys, c.cfg.IdempotencyRetention.Seconds())
-	br := conn.SendBatch(ctx, b)
-	defer br.Close()
+// inputs are a batch's requests as the columns of acceptSQL (one array
+// parameter per column, so a batch is one statement whatever its size),
+// each with the command id and 202 it gets if it is new.
+type inputs struct {
+	tenants, keys, routes, ids, headers, aggregates, types, respHeaders []string
+	keyHashes, hashes, aggregateKeys, values, bodies                    [][]byte
+	shards, statuses                                                    []int32
+	responses                                                           []storedResponse
+}
 
-	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("begin accept transaction: %w", err)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, nil, fmt.Errorf("check api keys: %w", err)
-	}
-	valid = make(map[string]string)
-	for rows.Next() {
-		var h []byte
-		var t string
-		if err := rows.Scan(&h, &t); err != nil {
-			return nil, nil, fmt.Errorf("check api keys: %w", err)
+func (c *committer) inputs(batch []*acceptItem) *inputs {
+	in := &inputs{}
+	for _, it := range batch {
+		id := pipeline.NewCommandID()
+		resp := acceptedResponse(id)
+		aggregateID := pipeline.AggregateID(it.tenant, it.localID)
+		h := map[string]string{
+			pipeline.HeaderCommandID:   id.String(),
+			pipeline.HeaderTenant:      it.tenant,
+			pipeline.HeaderCommandType: it.commandType,
 		}
-		valid[string(h)] = t
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("check api keys: %w", err)
-	}
-	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("lock idempotency keys: %w", err)
-	}
-	rows, err = br.Query()
-	if err != nil {
-		return nil, nil, fmt.Errorf("look up idempotency keys: %w", err)
-	}
-	found = make(map[tenantKey]storedKey)
-	for rows.Next() {
-		var tk tenantKey
-		var k storedKey
-		if err := rows.Scan(&tk.tenant, &tk.key, &k.createdAt, &k.hash, &k.resp.Status, &k.resp.Headers, &k.resp.Body); err != nil {
-			return nil, nil, fmt.Errorf("look up idempotency keys: %w", err)
+		if it.traceparent != "" {
+			h[pipeline.HeaderTraceparent] = it.traceparent
 		}
-		found[tk] = k
+		hj, _ := json.Marshal(h)
+		rh, _ := json.Marshal(resp.Headers)
+		in.tenants = append(in.tenants, it.tenant)
+		in.keys = append(in.keys, it.key)
+		in.keyHashes = append(in.keyHashes, it.keyHash)
+		in.hashes = append(in.hashes, it.hash)
+		in.routes = append(in.routes, it.route)
+		in.ids = append(in.ids, id.String())
+		in.shards = append(in.shards, int32(pipeline.OutboxShard(aggregateID, c.cfg.Shards)))
+		in.aggregateKeys = append(in.aggregateKeys, []byte(aggregateID))
+		in.values = append(in.values, it.value)
+		in.headers = append(in.headers, string(hj))
+		in.aggregates = append(in.aggregates, aggregateID)
+		in.types = append(in.types, it.commandType)
+		in.statuses = append(in.statuses, int32(resp.Status))
+		in.respHeaders = append(in.respHeaders, string(rh))
+		in.bodies = append(in.bodies, resp.Body)
+		in.responses = append(in.responses, resp)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("look up idempotency keys: %w", err)
-	}
-	return valid, found, br.Close()
+	return in
 }
 
-// insertEach inserts the new commands one by one behind a savepoint each,
-// after a bulk insert failed: the request whose rows fail gets the error,
-// the others are accepted. An error returned is the whole batch's.
-func (c *committer) insertEach(ctx context.Context, conn *pgx.Conn, all *newRows, results []acceptResult) error {
-	if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_batch"); err != nil {
-		return fmt.Errorf("roll back the bulk accept: %w", err)
-	}
-	for j, i := range all.index {
-		one := all.slice(j)
-		b := &pgx.Batch{}
-		queueInserts(b, c.cfg.CommandsTopic, &one, "accept_one", true)
-		err := conn.SendBatch(ctx, b).Close()
-		if err == nil {
-			continue
-		}
-		if postgres.IsUnavailable(err) || ctx.Err() != nil {
-			return err
-		}
-		if _, rerr := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT accept_one"); rerr != nil {
-			return fmt.Errorf("roll back a failed accept: %w", rerr)
-		}
-		c.logger.Error("accept failed", "tenant", one.tenants[0], "aggregate_id", one.aggregates[0], "err", err)
-		results[i] = acceptResult{err: fmt.Errorf("insert accepted command: %w", err)}
-	}
-	return nil
-}
-
-// queueInserts queues the inserts of rows behind a savepoint (released
-// after them when release is set): four statements, five with the
-// release.
-func queueInserts(b *pgx.Batch, topic string, r *newRows, savepoint string, release bool) {
-	b.Queue("SAVEPOINT " + savepoint)
-	b.Queue(insertOutboxSQL, topic, r.shards, r.aggregateKeys, r.values, r.headers)
-	b.Queue(insertStatusSQL, r.ids, r.tenants, r.aggregates, r.types)
-	b.Queue(insertKeysSQL, r.tenants, r.keys, r.routes, r.hashes, r.ids, r.statuses, r.respHeaders, r.bodies)
-	if release {
-		b.Queue("RELEASE SAVEPOINT " + savepoint)
-	}
-}
-
-// counts are the replays and conflicts of one batch, as columns.
-type counts struct {
-	tenants, keys      []string
-	createdAt          []time.Time
-	replays, conflicts []int32
-}
-
-func (c *counts) add(it *acceptItem, createdAt time.Time, replays, conflicts int32) {
-	c.tenants = append(c.tenants, it.tenant)
-	c.keys = append(c.keys, it.key)
-	c.createdAt = append(c.createdAt, createdAt)
-	c.replays = append(c.replays, replays)
-	c.conflicts = append(c.conflicts, conflicts)
-}
-
-// newRows are the rows of a batch's new commands, as columns (one array
-// parameter per column, so a batch is three statements whatever its size).
-type newRows struct {
-	index                           []int // the request's position in the batch
-	shards                          []int32
-	aggregateKeys, values           [][]byte
-	headers                         []string
-	ids, tenants, aggregates, types []string
-	keys, routes, respHeaders       []string
-	hashes, bodies                  [][]byte
-	statuses                        []int32
-}
-
-func (r *newRows) len() int { return len(r.index) }
-
-func (r *newRows) add(cfg Config, i int, it *acceptItem, id pipeline.ID, resp storedResponse) {
-	aggregateID := pipeline.AggregateID(it.tenant, it.localID)
-	h := map[string]string{
-		pipeline.HeaderCommandID:   id.String(),
-		pipeline.HeaderTenant:      it.tenant,
-		pipeline.HeaderCommandType: it.commandType,
-	}
-	if it.traceparent != "" {
-		h[pipeline.HeaderTraceparent] = it.traceparent
-	}
-	hj, _ := json.Marshal(h)
-	rh, _ := json.Marshal(resp.Headers)
-	r.index = append(r.index, i)
-	r.shards = append(r.shards, int32(pipeline.OutboxShard(aggregateID, cfg.Shards)))
-	r.aggregateKeys = append(r.aggregateKeys, []byte(aggregateID))
-	r.values = append(r.values, it.value)
-	r.headers = append(r.headers, string(hj))
-	r.ids = append(r.ids, id.String())
-	r.tenants = append(r.tenants, it.tenant)
-	r.aggregates = append(r.aggregates, aggregateID)
-	r.types = append(r.types, it.commandType)
-	r.keys = append(r.keys, it.key)
-	r.routes = append(r.routes, it.route)
-	r.hashes = append(r.hashes, it.hash)
-	r.statuses = append(r.statuses, int32(resp.Status))
-	r.respHeaders = append(r.respHeaders, string(rh))
-	r.bodies = append(r.bodies, resp.Body)
-}
-
-// slice returns the j-th row alone.
-func (r *newRows) slice(j int) newRows {
-	return newRows{
-		index: r.index[j : j+1], shards: r.shards[j : j+1], aggregateKeys: r.aggregateKeys[j : j+1],
-		values: r.values[j : j+1], headers: r.headers[j : j+1], ids: r.ids[j : j+1],
-		tenants: r.tenants[j : j+1], aggregates: r.aggregates[j : j+1], types: r.types[j : j+1],
-		keys: r.keys[j : j+1], routes: r.routes[j : j+1], respHeaders: r.respHeaders[j : j+1],
-		hashes: r.hashes[j : j+1], bodies: r.bodies[j : j+1], statuses: r.statuses[j : j+1],
+// args are acceptSQL's parameters for the requests [from, to).
+func (in *inputs) args(from, to int, cfg Config) []any {
+	return []any{
+		in.tenants[from:to], in.keys[from:to], in.keyHashes[from:to], in.hashes[from:to], in.routes[from:to],
+		in.ids[from:to], in.shards[from:to], in.aggregateKeys[from:to], in.values[from:to], in.headers[from:to],
+		in.aggregates[from:to], in.types[from:to], in.statuses[from:to], in.respHeaders[from:to], in.bodies[from:to],
+		cfg.CommandsTopic, cfg.IdempotencyRetention.Seconds(),
 	}
 }
 
