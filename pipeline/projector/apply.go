@@ -327,23 +327,31 @@ func (a *applier) lookup(evs []event) inboxLookup {
 	return q
 }
 
-// applyProjection runs one projection over evs, batched when it can be.
-func applyProjection(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []pipeline.Event) ([]error, error) {
+// applyProjection runs one projection over evs, batched when it can be. A
+// panic in a batch projection fails the batch (retried, counted, logged:
+// the process does not die on it); one in Apply is that event's permanent
+// failure, which parks its partition.
+func applyProjection(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []pipeline.Event) (out []error, err error) {
 	if bp, ok := proj.(pipeline.BatchProjection[pgx.Tx]); ok {
+		defer func() {
+			if v := recover(); v != nil {
+				out, err = nil, fmt.Errorf("ApplyBatch panicked: %v", v)
+			}
+		}()
 		out, err := bp.ApplyBatch(ctx, tx, evs)
 		if err == nil && len(out) != len(evs) {
 			err = fmt.Errorf("ApplyBatch returned %d outcomes for %d events", len(out), len(evs))
 		}
 		return out, err
 	}
-	out := make([]error, len(evs))
+	out = make([]error, len(evs))
 	stopped := make(map[string]error) // aggregate -> the gap it stopped on
 	for i, ev := range evs {
 		if gap, ok := stopped[ev.AggregateID]; ok {
 			out[i] = gap // nothing after a gap is applied
 			continue
 		}
-		out[i] = proj.Apply(ctx, tx, ev)
+		out[i] = applyOne(ctx, tx, proj, ev)
 		var gap *pipeline.VersionGapError
 		if errors.As(out[i], &gap) {
 			stopped[ev.AggregateID] = out[i]
@@ -353,6 +361,16 @@ func applyProjection(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pg
 		}
 	}
 	return out, nil
+}
+
+// applyOne is Apply with a panic turned into a permanent failure.
+func applyOne(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], ev pipeline.Event) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = pipeline.Permanent(fmt.Errorf("Apply panicked: %v", v))
+		}
+	}()
+	return proj.Apply(ctx, tx, ev)
 }
 
 // mergeParks adds more to parks, keeping the earliest record per partition.
