@@ -108,6 +108,14 @@
 // PollInterval, the dispatcher reads the idle shards' heads (above). Never
 // NOTIFY inside the ingest transaction: it serializes commits.
 //
+// # Vacuum
+//
+// The outbox is a queue, so between autovacuum runs its (shard, id) index
+// fills with dead entries that every head read steps over. The relay
+// holding shard 0 vacuums it (VACUUM (SKIP_LOCKED) outbox) when dead tuples
+// outnumber both 2000 and the live ones; without the table's ownership it
+// leaves it to autovacuum.
+//
 // # Janitor
 //
 // In the same process, the janitor creates daily partitions a week ahead

@@ -123,6 +123,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	g.Go(func() error { return r.janitor(gctx) })
 	g.Go(func() error { return r.keep(gctx) })
 	g.Go(func() error { return r.dispatch(gctx) })
+	g.Go(func() error { return r.vacuum(gctx) })
 	err := g.Wait()
 
 	// Workers see ctx end, finish their batch and release their leases.
@@ -143,7 +144,7 @@ const headsSQL = `SELECT l.shard, EXTRACT(EPOCH FROM l.expires_at - now())::floa
 		o.id, o.topic, o.key, o.value, o.headers, o.created_at
 	FROM unnest($1::int[], $2::bigint[]) AS h(shard, token)
 	JOIN outbox_leases l ON l.shard = h.shard AND l.token = h.token AND l.owner = $3
-	JOIN LATERAL onceflow_outbox_head(l.shard, $4) o ON true
+	JOIN onceflow_outbox_heads($1::int[], $4) o ON o.shard = l.shard
 	ORDER BY l.shard, o.id`
 
 // dispatch hands work to idle workers, on Wake or every PollInterval: it

@@ -824,3 +824,27 @@ func TestJanitor(t *testing.T) {
 		})
 	}
 }
+
+// The relay holding shard 0 vacuums the outbox once dead tuples pile up, so
+// reads of the shards' heads do not slow down between autovacuum runs.
+func TestVacuumsTheOutbox(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.start(t, relay.Config{})
+	if _, err := e.pool.Exec(ctx, `INSERT INTO outbox (shard, topic, key, value)
+		SELECT g % 16, $1, convert_to('acme/acc-' || (g % 16), 'UTF8'), '\x00' FROM generate_series(1, 3000) g`, e.topics.Commands()); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEmpty(t, 30*time.Second)
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		var n int64
+		if err := e.pool.QueryRow(ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return errors.New("the outbox has not been vacuumed")
+		}
+		return nil
+	})
+}
