@@ -28,13 +28,13 @@ import (
 //     account, command_status, audit_log), one transaction per poll batch,
 //     with no inbox, no version reads or guards and no offsets;
 //   - per-event: the projector with one transaction per event, over the
-//     first ONCEFLOW_BENCH_PER_EVENT_EVENTS (default 10,000) events: what
+//     first ONCEFLOW_BENCH_PER_EVENT_EVENTS (default 5,000) events: what
 //     batching buys.
 //
 // The goal is >= 50,000 events/s and >= 0.6x the baseline.
 func BenchmarkCatchUp(b *testing.B) {
 	total := envInt("ONCEFLOW_BENCH_EVENTS", 1_000_000)
-	perEvent := envInt("ONCEFLOW_BENCH_PER_EVENT_EVENTS", 10_000)
+	perEvent := envInt("ONCEFLOW_BENCH_PER_EVENT_EVENTS", 5_000)
 	accounts := max(total/100, 1)
 	e := newEnv(b, 8)
 	start := time.Now()

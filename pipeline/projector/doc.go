@@ -1,32 +1,111 @@
 // Package projector applies events to Postgres read models with
-// exactly-once effects.
+// exactly-once effects, and rebuilds a read model from the events topic
+// while the old one keeps serving.
+//
+// # The runtime
 //
 // A Projector is a member of a consumer group on {prefix}.events, reading
-// read_committed. Its positions live in Postgres (consumer_offsets), not in
-// Kafka: on assignment they are loaded from there (a partition without a
-// row starts at the beginning of the log), overriding whatever the group
-// has committed in Kafka.
+// read_committed. A user registers projections (pipeline.Projection: Go
+// code that applies events inside the given transaction; a
+// pipeline.BatchProjection applies a whole batch with a few set-based
+// statements); the runtime owns batching, the inbox, offsets and parking.
 //
-// Each poll batch is one Postgres transaction:
+// Positions live in Postgres (consumer_offsets), not in Kafka: on
+// assignment they are loaded from there (a partition without a row starts
+// at the beginning of the log), overriding whatever the group committed in
+// Kafka. Each poll batch is one Postgres transaction:
 //
-//  1. insert every event id of the batch into the inbox at once
-//     (ON CONFLICT DO NOTHING RETURNING): the ids that come back are new;
-//  2. for the new events, in offset order, call each projection's Apply; a
-//     versioned projection guards its update with version = event version
-//     - 1 and reports a duplicate (counted, skipped) or a gap;
-//  3. upsert the next offset of every partition in the batch;
-//  4. commit. Only then are the same offsets committed to Kafka, for
-//     monitoring, so standard lag tools see the group.
+//  1. lock the offset row of every partition in the batch (created at 0 if
+//     missing), in partition order. Records below the stored offset were
+//     applied by someone else (a zombie member that had not noticed it lost
+//     the partition, or its successor) and are skipped
+//     (onceflow_projector_fenced_records_total). Every writer of a
+//     partition takes this lock first, so writers of one partition are
+//     serialized;
+//  2. the inbox: look the batch's event ids up (onceflow_inbox_seen) and
+//     insert the new ones; only those reach the projections, each once even
+//     if the batch holds it twice. Ids already there are duplicates
+//     (onceflow_projector_duplicates_total);
+//  3. each projection applies the new events. A versioned read model
+//     guards its writes with version = event version - 1 and classifies an
+//     event as applied, a duplicate (at or below the stored version,
+//     counted) or a gap (above the stored version + 1);
+//  4. store the next offset of every partition (never lower than stored),
+//     and the parked partitions; commit. Only then are the same offsets
+//     committed to Kafka, for monitoring only (standard lag tools see the
+//     group).
 //
-// A crash anywhere before the commit leaves nothing behind and the batch is
-// read again from the stored offsets; after the commit, the inbox and the
-// version guards absorb any re-delivery.
+// # Failures
 //
-// A version gap (an event above the stored version + 1) means an earlier
-// event is missing. The projector never skips it: the batch is rolled back,
-// the partition is parked (paused, onceflow_projector_version_gaps_total and
-// onceflow_projector_parked_partitions) and the rest of the batch is
-// applied without it. A parked partition stays parked until the process
-// restarts, after an operator has looked at it. An event that cannot be
-// decoded parks its partition the same way.
+// A crash (or a connection the server terminates) anywhere before the
+// commit leaves nothing behind: the batch is read again from the stored
+// offsets, by this process after a retry or by the next owner. A crash
+// after the commit loses only the Kafka copy of the offsets, which the next
+// commit repairs. Postgres unavailable: the batch is retried with backoff
+// (onceflow_projector_batch_errors_total); a registry that cannot be
+// reached likewise.
+//
+// # Parking
+//
+// A partition stops (parks) on a record that cannot be applied: a version
+// gap (an earlier event of the aggregate is missing; never skipped), an
+// event that cannot be decoded, or one a projection refuses for good
+// (pipeline.Permanent). The transaction is rolled back and run again with
+// the events before that record, its offset as the partition's stored
+// offset, and a projector_parked row (reason, detail) — so `onceflow lag`
+// shows it, and onceflow_projector_version_gaps_total and
+// onceflow_projector_parked_partitions count it. Fetching from the
+// partition is paused; the others go on. It stays parked until an operator
+// acts: `onceflow projections unpark` (the projector notices within
+// ParkCheckInterval and tries the record again) or a restart. Either way
+// the record is tried again and parks again if the cause is still there.
+// The row disappears once the partition moves past the record.
+//
+// # Inbox retention and uniqueness
+//
+// The inbox is partitioned by received_at, one partition per UTC day
+// (inbox_pYYYYMMDD), dropped after 30 days by the relay's janitor (the
+// projector also creates the coming days' partitions at start). Postgres
+// cannot enforce a unique (consumer, event_id) across range partitions, so
+// the projector does: the lookup spans every partition an id could be in,
+// and it runs after the offset lock of step 1, which serializes every
+// transaction that could insert the id (an event id belongs to one
+// aggregate, hence to one Kafka partition). The lookup starts a day before
+// the event's command was minted when the command id is a UUIDv7 (ingest
+// mints them; an event cannot be stored before its command existed), so a
+// steady-state lookup reads one or two partitions instead of thirty; other
+// ids are looked up in every partition.
+//
+// # Rebuild
+//
+// A Rebuild builds one projection (Rebuildable: it names its tables) into
+// shadow tables, in a schema of their own (onceflow_rebuild_NAME, created
+// with CREATE TABLE ... LIKE ... INCLUDING ALL), from the start of the
+// events topic, under a consumer name of its own (its offsets, inbox rows
+// and parked partitions are its own). Its connections put the shadow
+// schema first in the search path, so the projection's SQL, which names
+// tables without a schema, writes the shadow tables. It never reads past
+// the live projector's stored offsets. It is resumable (state in
+// projection_rebuilds) and exclusive (a session advisory lock).
+//
+// Once the shadow is within a batch of the live offsets, the swap is one
+// transaction: lock the live projector's offset rows (every projector
+// transaction starts by locking them, so the live projector waits and
+// nothing moves), apply the records between the shadow's offsets and the
+// live ones, check they are equal, lock the live tables against writers,
+// copy what only they hold (SwapHook: command_status's pending rows),
+// optionally checksum both, drop each live table and move its shadow into
+// the live schema under the same name. Readers see the old table until the
+// commit and the new one after it, both at the same offsets: never a
+// half-built or empty read model, never a step back. Every lock wait in
+// the swap is bounded (LockTimeout) so readers never queue long behind it;
+// a swap that times out is tried again.
+//
+// # Crash points
+//
+// Config.Hold is a test hook called before a batch's transaction, inside
+// it (everything written, not committed) and right after its commit; the
+// end-to-end tests use it (HoldInDir, armed by files) to kill the real
+// binary, or terminate its Postgres backend, exactly there. It is nil in
+// production.
 package projector
