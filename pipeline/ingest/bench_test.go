@@ -21,14 +21,35 @@ import (
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
-// Benchmark sizes. ONCEFLOW_BENCH_REQUESTS scales the throughput runs
-// (default 20000 requests per measurement); ONCEFLOW_BENCH_LATENCY_REQUESTS
-// the fixed-rate run (default 5000, i.e. 5 s at 1,000 requests/s).
+// Benchmark sizes, each scalable by an environment variable:
+// ONCEFLOW_BENCH_REQUESTS, the requests of one throughput measurement
+// (default 20000); ONCEFLOW_BENCH_LATENCY_REQUESTS, those of one fixed-rate
+// measurement (default 3000, 3 s at 1,000 requests/s); and
+// ONCEFLOW_BENCH_ROUNDS, how many rounds each benchmark runs (default 3).
+// A round measures every figure once, the figures of one round close in
+// time, and the report is the median over rounds: the machine is shared,
+// and interleaving keeps a burst of someone else's load from landing on
+// one side of a comparison only.
 func benchSize(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
 	}
 	return def
+}
+
+func rounds() int { return benchSize("ONCEFLOW_BENCH_ROUNDS", 3) }
+
+// median returns the median of xs.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 const (
@@ -61,30 +82,30 @@ func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
 // commit rate), ingest with grouping off (MaxBatch 1: one transaction per
 // request), and the same HTTP clients against a server that does no
 // database work at all (http_only: the ceiling of any ingest on this
-// machine). ratio is grouped ingest over the 64-client baseline,
-// ratio_vs_serial over the serial one.
+// machine). ratio is grouped ingest over the 64-client baseline of the
+// same round, ratio_vs_serial over the serial one; each figure is the
+// median over the rounds.
 func BenchmarkIngestThroughput(b *testing.B) {
 	n := benchSize("ONCEFLOW_BENCH_REQUESTS", 20000)
-	var ceiling, serial, baseline, single, grouped, batch float64
-	for range b.N {
-		ceiling += httpCeiling(b, n)
-		serial += insertBaseline(b, n/10, 1)
-		baseline += insertBaseline(b, n, benchClients)
-		r, _ := ingestRate(b, n, ingest.Config{MaxBatch: 1})
-		single += r
-		r, size := ingestRate(b, n, ingest.Config{})
-		grouped += r
-		batch += size
+	var ceiling, serial, baseline, single, grouped, batch, ratio, ratioSerial []float64
+	for range b.N * rounds() {
+		c := httpCeiling(b, n)
+		sr := insertBaseline(b, n/10, 1)
+		br := insertBaseline(b, n, benchClients)
+		ur, _ := ingestRate(b, n/4, ingest.Config{MaxBatch: 1})
+		gr, size := ingestRate(b, n, ingest.Config{})
+		ceiling, serial, baseline = append(ceiling, c), append(serial, sr), append(baseline, br)
+		single, grouped, batch = append(single, ur), append(grouped, gr), append(batch, size)
+		ratio, ratioSerial = append(ratio, gr/br), append(ratioSerial, gr/sr)
 	}
-	runs := float64(b.N)
-	b.ReportMetric(ceiling/runs, "http_only_req/s")
-	b.ReportMetric(serial/runs, "serial_tx/s")
-	b.ReportMetric(baseline/runs, "baseline_tx/s")
-	b.ReportMetric(single/runs, "ungrouped_cmds/s")
-	b.ReportMetric(grouped/runs, "grouped_cmds/s")
-	b.ReportMetric(batch/runs, "mean_batch")
-	b.ReportMetric(grouped/baseline, "ratio")
-	b.ReportMetric(grouped/serial, "ratio_vs_serial")
+	b.ReportMetric(median(ceiling), "http_only_req/s")
+	b.ReportMetric(median(serial), "serial_tx/s")
+	b.ReportMetric(median(baseline), "baseline_tx/s")
+	b.ReportMetric(median(single), "ungrouped_cmds/s")
+	b.ReportMetric(median(grouped), "grouped_cmds/s")
+	b.ReportMetric(median(batch), "mean_batch")
+	b.ReportMetric(median(ratio), "ratio")
+	b.ReportMetric(median(ratioSerial), "ratio_vs_serial")
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -148,7 +169,9 @@ func insertBaseline(b *testing.B, n, clients int) float64 {
 		}()
 	}
 	wg.Wait()
-	return float64(n) / time.Since(start).Seconds()
+	rate := float64(n) / time.Since(start).Seconds()
+	pool.Close() // its connections are many; the server is shared
+	return rate
 }
 
 // ingestRate returns the accepted commands per second of an ingest server
@@ -193,6 +216,8 @@ func ingestRate(b *testing.B, n int, cfg ingest.Config) (float64, float64) {
 			batches = float64(mf.GetMetric()[0].GetHistogram().GetSampleCount())
 		}
 	}
+	s.stop()
+	pool.Close()
 	return rate, float64(n) / batches
 }
 
@@ -201,37 +226,43 @@ func ingestRate(b *testing.B, n int, cfg ingest.Config) (float64, float64) {
 // the others do) and reports the p50 and p99 latency, measured from the
 // scheduled time so a stall counts against every request it delays. The
 // baseline is the same schedule of one-insert transactions straight to
-// Postgres.
+// Postgres. Each figure is the median over the rounds of that round's
+// percentile.
 func BenchmarkIngestLatency(b *testing.B) {
-	n := benchSize("ONCEFLOW_BENCH_LATENCY_REQUESTS", 5000)
+	n := benchSize("ONCEFLOW_BENCH_LATENCY_REQUESTS", 3000)
 	const rate = 1000
-	var lat, base []time.Duration
-	for range b.N {
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	var p50, p99, base50, base99 []float64
+	for range b.N * rounds() {
 		pool := benchPool(b, benchPoolSize)
 		s := startServer(b, pool, ingest.Config{RateLimit: -1})
 		key := tenant(b, pool, "bench")
 		run := time.Now().UnixNano()
-		lat = append(lat, fixedRate(b, n, rate, func(i int) error {
+		lat := fixedRate(b, n, rate, func(i int) error {
 			r, err := s.try(context.Background(), req{path: fmt.Sprintf("/v1/accounts/acc-%d/deposits", i%500),
 				apiKey: key, idemKey: fmt.Sprintf("l-%d-%d", run, i), body: `{"amount":1}`})
 			if err == nil && r.Status != http.StatusAccepted {
 				err = fmt.Errorf("deposit: %s", r)
 			}
 			return err
-		})...)
+		})
 		basePool := benchPool(b, benchClients)
 		value := make([]byte, 24)
-		base = append(base, fixedRate(b, n, rate, func(int) error {
+		base := fixedRate(b, n, rate, func(int) error {
 			_, err := basePool.Exec(context.Background(), `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5)`,
 				3, commandsTopic, []byte("bench/acc-1"), value, `{"command-id":"x"}`)
 			return err
-		})...)
+		})
+		s.stop()
+		pool.Close()
+		basePool.Close()
+		p50, p99 = append(p50, ms(percentile(lat, 50))), append(p99, ms(percentile(lat, 99)))
+		base50, base99 = append(base50, ms(percentile(base, 50))), append(base99, ms(percentile(base, 99)))
 	}
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	b.ReportMetric(ms(percentile(lat, 50)), "p50_ms")
-	b.ReportMetric(ms(percentile(lat, 99)), "p99_ms")
-	b.ReportMetric(ms(percentile(base, 50)), "baseline_p50_ms")
-	b.ReportMetric(ms(percentile(base, 99)), "baseline_p99_ms")
+	b.ReportMetric(median(p50), "p50_ms")
+	b.ReportMetric(median(p99), "p99_ms")
+	b.ReportMetric(median(base50), "baseline_p50_ms")
+	b.ReportMetric(median(base99), "baseline_p99_ms")
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -268,21 +299,21 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkTenantFlood measures what one tenant's flood costs another. A
-// calm tenant sends deposits at 100 requests/s (500 requests) three
-// times: alone (the baseline); while a flooding tenant sends 1,500
+// calm tenant sends deposits at 100 requests/s (300 requests) three
+// times per round: alone (the baseline); while a flooding tenant sends 1,500
 // requests/s, far over the rate limit of 200/s (flooded); and the same
 // flood against a server without rate limits (unlimited), which is what
 // the limit protects from. Both loads are open loop (each request leaves
 // at its time whatever the answers do), so the flood's own cost on these
 // two cores is the same in both flooded runs. It reports the calm
-// tenant's p50 and p99 in each, and the share of the limited flood
-// answered 429.
+// tenant's p50 and p99 in each (medians over the rounds), and the share
+// of the limited flood answered 429.
 func BenchmarkTenantFlood(b *testing.B) {
-	const calmRate, calmN, floodRate, limit = 100, 500, 1500, 200
+	const calmRate, calmN, floodRate, limit = 100, 300, 1500, 200
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	var quiet, limited, unlimited []time.Duration
+	var q50, q99, l50, l99, u50, u99 []float64
 	var refused, floodSent float64
-	for range b.N {
+	for range b.N * rounds() {
 		pool := benchPool(b, benchPoolSize)
 		calm, flood := tenant(b, pool, "calm"), tenant(b, pool, "flood")
 		run := time.Now().UnixNano()
@@ -335,16 +366,23 @@ func BenchmarkTenantFlood(b *testing.B) {
 			return lat
 		}
 		withLimit := startServer(b, pool, ingest.Config{RateLimit: limit, RateBurst: limit})
-		quiet = append(quiet, phase(withLimit, "quiet", false)...)
-		limited = append(limited, phase(withLimit, "limited", true)...)
-		unlimited = append(unlimited, phase(startServer(b, pool, ingest.Config{RateLimit: -1}), "unlimited", true)...)
+		quiet := phase(withLimit, "quiet", false)
+		limited := phase(withLimit, "limited", true)
+		withoutLimit := startServer(b, pool, ingest.Config{RateLimit: -1})
+		unlimited := phase(withoutLimit, "unlimited", true)
+		withLimit.stop()
+		withoutLimit.stop()
+		pool.Close()
+		q50, q99 = append(q50, ms(percentile(quiet, 50))), append(q99, ms(percentile(quiet, 99)))
+		l50, l99 = append(l50, ms(percentile(limited, 50))), append(l99, ms(percentile(limited, 99)))
+		u50, u99 = append(u50, ms(percentile(unlimited, 50))), append(u99, ms(percentile(unlimited, 99)))
 	}
-	b.ReportMetric(ms(percentile(quiet, 50)), "baseline_p50_ms")
-	b.ReportMetric(ms(percentile(quiet, 99)), "baseline_p99_ms")
-	b.ReportMetric(ms(percentile(limited, 50)), "flooded_p50_ms")
-	b.ReportMetric(ms(percentile(limited, 99)), "flooded_p99_ms")
-	b.ReportMetric(ms(percentile(unlimited, 50)), "unlimited_p50_ms")
-	b.ReportMetric(ms(percentile(unlimited, 99)), "unlimited_p99_ms")
+	b.ReportMetric(median(q50), "baseline_p50_ms")
+	b.ReportMetric(median(q99), "baseline_p99_ms")
+	b.ReportMetric(median(l50), "flooded_p50_ms")
+	b.ReportMetric(median(l99), "flooded_p99_ms")
+	b.ReportMetric(median(u50), "unlimited_p50_ms")
+	b.ReportMetric(median(u99), "unlimited_p99_ms")
 	b.ReportMetric(refused/floodSent, "flood_refused")
 	b.ReportMetric(0, "ns/op")
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,6 +51,7 @@ type server struct {
 	pool    *pgxpool.Pool
 	metrics *prometheus.Registry
 	serde   *avro.Serde
+	stop    func() // stops the server (and runs at the test's end)
 }
 
 // startServer runs an ingest server on pool until the test ends.
@@ -74,13 +76,15 @@ func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config) *server {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
+	s := &server{Server: srv, URL: "http://" + ln.Addr().String(), pool: pool, metrics: reg, serde: serde}
+	s.stop = sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	return &server{Server: srv, URL: "http://" + ln.Addr().String(), pool: pool, metrics: reg, serde: serde}
+	t.Cleanup(s.stop)
+	return s
 }
 
 // tenant creates a tenant with a new API key and returns the key.
