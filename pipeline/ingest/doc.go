@@ -49,26 +49,40 @@
 //
 // One commit per request caps ingest at the disk's commit rate. Requests
 // queue for a few committers (Config.Committers), each of which takes what
-// is queued (up to Config.MaxBatch) as one transaction, in two round trips
-// when nothing fails:
+// is queued (up to Config.MaxBatch) as one transaction, sent in one round
+// trip when nothing fails:
 //
-//  1. BEGIN; check the batch's API keys again (a key revoked since the
-//     request was authenticated from the cache writes nothing and answers
-//     401); lock every idempotency key, in ascending lock id order so that
-//     two batches sharing keys wait instead of deadlocking; look them up;
-//  2. count replays and conflicts; insert every new command in bulk (one
-//     statement per table) behind a savepoint; COMMIT.
+//	BEGIN
+//	lock every idempotency key of the batch, in ascending lock id order
+//	SAVEPOINT accept_batch
+//	accept the batch (one statement, acceptSQL)
+//	COMMIT
+//
+// The accept statement checks each request's API key again (a key revoked
+// since the request was authenticated from the cache writes nothing and
+// answers 401), looks the keys up (a new statement after the locks, so it
+// sees what the previous holders committed), inserts the new commands
+// (outbox, pending status, key record, one INSERT per table for the whole
+// batch), counts replays and conflicts, and returns each request's outcome
+// in order. Command ids and 202 bodies are minted in Go beforehand and
+// dropped for requests that turn out to be replays. Locks in a consistent
+// order mean two batches that share keys wait for each other instead of
+// deadlocking.
 //
 // One request never decides another's outcome. Replays and conflicts are
 // decided per request. A batch holds one request per key: a second request
 // with a key already in the batch waits for the next batch, where it finds
 // the first's committed record, so a replay is never sent before the
-// transaction that stored its response committed. If the bulk insert
-// fails, the transaction rolls back to the savepoint and inserts the new
-// commands one by one, each behind its own savepoint: only the request
-// whose rows fail gets an error (500), the others commit. A committer
-// keeps its connection from batch to batch while requests keep coming, so
-// its transactions never wait for the pool behind reads.
+// transaction that stored its response committed. If the accept statement
+// fails (Postgres then skips the rest of the pipeline, COMMIT included),
+// the transaction rolls back to the savepoint and accepts the requests one
+// by one, each behind its own savepoint: only the request that fails gets
+// an error (500), the others commit. A committer never waits for a batch
+// to fill (a lone request costs one transaction, as without grouping);
+// batches grow only while requests queue behind a commit. It keeps its
+// connection from batch to batch while requests keep coming, so its
+// transactions never wait for the pool behind reads, and gives it back
+// when the queue runs dry.
 //
 // # Failure handling
 //
