@@ -244,6 +244,12 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 	defer cancel()
 	start := time.Now()
 	results, err := c.tryCommit(ctx, conn, batch)
+	if postgres.IsSerialization(err) && !conn.Conn().IsClosed() {
+		// Keys are locked in one order, so batches should never deadlock
+		// each other; if Postgres still picks this transaction as a
+		// deadlock victim, nothing was written: try once more.
+		results, err = c.tryCommit(ctx, conn, batch)
+	}
 	if isMissingPartition(err) {
 		// The janitor (in the relay) keeps a week of partitions ready; if
 		// it has not run for that long, make today's here and try again.
