@@ -53,7 +53,7 @@ func TestBatchIsolatesEachRequest(t *testing.T) {
 	}
 	gateDone := make(chan response, 1)
 	go func() { gateDone <- s.do(t, dep("acc", "gate", 1)) }()
-	pipelinetest.Eventually(t, 10*time.Second, func() error {
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
 		var waiting int
 		pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting)
 		if waiting == 0 {
@@ -87,7 +87,7 @@ func TestBatchIsolatesEachRequest(t *testing.T) {
 			mu.Unlock()
 		}()
 	}
-	pipelinetest.Eventually(t, 10*time.Second, func() error {
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
 		if n := s.Queued(); n != len(reqs) {
 			return fmt.Errorf("%d requests queued, want %d", n, len(reqs))
 		}

@@ -257,6 +257,7 @@ func TestRateLimitPerTenant(t *testing.T) {
 	codes := map[int]int{}
 	var retryAfter []string
 	var wg sync.WaitGroup
+	start := time.Now()
 	for i := range 200 {
 		wg.Add(1)
 		go func() {
@@ -279,8 +280,11 @@ func TestRateLimitPerTenant(t *testing.T) {
 		acceptedID(t, r)
 	}
 	wg.Wait()
-	if codes[http.StatusTooManyRequests] < 150 || codes[http.StatusAccepted] < 20 || codes[http.StatusAccepted]+codes[http.StatusTooManyRequests] != 200 {
-		t.Errorf("flood: %v, want about 20 accepted and the rest 429", codes)
+	// The bucket admits its burst plus the rate for the time the flood
+	// took, however slow the machine.
+	most := 20 + int(5*time.Since(start).Seconds()) + 1
+	if codes[http.StatusAccepted] < 20 || codes[http.StatusAccepted] > most || codes[http.StatusAccepted]+codes[http.StatusTooManyRequests] != 200 {
+		t.Errorf("flood: %v, want 20 to %d accepted and the rest 429", codes, most)
 	}
 	for _, ra := range retryAfter {
 		if n, err := strconv.Atoi(ra); err != nil || n < 1 {
