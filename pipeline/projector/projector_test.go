@@ -380,3 +380,30 @@ func TestConnectionTerminatedInsideTransaction(t *testing.T) {
 		t.Errorf("batch errors = %v, want the terminated batch counted", got)
 	}
 }
+
+// Without today's inbox partition (no janitor ran, the projector's start
+// was long ago) a batch fails once, the projector creates the partitions
+// and applies it: nothing is lost.
+func TestCreatesMissingInboxPartition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	r := e.start(projector.Config{MaxBackoff: 50 * time.Millisecond})
+	var today string
+	if err := e.pool.QueryRow(ctx, `SELECT 'inbox_p' || to_char((now() AT TIME ZONE 'UTC')::date, 'YYYYMMDD')`).Scan(&today); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `DROP TABLE `+today); err != nil {
+		t.Fatal(err)
+	}
+	a := newStream("acme", "a")
+	e.emit(a.next(ledger.AccountOpened{Currency: "EUR"}), a.next(ledger.Deposited{Amount: 4}))
+	e.waitOffsets(projector.DefaultConsumer, e.endOffsets(), 20*time.Second)
+	if bal, v, err := e.balance("acme", "a"); bal != 4 || v != 2 || err != nil {
+		t.Errorf("account a: balance %d version %d (%v), want 4 and 2", bal, v, err)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + today); n != 2 {
+		t.Errorf("today's inbox partition holds %d rows, want 2", n)
+	}
+	_ = r
+}
