@@ -16,12 +16,15 @@ import (
 // grows with them. The relay holding shard 0 therefore vacuums the outbox
 // itself once dead tuples outnumber both vacuumMinDead and the live ones
 // (so a draining backlog of millions is not vacuumed over and over).
+// Without truncation: giving the emptied tail pages back to the operating
+// system takes an exclusive lock that would stall ingest and the relay, and
+// a queue table fills those pages again a moment later.
 const (
 	vacuumInterval = time.Second
 	vacuumMinDead  = 2000
 
 	deadTuplesSQL = `SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`
-	vacuumSQL     = `VACUUM (SKIP_LOCKED) outbox`
+	vacuumSQL     = `VACUUM (SKIP_LOCKED, TRUNCATE false) outbox`
 )
 
 func (r *Relay) vacuum(ctx context.Context) error {
