@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +37,7 @@ func BenchmarkCatchUp(b *testing.B) {
 	total := envInt("ONCEFLOW_BENCH_EVENTS", 1_000_000)
 	perEvent := envInt("ONCEFLOW_BENCH_PER_EVENT_EVENTS", 5_000)
 	accounts := max(total/100, 1)
+	parallelism := envInt("ONCEFLOW_BENCH_PARALLELISM", 2) // the projector's default
 	e := newEnv(b, 8)
 	start := time.Now()
 	produced := e.produceBacklog(total, accounts)
@@ -45,9 +47,9 @@ func BenchmarkCatchUp(b *testing.B) {
 	var rate, base float64
 	for b.Loop() {
 		e.resetReadModels(ctx)
-		base = e.runBaseline(ctx, produced)
+		base = e.runBaseline(ctx, produced, parallelism)
 		e.resetReadModels(ctx)
-		rate = e.runProjector(projector.Config{Consumer: "bench"}, produced)
+		rate = e.runProjector(projector.Config{Consumer: "bench", Parallelism: parallelism}, produced)
 	}
 	e.resetReadModels(ctx)
 	single := e.runProjector(projector.Config{Consumer: "bench-per-event", MaxPollRecords: 1}, int64(min(perEvent, total)))
@@ -154,7 +156,7 @@ const baselineAccountsSQL = `INSERT INTO accounts (tenant, account_id, currency,
 // runBaseline consumes the whole log and writes the read models with the
 // same batched upserts but none of the exactly-once machinery, and
 // returns its events per second.
-func (e *env) runBaseline(ctx context.Context, want int64) float64 {
+func (e *env) runBaseline(ctx context.Context, want int64, parallelism int) float64 {
 	e.t.Helper()
 	start := time.Now()
 	cl, err := kafka.Config{Brokers: e.brokers}.NewClient(
@@ -176,18 +178,39 @@ func (e *env) runBaseline(ctx context.Context, want int64) float64 {
 			}
 			evs = append(evs, ev)
 		}
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			if err := baselineAccounts(ctx, tx, evs); err != nil {
-				return err
+		// The same split by partition as the projector's Parallelism.
+		groups := map[int32][]pipeline.Event{}
+		for i, r := range records {
+			g := int32(0)
+			if parallelism > 1 {
+				g = r.Partition % int32(parallelism)
 			}
-			if _, err := (ledger.CommandStatus{}).ApplyBatch(ctx, tx, evs); err != nil {
-				return err
+			groups[g] = append(groups[g], evs[i])
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, len(groups))
+		for _, g := range groups {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					if err := baselineAccounts(ctx, tx, g); err != nil {
+						return err
+					}
+					if _, err := (ledger.CommandStatus{}).ApplyBatch(ctx, tx, g); err != nil {
+						return err
+					}
+					_, err := (ledger.AuditLog{}).ApplyBatch(ctx, tx, g)
+					return err
+				})
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				e.t.Fatal(err)
 			}
-			_, err := (ledger.AuditLog{}).ApplyBatch(ctx, tx, evs)
-			return err
-		})
-		if err != nil {
-			e.t.Fatal(err)
 		}
 		seen += int64(len(records))
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -42,6 +43,12 @@ type Config struct {
 	// ParkCheckInterval is how often a projector with parked partitions
 	// looks for an operator's `onceflow projections unpark`. Default 2s.
 	ParkCheckInterval time.Duration
+	// Parallelism is how many transactions apply a poll batch at once,
+	// each over its own partitions (a partition's records always go to one
+	// transaction, in order; aggregates, hence rows, never span
+	// partitions), so Postgres can use more than one core on a batch.
+	// Each uses a connection of the pool. Default 2.
+	Parallelism int
 	// Hold is a test hook called at each crash point of a batch (see
 	// Hold). Nil, its default, is what production runs.
 	Hold Hold
@@ -59,6 +66,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
+	}
+	if c.Parallelism <= 0 {
+		c.Parallelism = 2
 	}
 	if c.SessionTimeout == 0 {
 		c.SessionTimeout = 10 * time.Second
@@ -191,7 +201,7 @@ func (p *Projector) Run(ctx context.Context) error {
 			}
 		})
 		if len(records) > 0 {
-			p.process(ctx, cl, records)
+			p.processAll(ctx, cl, records)
 		}
 		p.checkUnparked(ctx, cl)
 		cl.AllowRebalance()
@@ -215,10 +225,74 @@ func (p *Projector) ensurePartitions(ctx context.Context) error {
 	}
 }
 
+// processAll applies a poll batch in up to Parallelism transactions over
+// disjoint partitions, then commits the offsets they stored to Kafka.
+func (p *Projector) processAll(ctx context.Context, cl *kgo.Client, records []*kgo.Record) {
+	groups := splitByPartition(records, p.cfg.Parallelism)
+	nexts := make([]map[int32]kgo.EpochOffset, len(groups))
+	if len(groups) == 1 {
+		nexts[0] = p.process(ctx, cl, groups[0])
+	} else {
+		var wg sync.WaitGroup
+		for i, g := range groups {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				nexts[i] = p.process(ctx, cl, g)
+			}()
+		}
+		wg.Wait()
+	}
+	next := map[int32]kgo.EpochOffset{}
+	for _, n := range nexts {
+		for part, eo := range n {
+			next[part] = eo
+		}
+	}
+	if len(next) > 0 {
+		// Monitoring only: Postgres holds the offsets that count.
+		cl.CommitOffsets(context.WithoutCancel(ctx), map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: next}, nil)
+	}
+}
+
+// splitByPartition splits records into at most n groups of whole
+// partitions with about as many records each, keeping their order.
+func splitByPartition(records []*kgo.Record, n int) [][]*kgo.Record {
+	if n <= 1 {
+		return [][]*kgo.Record{records}
+	}
+	count := map[int32]int{}
+	for _, r := range records {
+		count[r.Partition]++
+	}
+	if len(count) == 1 {
+		return [][]*kgo.Record{records}
+	}
+	parts := make([]int32, 0, len(count))
+	for part := range count {
+		parts = append(parts, part)
+	}
+	slices.SortFunc(parts, func(a, b int32) int { return count[b] - count[a] })
+	n = min(n, len(parts))
+	load := make([]int, n)
+	group := map[int32]int{}
+	for _, part := range parts {
+		g := slices.Index(load, slices.Min(load))
+		group[part] = g
+		load[g] += count[part]
+	}
+	out := make([][]*kgo.Record, n)
+	for _, r := range records {
+		out[group[r.Partition]] = append(out[group[r.Partition]], r)
+	}
+	return out
+}
+
 // process decodes and applies a batch, retrying while Postgres (or the
 // schema registry) is unavailable, until it is applied or ctx ends (the
-// batch is then read again from the stored offsets later).
-func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.Record) {
+// batch is then read again from the stored offsets later), and returns the
+// offsets it stored.
+func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.Record) map[int32]kgo.EpochOffset {
 	wait := 50 * time.Millisecond
 	for {
 		start := time.Now()
@@ -231,14 +305,10 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 			for _, pk := range res.parks {
 				p.park(cl, pk)
 			}
-			if len(res.next) > 0 {
-				// Monitoring only: Postgres holds the offsets that count.
-				cl.CommitOffsets(context.WithoutCancel(ctx), map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: res.next}, nil)
-			}
-			return
+			return res.next
 		}
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
 		if isMissingPartition(err) {
 			if perr := ensureInboxPartitions(ctx, p.pool); perr == nil {
@@ -249,7 +319,7 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 		p.logger.Warn("apply batch failed; retrying", "err", err, "backoff", wait, "records", len(records))
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-time.After(wait):
 		}
 		wait = backoff(wait, p.cfg.MaxBackoff)

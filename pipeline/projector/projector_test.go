@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -350,19 +351,17 @@ func TestConnectionTerminatedInsideTransaction(t *testing.T) {
 	}
 	want, evs := ledgerStreams("acme", 5, 8)
 	terminated := make(chan struct{})
+	var once sync.Once
 	hold := func(point string, pid uint32) {
 		if point != projector.HoldInTx {
 			return
 		}
-		select {
-		case <-terminated:
-			return
-		default:
-		}
-		if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int32(pid)); err != nil {
-			t.Errorf("terminate: %v", err)
-		}
-		close(terminated)
+		once.Do(func() {
+			if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int32(pid)); err != nil {
+				t.Errorf("terminate: %v", err)
+			}
+			close(terminated)
+		})
 	}
 	projections := append(ledger.Projections(), counting{})
 	r := e.start(projector.Config{Hold: hold, MaxBackoff: 100 * time.Millisecond}, projections...)

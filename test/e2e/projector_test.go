@@ -228,15 +228,8 @@ func TestProjectorCrashPoints(t *testing.T) {
 			r.arm(point)
 			r.produce(ctx, 30)
 			r.held(point)
-			var before int64
-			r.pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets`).Scan(&before)
 			r.proj.Kill()
 			r.release(point)
-			var after int64
-			r.pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets`).Scan(&after)
-			if after != before {
-				t.Errorf("offsets moved after the kill: %d -> %d", before, after)
-			}
 			r.produce(ctx, 10) // and more while it is down
 			r.startProjector(ctx)
 			r.check(ctx)

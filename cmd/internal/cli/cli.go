@@ -48,6 +48,7 @@ type Common struct {
 	ProcessorSessionTimeout string
 	// The projector's.
 	ProjectorSessionTimeout string
+	ProjectorParallelism    int
 }
 
 // Register defines the shared flags on fs, defaulting from getenv.
@@ -62,6 +63,8 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id, in command time; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
 	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
 	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
+	parallelism, _ := strconv.Atoi(env("ONCEFLOW_PROJECTOR_PARALLELISM", "2"))
+	fs.IntVar(&c.ProjectorParallelism, "projector-parallelism", parallelism, "transactions a projector runs at once over disjoint partitions of a batch (ONCEFLOW_PROJECTOR_PARALLELISM)")
 	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
@@ -204,7 +207,10 @@ func (c *Common) projector(getenv func(string) string) (projector.Config, error)
 	if err != nil || session <= 0 {
 		return projector.Config{}, fmt.Errorf("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT %q: want a positive duration like 10s", c.ProjectorSessionTimeout)
 	}
-	pc := projector.Config{SessionTimeout: session}
+	if c.ProjectorParallelism < 1 {
+		return projector.Config{}, fmt.Errorf("ONCEFLOW_PROJECTOR_PARALLELISM %d: want 1 or more", c.ProjectorParallelism)
+	}
+	pc := projector.Config{SessionTimeout: session, Parallelism: c.ProjectorParallelism}
 	if dir := getenv(projector.HoldEnv); dir != "" {
 		pc.Hold = projector.HoldInDir(dir)
 	}
