@@ -446,8 +446,13 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 	}
 	lease := []byte(strconv.Itoa(w.shard) + ":" + strconv.FormatInt(w.token, 10))
 	errs := make([]error, len(rows))
-	var wg sync.WaitGroup
-	wg.Add(len(rows))
+	type result struct {
+		i   int
+		err error
+	}
+	// Buffered for every record: promises never block, even after this
+	// function gave up waiting (the discarded client fails what it holds).
+	results := make(chan result, len(rows))
 	for i, row := range rows {
 		rec := &kgo.Record{Topic: row.topic, Key: row.key, Value: row.value, Timestamp: row.createdAt}
 		keys := make([]string, 0, len(row.headers))
@@ -460,22 +465,15 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(row.headers[k])})
 		}
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderLease, Value: lease})
-		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-			errs[i] = err
-			wg.Done()
-		})
+		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { results <- result{i, err} })
 	}
-	acked := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(acked)
-	}()
-	select {
-	case <-acked:
-	case <-ctx.Done():
-		// The client is discarded; closing it fails what it still holds,
-		// which ends the goroutine above.
-		return nil, fmt.Errorf("produce %d rows of shard %d: no acknowledgement before the lease deadline: %w", len(rows), w.shard, ctx.Err())
+	for range rows {
+		select {
+		case res := <-results:
+			errs[res.i] = res.err
+		case <-ctx.Done():
+			return nil, fmt.Errorf("produce %d rows of shard %d: no acknowledgement before the lease deadline: %w", len(rows), w.shard, ctx.Err())
+		}
 	}
 	for _, err := range errs {
 		if err != nil {
