@@ -162,6 +162,7 @@ func (e *env) runBaseline(ctx context.Context, want int64, parallelism int) floa
 	cl, err := kafka.Config{Brokers: e.brokers}.NewClient(
 		kgo.ConsumeTopics(e.topics.Events()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxPartitionBytes(projector.FetchMaxPartitionBytes),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		e.t.Fatal(err)

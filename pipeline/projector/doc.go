@@ -13,7 +13,9 @@
 // Positions live in Postgres (consumer_offsets), not in Kafka: on
 // assignment they are loaded from there (a partition without a row starts
 // at the beginning of the log), overriding whatever the group committed in
-// Kafka. Each poll batch is one Postgres transaction:
+// Kafka. A poll batch is split by partition into up to Config.Parallelism
+// groups (a partition's records stay together and in order), each applied
+// in a Postgres transaction of its own, concurrently:
 //
 //  1. lock the offset row of every partition in the batch (created at 0 if
 //     missing), in partition order. Records below the stored offset were

@@ -79,6 +79,11 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
+// FetchMaxPartitionBytes bounds what one fetch returns per partition
+// (Kafka's default is 1 MiB, several thousand events, which would fill a
+// whole poll batch from one partition).
+const FetchMaxPartitionBytes = 256 << 10
+
 // DefaultConsumer is the consumer name (and consumer group) of a projector
 // whose Config leaves it empty.
 const DefaultConsumer = "onceflow-projector"
@@ -160,6 +165,9 @@ func (p *Projector) Run(ctx context.Context) error {
 		kgo.SessionTimeout(p.cfg.SessionTimeout),
 		kgo.HeartbeatInterval(min(3*time.Second, p.cfg.SessionTimeout/3)),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Smaller per-partition fetches, so a poll batch holds several
+		// partitions for its Parallelism transactions to share.
+		kgo.FetchMaxPartitionBytes(FetchMaxPartitionBytes),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.AdjustFetchOffsetsFn(p.loadOffsets),
