@@ -98,8 +98,10 @@ func tenant(t testing.TB, pool *pgxpool.Pool, name string) string {
 }
 
 var httpClient = &http.Client{
-	Timeout:   30 * time.Second,
-	Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0},
+	Timeout: 30 * time.Second,
+	// Bounded, so a stalled server makes requests wait for a connection
+	// instead of opening thousands of them.
+	Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 1024},
 }
 
 // response is an answer with its body read.
