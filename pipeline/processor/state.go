@@ -84,7 +84,6 @@ func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) 
 	if err != nil {
 		return err
 	}
-	tab.trim()
 	p.mu.Lock()
 	p.parts[part] = tab
 	p.metrics.aggregates.Set(float64(p.countLocked()))

@@ -16,9 +16,9 @@ import (
 // grow by powers of two), more than the snapshot.
 //
 // Each entry is one string: uvarint(len(id)), id, value; so an aggregate
-// is one allocation plus its 16-byte header in entries plus its share of
-// slots, an open-addressing index with linear probing kept at most 3/4
-// full. A slot holds the entry's index + 1 in its low 32 bits (0 is empty)
+// is one allocation plus its 16-byte header in entries (in chunks of 4096,
+// so growing never copies them) plus its share of slots, an
+// open-addressing index with linear probing kept at most 3/4 full. A slot holds the entry's index + 1 in its low 32 bits (0 is empty)
 // and 32 bits of the id's hash in its high bits. The slot an id starts
 // probing at is taken from those same bits, so growing places every slot
 // again without touching an entry, and a probe rarely touches an entry
@@ -27,10 +27,17 @@ import (
 // A table is not safe for concurrent use: the processor's loop writes it,
 // and readers outside the loop hold the processor's mutex while it does.
 type table struct {
-	seed    maphash.Seed
-	slots   []uint64
-	entries []string
+	seed   maphash.Seed
+	slots  []uint64
+	chunks [][]string // entry i is chunks[i/chunkSize][i%chunkSize]
+	n      int        // entries
 }
+
+const chunkBits = 12
+const chunkSize = 1 << chunkBits
+
+// at returns entry i.
+func (t *table) at(i int) *string { return &t.chunks[i>>chunkBits][i&(chunkSize-1)] }
 
 func slot(h uint32, index int) uint64 { return uint64(h)<<32 | uint64(index+1) }
 
@@ -72,7 +79,7 @@ func uvarint(s string) (n, k int) {
 	return 0, 0 // not reached: entries are built by entry
 }
 
-func (t *table) len() int { return len(t.entries) }
+func (t *table) len() int { return t.n }
 
 // find returns the slot of id, hashed to h: the slot holding it, or the
 // empty slot where it goes.
@@ -84,7 +91,7 @@ func (t *table) find(id string, h uint32) int {
 			return i
 		}
 		if slotHash(s) == h {
-			if k, _ := split(t.entries[slotIndex(s)]); k == id {
+			if k, _ := split(*t.at(slotIndex(s))); k == id {
 				return i
 			}
 		}
@@ -102,7 +109,7 @@ func (t *table) get(id string) (string, bool) {
 	if s == 0 {
 		return "", false
 	}
-	_, v := split(t.entries[slotIndex(s)])
+	_, v := split(*t.at(slotIndex(s)))
 	return v, true
 }
 
@@ -110,16 +117,20 @@ func (t *table) get(id string) (string, bool) {
 func (t *table) put(e string) {
 	id, _ := split(e)
 	h := t.hash(id)
-	if (len(t.entries)+1)*4 > len(t.slots)*3 {
+	if (t.n+1)*4 > len(t.slots)*3 {
 		t.grow()
 	}
 	i := t.find(id, h)
 	if s := t.slots[i]; s != 0 {
-		t.entries[slotIndex(s)] = e
+		*t.at(slotIndex(s)) = e
 		return
 	}
-	t.entries = append(t.entries, e)
-	t.slots[i] = slot(h, len(t.entries)-1)
+	if t.n == len(t.chunks)*chunkSize {
+		t.chunks = append(t.chunks, make([]string, chunkSize))
+	}
+	*t.at(t.n) = e
+	t.slots[i] = slot(h, t.n)
+	t.n++
 }
 
 // grow doubles the slots. The hash bits kept in each slot place it again.
@@ -150,15 +161,18 @@ func (t *table) delete(id string) {
 	}
 	// Move the last entry into the hole, then drop the slot.
 	j := slotIndex(t.slots[i])
-	last := len(t.entries) - 1
+	last := t.n - 1
 	if j != last {
-		lastID, _ := split(t.entries[last])
+		lastID, _ := split(*t.at(last))
 		h := t.hash(lastID)
 		t.slots[t.find(lastID, h)] = slot(h, j)
-		t.entries[j] = t.entries[last]
+		*t.at(j) = *t.at(last)
 	}
-	t.entries[last] = ""
-	t.entries = t.entries[:last]
+	*t.at(last) = ""
+	t.n--
+	if t.n == (len(t.chunks)-1)*chunkSize {
+		t.chunks = t.chunks[:len(t.chunks)-1]
+	}
 	t.unslot(i)
 }
 
@@ -178,17 +192,9 @@ func (t *table) unslot(i int) {
 	t.slots[i] = 0
 }
 
-// trim releases the spare capacity of entries (after a restore, which
-// grew it by doubling).
-func (t *table) trim() {
-	if cap(t.entries) > len(t.entries)+len(t.entries)/8 {
-		t.entries = append([]string(nil), t.entries...)
-	}
-}
-
 // each calls fn for every aggregate.
 func (t *table) each(fn func(id, value string)) {
-	for _, e := range t.entries {
-		fn(split(e))
+	for i := range t.n {
+		fn(split(*t.at(i)))
 	}
 }

@@ -63,3 +63,32 @@ func TestTableEntry(t *testing.T) {
 		}
 	}
 }
+
+// Entries live in chunks: filling several and emptying them again keeps
+// every entry reachable and gives the chunks back.
+func TestTableChunks(t *testing.T) {
+	t.Parallel()
+	tab := newTable()
+	const n = 3*chunkSize + 17
+	for i := range n {
+		tab.put(entry(fmt.Sprintf("acme/%d", i), []byte{byte(i)}))
+	}
+	if len(tab.chunks) != 4 {
+		t.Fatalf("%d chunks for %d entries, want 4", len(tab.chunks), n)
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	order := rng.Perm(n)
+	for k, i := range order {
+		tab.delete(fmt.Sprintf("acme/%d", i))
+		if k%997 == 0 {
+			for _, j := range order[k+1:] {
+				if v, ok := tab.get(fmt.Sprintf("acme/%d", j)); !ok || v != string([]byte{byte(j)}) {
+					t.Fatalf("after %d deletes: acme/%d = %q, %v", k+1, j, v, ok)
+				}
+			}
+		}
+	}
+	if tab.len() != 0 || len(tab.chunks) != 0 {
+		t.Fatalf("emptied table: len %d, %d chunks; want 0, 0", tab.len(), len(tab.chunks))
+	}
+}
