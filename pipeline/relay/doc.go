@@ -112,9 +112,9 @@
 //
 // The outbox is a queue, so between autovacuum runs its (shard, id) index
 // fills with dead entries that every head read steps over. The relay
-// holding shard 0 vacuums it (VACUUM (SKIP_LOCKED) outbox) when dead tuples
-// outnumber both 2000 and the live ones; without the table's ownership it
-// leaves it to autovacuum.
+// holding shard 0 vacuums it (without truncating it) when dead tuples
+// outnumber both 2000 and the live ones while fewer than 50,000 rows wait;
+// without the table's ownership it leaves it to autovacuum.
 //
 // # Janitor
 //

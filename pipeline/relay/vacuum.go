@@ -14,14 +14,17 @@ import (
 // entries that every read of a shard's head has to step over; at 500 rows
 // a second that is tens of thousands of them, and the relay's latency
 // grows with them. The relay holding shard 0 therefore vacuums the outbox
-// itself once dead tuples outnumber both vacuumMinDead and the live ones
-// (so a draining backlog of millions is not vacuumed over and over).
+// itself once dead tuples outnumber both vacuumMinDead and the live ones,
+// as long as few rows are waiting (vacuumMaxLive): draining a backlog of
+// millions, a vacuum of the whole table would cost more than it saves,
+// and autovacuum's own thresholds are the right ones.
 // Without truncation: giving the emptied tail pages back to the operating
 // system takes an exclusive lock that would stall ingest and the relay, and
 // a queue table fills those pages again a moment later.
 const (
 	vacuumInterval = time.Second
 	vacuumMinDead  = 2000
+	vacuumMaxLive  = 50_000
 
 	deadTuplesSQL = `SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`
 	vacuumSQL     = `VACUUM (SKIP_LOCKED, TRUNCATE false) outbox`
@@ -39,7 +42,7 @@ func (r *Relay) vacuum(ctx context.Context) error {
 			}
 			continue
 		}
-		if dead < max(vacuumMinDead, live) {
+		if dead < max(vacuumMinDead, live) || live > vacuumMaxLive {
 			continue
 		}
 		start := time.Now()
