@@ -165,6 +165,9 @@ func throughputRun(b *testing.B, broker *kafka.Broker, atLeastOnce bool, instanc
 			b.Fatal("not done within 5 minutes")
 		}
 	}
+	if aborted := r.metric(b, "onceflow_processor_transactions_total", "result", "aborted") + r.metric(b, "onceflow_processor_session_restarts_total"); aborted > 0 {
+		b.Logf("%s: %v transactions aborted or sessions restarted (the machine starved the process past a timeout?)", instance, aborted)
+	}
 	cmdsPerSec = float64(n) / time.Since(start).Seconds()
 	cpuPerCmd = float64((cpuTime() - cpu0).Microseconds()) / float64(n)
 	sum, count := histogram(b, reg, "onceflow_processor_commit_duration_seconds")
