@@ -17,9 +17,10 @@ import (
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
-// flaky is the ledger with two bugs a release could ship: a deposit of 666
-// panics and a deposit of 667 fails with an error that is not a rejection;
-// and it does not handle CloseAccount at all.
+// flaky is the ledger with the bugs a release could ship: a deposit of 666
+// panics, a deposit of 667 fails with an error that is not a rejection, a
+// withdrawal emits an event the events schema does not have; and it does
+// not handle CloseAccount at all.
 func flaky() *pipeline.Aggregate[ledger.Account] {
 	d := ledger.NewDecider()
 	a := pipeline.NewAggregate(ledger.Evolve)
@@ -36,8 +37,16 @@ func flaky() *pipeline.Aggregate[ledger.Account] {
 		}
 		return d.Decide(s, c)
 	})
+	pipeline.Handle(a, func(s ledger.Account, c pipeline.Command, p ledger.Withdraw) (pipeline.Decision, error) {
+		return pipeline.Emit(strange{}), nil
+	})
 	return a
 }
+
+// strange is an event no schema has.
+type strange struct{}
+
+func (strange) MessageType() string { return "Strange" }
 
 // Every kind of poison command goes to the DLQ with its reason and the
 // source coordinates, in the transaction that commits its offset, and the
@@ -91,6 +100,7 @@ func TestPoisonCommandsGoToTheDLQ(t *testing.T) {
 		{processor.ReasonInvalidKey, func() *kgo.Record { r := good(); r.Key = []byte("no-tenant"); return r }()},
 		{processor.ReasonDeciderPanic, e.record(newCmd(acc, ledger.Deposit{Amount: 666}))},
 		{processor.ReasonDeciderError, e.record(newCmd(acc, ledger.Deposit{Amount: 667}))},
+		{processor.ReasonEncode, e.record(newCmd(acc, ledger.Withdraw{Amount: 1}))},
 	}
 	// Each poison record is followed by a good deposit to the same
 	// account, so they share a partition.
