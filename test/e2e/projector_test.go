@@ -302,6 +302,22 @@ func TestProjectorParksOutOfOrderEvent(t *testing.T) {
 	if err := r.pool.QueryRow(ctx, `SELECT version FROM accounts WHERE tenant = 'acme' AND account_id = 'acc-0'`).Scan(&ver); err != nil || ver != a.version {
 		t.Errorf("acc-0 at version %d (%v), want %d: nothing after the gap applied", ver, err, a.version)
 	}
+	// The process exports the lag of its Postgres-stored offsets: the parked
+	// partition lags, the others do not.
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		for p := int32(0); p < 8; p++ {
+			lag, err := r.proj.Metric(ctx, fmt.Sprintf(`kafka_consumergroup_group_lag{group="onceflow-projector",partition="%d",topic="%s.events"}`, p, r.Prefix))
+			switch {
+			case err != nil:
+				return err
+			case p == gap.Partition && lag < 2:
+				return fmt.Errorf("parked partition %d lag %v, want 2 or more", p, lag)
+			case p != gap.Partition && lag != 0:
+				return fmt.Errorf("partition %d lag %v, want 0", p, lag)
+			}
+		}
+		return nil
+	})
 	out, err := runCLI(ctx, r.Pipeline, "lag", "-group", projector.DefaultConsumer)
 	if err != nil {
 		t.Fatalf("onceflow lag: %v\n%s", err, out)
