@@ -32,9 +32,17 @@ const (
 	WHERE owner <> $1 AND heartbeat_at > now() - make_interval(secs => lease_ms / 1000.0)`
 
 	// renewSQL extends the leases this relay still holds and returns them;
-	// a shard missing from the result was lost.
-	renewSQL = `UPDATE outbox_leases l SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
-		FROM unnest($2::int[], $3::bigint[]) AS h(shard, token)
+	// a shard missing from the result was lost. It commits without waiting
+	// for the WAL flush: the lease rows stay locked until the commit, and
+	// every worker's delete share-locks its row, so an fsync here would
+	// stall all shards at once. A renewal lost in a database crash is
+	// harmless: another relay may take the shard a little early, and its
+	// producer fences this one in Kafka.
+	renewSQL = `WITH async AS (
+			SELECT set_config('synchronous_commit', 'off', true)
+		)
+		UPDATE outbox_leases l SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+		FROM unnest($2::int[], $3::bigint[]) AS h(shard, token), async
 		WHERE l.shard = h.shard AND l.token = h.token AND l.owner = $1
 		RETURNING l.shard`
 

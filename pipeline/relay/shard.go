@@ -216,7 +216,12 @@ const (
 		WHERE l.shard = $1 AND l.token = $2 AND l.owner = $3
 		ORDER BY o.id`
 
-	renewOneSQL = `UPDATE outbox_leases SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+	// renewOneSQL renews one lease, committing as renewSQL does.
+	renewOneSQL = `WITH async AS (
+			SELECT set_config('synchronous_commit', 'off', true)
+		)
+		UPDATE outbox_leases SET expires_at = now() + make_interval(secs => $4), renewed_at = now()
+		FROM async
 		WHERE shard = $1 AND token = $2 AND owner = $3
 		RETURNING 1`
 
