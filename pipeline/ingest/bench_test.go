@@ -57,6 +57,14 @@ const (
 	benchPoolSize = 16 // ingest's connections in the benchmark
 )
 
+// benchClient is the HTTP client of the fixed-rate benchmarks: at most 64
+// connections, like the baseline's 64 Postgres connections, so a stall
+// makes requests wait for a connection (and counts against the latency)
+// rather than open hundreds of new ones.
+func benchClient() *http.Client {
+	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: benchClients, MaxConnsPerHost: benchClients}}
+}
+
 // benchPool is a database of its own, with a pool of size conns.
 func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
 	b.Helper()
@@ -237,6 +245,7 @@ func BenchmarkIngestLatency(b *testing.B) {
 	for range b.N * rounds() {
 		pool := benchPool(b, benchPoolSize)
 		s := startServer(b, pool, ingest.Config{RateLimit: -1})
+		s.client = benchClient()
 		key := tenant(b, pool, "bench")
 		run := time.Now().UnixNano()
 		lat := fixedRate(b, n, rate, func(i int) error {
@@ -322,7 +331,11 @@ func BenchmarkTenantFlood(b *testing.B) {
 		pool := benchPool(b, benchPoolSize)
 		calm, flood := tenant(b, pool, "calm"), tenant(b, pool, "flood")
 		run := time.Now().UnixNano()
-		phase := func(s *server, tag string, flooding bool) []time.Duration {
+		phase := func(srv *server, tag string, flooding bool) []time.Duration {
+			// Two clients of their own, as two tenants' would be.
+			s, fs := *srv, *srv
+			s.client = benchClient()
+			fs.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: floodClients, MaxConnsPerHost: floodClients}}
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			var sent, got429 atomic.Int64
@@ -348,7 +361,7 @@ func BenchmarkTenantFlood(b *testing.B) {
 						go func() {
 							defer wg.Done()
 							defer func() { <-inFlight }()
-							r, err := s.try(context.Background(), req{path: "/v1/accounts/flood/deposits", apiKey: flood,
+							r, err := fs.try(context.Background(), req{path: "/v1/accounts/flood/deposits", apiKey: flood,
 								idemKey: fmt.Sprintf("f-%s-%d-%d", tag, run, i), body: `{"amount":1}`})
 							if err != nil {
 								return // the server is saturated; the calm tenant's figures tell

@@ -51,7 +51,8 @@ type server struct {
 	pool    *pgxpool.Pool
 	metrics *prometheus.Registry
 	serde   *avro.Serde
-	stop    func() // stops the server (and runs at the test's end)
+	stop    func()       // stops the server (and runs at the test's end)
+	client  *http.Client // nil: httpClient
 }
 
 // startServer runs an ingest server on pool until the test ends.
@@ -188,7 +189,11 @@ func (s *server) try(ctx context.Context, q req) (response, error) {
 	for k, v := range q.header {
 		hr.Header.Set(k, v)
 	}
-	resp, err := httpClient.Do(hr)
+	c := httpClient
+	if s.client != nil {
+		c = s.client
+	}
+	resp, err := c.Do(hr)
 	if err != nil {
 		return response{}, err
 	}
