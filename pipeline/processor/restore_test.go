@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
@@ -98,27 +99,18 @@ func TestRestoreEqualsStateBeforeRestart(t *testing.T) {
 	evs := e.settle(60*time.Second, ids)
 	balances := checkEventLog(t, evs)
 
-	var before map[string]processor.AggregateState[ledger.Account]
 	// Wait until the last committed batch is installed.
-	for range 100 {
+	var before map[string]processor.AggregateState[ledger.Account]
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
 		before = stateOf(t, p1.Processor)
-		ok := true
 		for id, b := range balances {
 			if before[id].State.Balance != b {
-				ok = false
+				return fmt.Errorf("%s: processor balance %d, events say %d", id, before[id].State.Balance, b)
 			}
 		}
-		if ok {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	p1.stop(t)
-	for id, b := range balances {
-		if before[id].State.Balance != b {
-			t.Fatalf("%s: processor balance %d, events say %d", id, before[id].State.Balance, b)
-		}
-	}
 
 	// Snapshots are rewritten by every batch that changes an aggregate:
 	// compaction must leave the latest of each.
