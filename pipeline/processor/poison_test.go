@@ -3,6 +3,7 @@ package processor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"strconv"
 	"testing"
@@ -168,9 +169,12 @@ func TestPoisonCommandsGoToTheDLQ(t *testing.T) {
 				want++
 			}
 		}
-		if got := p.metric(t, "onceflow_dlq_records_total", "reason", reason); got != want {
-			t.Errorf("onceflow_dlq_records_total{reason=%q} = %v, want %v", reason, got, want)
-		}
+		pipelinetest.Eventually(t, 10*time.Second, func() error {
+			if got := p.metric(t, "onceflow_dlq_records_total", "reason", reason); got != want {
+				return fmt.Errorf("onceflow_dlq_records_total{reason=%q} = %v, want %v", reason, got, want)
+			}
+			return nil
+		})
 	}
 }
 

@@ -141,9 +141,12 @@ func TestRestoreEqualsStateBeforeRestart(t *testing.T) {
 	marker := newCmd("acme/r-0", ledger.Deposit{Amount: 1})
 	e.send(marker)
 	e.waitOutcomes(30*time.Second, marker.id)
-	if got := p2.metric(t, "onceflow_command_dedup_total") - n; got != float64(len(dup)) {
-		t.Errorf("dedup after restart: %v commands skipped, want %d", got, len(dup))
-	}
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if got := p2.metric(t, "onceflow_command_dedup_total") - n; got != float64(len(dup)) {
+			return fmt.Errorf("dedup after restart: %v commands skipped, want %d", got, len(dup))
+		}
+		return nil
+	})
 	if after := e.events(true); len(after) != len(evs)+1 {
 		t.Errorf("events after replaying %d commands: %d, want %d (only the marker's)", len(dup), len(after), len(evs)+1)
 	}
@@ -176,7 +179,10 @@ func TestDedupWindow(t *testing.T) {
 		}
 		return nil
 	})
-	if n := p.metric(t, "onceflow_command_dedup_total"); n != 1 {
-		t.Errorf("dedup: %v, want 1 (the deposit sent twice within the window)", n)
-	}
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if n := p.metric(t, "onceflow_command_dedup_total"); n != 1 {
+			return fmt.Errorf("dedup: %v, want 1 (the deposit sent twice within the window)", n)
+		}
+		return nil
+	})
 }

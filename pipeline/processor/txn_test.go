@@ -101,9 +101,12 @@ func TestIndeterminateCommitRedecidesSameIDs(t *testing.T) {
 		t.Fatal("no aborted copy in the log: the fault did not abort a batch")
 	}
 	t.Logf("%d events were decided twice (aborted, then committed with the same ids)", aborted)
-	if n := p.metric(t, "onceflow_processor_transactions_total", "result", "aborted"); n < 1 {
-		t.Errorf("aborted transactions: %v, want at least 1", n)
-	}
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if n := p.metric(t, "onceflow_processor_transactions_total", "result", "aborted"); n < 1 {
+			return fmt.Errorf("aborted transactions: %v, want at least 1", n)
+		}
+		return nil
+	})
 }
 
 // An EndTxn that fails with an error (REQUEST_TIMED_OUT, which kfake
