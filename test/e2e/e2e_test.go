@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"sync"
 	"testing"
@@ -122,12 +123,12 @@ func (m *ledgerModel) accepted(cmdID, account string, amount int64) {
 }
 
 // send posts until it gets an answer from the server (a client that
-// retries with the same key through timeouts, 503s and restarts), and
+// retries with the same key through timeouts, 429s, 503s and restarts), and
 // returns the command id.
 func send(ctx context.Context, c *apiclient.Client, key string, post func(key string) (apiclient.Accepted, *apiclient.Response, error)) (apiclient.Accepted, *apiclient.Response, error) {
 	for {
 		acc, resp, err := post(key)
-		if err == nil || (resp != nil && resp.Status < 500) {
+		if err == nil || (resp != nil && resp.Status < 500 && resp.Status != http.StatusTooManyRequests) {
 			return acc, resp, err
 		}
 		select {
