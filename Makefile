@@ -43,9 +43,9 @@ test/short: build ## unit tests only (skips the multi-process end-to-end tests)
 	DATABASE_URL="$$url" $(GO) test -short -timeout $(TEST_TIMEOUT) $(PKGS)
 
 .PHONY: chaos
-chaos: ## crash-and-duplicate harness with the bank invariant: make chaos DURATION=10m [SEED=n]
+chaos: ## crash-and-duplicate harness with the bank invariant: make chaos DURATION=10m [SEED=n] [FAULTS=kill,broker,...]
 	$(GO) test -count=1 -v -timeout 0 -run TestChaos ./test/chaos -args \
-	  -chaos.duration=$(or $(DURATION),2m) $(if $(SEED),-chaos.seed=$(SEED))
+	  -chaos.duration=$(or $(DURATION),2m) $(if $(SEED),-chaos.seed=$(SEED)) $(if $(FAULTS),-chaos.faults=$(FAULTS))
 
 .PHONY: demo
 demo: build ## run `onceflow dev`, drive a scripted workload over HTTP and check the balances

@@ -3,6 +3,8 @@ package ingest
 import (
 	"errors"
 	"time"
+
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 // Config configures the ingest server. Zero values mean the defaults.
@@ -13,7 +15,7 @@ type Config struct {
 	// Required.
 	CommandsTopic string
 	// Shards is the number of outbox shards; it must match the relay's.
-	// Default 16.
+	// Default pipeline.DefaultOutboxShards (16).
 	Shards int
 	// IdempotencyRetention is how long a key is remembered
 	// (ONCEFLOW_IDEMPOTENCY_RETENTION, shared with the relay's janitor,
@@ -59,7 +61,7 @@ func (c *Config) setDefaults() {
 		c.Addr = ":8080"
 	}
 	if c.Shards == 0 {
-		c.Shards = 16
+		c.Shards = pipeline.DefaultOutboxShards
 	}
 	if c.IdempotencyRetention == 0 {
 		c.IdempotencyRetention = 24 * time.Hour

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -38,6 +40,7 @@ type BrokerConfig struct {
 // client) connect to it as to any broker.
 type Broker struct {
 	cluster *kfake.Cluster
+	dataDir string
 }
 
 // StartBroker starts the broker and returns once it listens.
@@ -58,12 +61,6 @@ func StartBroker(cfg BrokerConfig) (*Broker, error) {
 		return nil, fmt.Errorf("broker port %q: %w", portStr, err)
 	}
 	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.ClusterID("onceflow-dev")}
-	if port != 0 { // kfake picks a free port by itself
-		opts = append(opts, kfake.Ports(port))
-	}
-	if cfg.DataDir != "" {
-		opts = append(opts, kfake.DataDir(cfg.DataDir))
-	}
 	if cfg.SyncWrites {
 		opts = append(opts, kfake.SyncWrites())
 	}
@@ -74,11 +71,25 @@ func StartBroker(cfg BrokerConfig) (*Broker, error) {
 		opts = append(opts, kfake.WithLogger(kfakeLogger{cfg.Logger}))
 	}
 	opts = append(opts, cfg.Opts...)
+	if cfg.DataDir != "" {
+		n, err := abortLeftOpen(cfg.DataDir, opts)
+		if err != nil {
+			return nil, fmt.Errorf("recover the embedded broker's data directory %s: %w", cfg.DataDir, err)
+		}
+		if n > 0 && cfg.Logger != nil {
+			cfg.Logger.Warn("the broker had stopped without closing; aborted the transactions it left open",
+				"partitions", n, "data_dir", cfg.DataDir)
+		}
+		opts = append(opts, kfake.DataDir(cfg.DataDir))
+	}
+	if port != 0 { // kfake picks a free port by itself
+		opts = append(opts, kfake.Ports(port))
+	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("start embedded broker: %w", err)
 	}
-	return &Broker{cluster: c}, nil
+	return &Broker{cluster: c, dataDir: cfg.DataDir}, nil
 }
 
 // Addrs returns the broker's listen addresses (for KAFKA_BROKERS).
@@ -87,8 +98,14 @@ func (b *Broker) Addrs() []string { return b.cluster.ListenAddrs() }
 // Cluster exposes kfake for fault injection in tests.
 func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 
-// Close stops the broker, flushing its data directory.
-func (b *Broker) Close() { b.cluster.Close() }
+// Close stops the broker, flushing its data directory and marking it
+// cleanly stopped (see crash.go).
+func (b *Broker) Close() {
+	b.cluster.Close()
+	if b.dataDir != "" {
+		os.WriteFile(filepath.Join(b.dataDir, cleanStopFile), nil, 0o644)
+	}
+}
 
 // Run blocks until ctx ends, then closes the broker.
 func (b *Broker) Run(ctx context.Context) error {

@@ -7,7 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -76,6 +79,19 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	}
 	defer broker.Close()
 	dc.Kafka.Brokers = broker.Addrs()
+	// SIGUSR1 crashes the process between two of the broker's requests:
+	// the hard restart the chaos harness injects (CrashAtNextRequest).
+	crash := make(chan os.Signal, 1)
+	signal.Notify(crash, syscall.SIGUSR1)
+	defer signal.Stop(crash)
+	go func() {
+		select {
+		case <-crash:
+			logger.Warn("SIGUSR1: crashing at the broker's next request")
+			broker.CrashAtNextRequest()
+		case <-ctx.Done():
+		}
+	}()
 
 	// The dev stack always serves its own registry, so other clients
 	// (kcat, other processes) can use the same ids.

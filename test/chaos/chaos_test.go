@@ -27,6 +27,7 @@ var (
 	seedsFlag    = flag.String("chaos.seeds", "1,2", "the fixed seed list CI runs")
 	durationFlag = flag.Duration("chaos.duration", 40*time.Second, "how long the workload and the faults run, per seed")
 	drainFlag    = flag.Duration("chaos.drain", 3*time.Minute, "how long the pipeline may take to drain after the faults stop")
+	faultsFlag   = flag.String("chaos.faults", "", "inject only these fault kinds, comma separated: kill, broker, postgres, zombie, relay (empty: all)")
 )
 
 var binDir string

@@ -10,7 +10,9 @@
 // closes; HTTP clients time out and retry with the same key, and sometimes
 // resend with a new key on purpose; some deposits are produced straight to
 // Kafka, some of those twice with the same command-id. Meanwhile a seeded
-// schedule injects faults: SIGKILL of any component, a hard broker restart,
+// schedule injects faults: SIGKILL of any component, a hard broker restart
+// (a crash between two of its requests: kfake, unlike a real broker, has no
+// transaction log to finish a commit it was writing; see docs/decisions.md),
 // an immediate Postgres restart, a processor paused past its session
 // timeout (a zombie), an extra relay on the same shards.
 //
@@ -30,5 +32,6 @@
 // the records involved; the same seed reproduces the schedule.
 //
 //	make chaos DURATION=10m SEED=42
+//	make chaos DURATION=2m SEED=7 FAULTS=broker,zombie   # only these kinds
 //	go test ./test/chaos -run TestChaos -args -chaos.duration=2m -chaos.seed=7
 package chaos

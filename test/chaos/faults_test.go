@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -46,12 +47,37 @@ func (f *faults) fail(err error) {
 	f.errs = append(f.errs, err)
 }
 
+type faultKind struct {
+	name   string
+	weight int
+}
+
+// faultKinds returns the kinds a run injects, with their weights: all of
+// them, or those -chaos.faults names (to chase one kind's failure).
+func faultKinds(only string) []faultKind {
+	all := []faultKind{{faultKill, 50}, {faultBroker, 10}, {faultPostgres, 10}, {faultZombie, 15}, {faultRelay, 15}}
+	if only == "" {
+		return all
+	}
+	short := map[string]string{"kill": faultKill, "broker": faultBroker, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay}
+	var out []faultKind
+	for _, name := range strings.Split(only, ",") {
+		long, ok := short[strings.TrimSpace(name)]
+		if !ok {
+			panic(fmt.Sprintf("-chaos.faults: unknown fault kind %q (kill, broker, postgres, zombie, relay)", name))
+		}
+		for _, k := range all {
+			if k.name == long {
+				out = append(out, k)
+			}
+		}
+	}
+	return out
+}
+
 // run injects faults until ctx ends, then makes sure everything runs.
 func (f *faults) run(ctx context.Context) {
-	kinds := []struct {
-		name   string
-		weight int
-	}{{faultKill, 50}, {faultBroker, 10}, {faultPostgres, 10}, {faultZombie, 15}, {faultRelay, 15}}
+	kinds := faultKinds(*faultsFlag)
 	total := 0
 	for _, k := range kinds {
 		total += k.weight

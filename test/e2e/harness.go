@@ -135,6 +135,21 @@ func (p *Proc) Kill() {
 	<-p.done
 }
 
+// CrashBroker crashes an embedded broker (`onceflow dev`) between two of
+// its requests: SIGUSR1, see kafka.Broker.CrashAtNextRequest. It waits for
+// the exit, and kills the process if it has not exited within 10s.
+func (p *Proc) CrashBroker() {
+	if p.Exited() {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGUSR1)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.Kill()
+	}
+}
+
 // Pause stops the process with SIGSTOP (a zombie: alive but silent).
 func (p *Proc) Pause() { p.cmd.Process.Signal(syscall.SIGSTOP) }
 
