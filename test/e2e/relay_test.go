@@ -412,7 +412,7 @@ func TestRelayBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	rig.broker.Kill()
+	rig.broker.CrashBroker() // between two requests: see Proc.CrashBroker
 	var during atomic.Int64
 	pipelinetest.Eventually(t, 20*time.Second, func() error {
 		n, err := rig.backlog(ctx)
