@@ -8,26 +8,8 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"io"
-	"os"
-	"os/signal"
-	"syscall"
-
 	"github.com/onceflow/onceflow/cmd/internal/cli"
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "projector:", err)
-		os.Exit(1)
-	}
-}
-
-func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return cli.RunComponent(ctx, "projector", stack.Components{Projector: true}, args, getenv, stdout)
-}
+func main() { cli.ComponentMain("projector", stack.Components{Projector: true}) }

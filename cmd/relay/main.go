@@ -15,10 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/onceflow/onceflow/cmd/internal/cli"
@@ -26,14 +23,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "relay:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("relay", run) }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)

@@ -5,13 +5,16 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -215,4 +218,28 @@ func (c *Common) projector(getenv func(string) string) (projector.Config, error)
 		pc.Hold = projector.HoldInDir(dir)
 	}
 	return pc, nil
+}
+
+// Main is the main of every onceflow binary: run gets a context that ends
+// on SIGINT or SIGTERM, the arguments and the environment. An error is
+// printed after name and exits 1; -h exits 0 after the usage.
+func Main(name string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+}
+
+// ComponentMain is Main for a binary that runs components with the common
+// flags only.
+func ComponentMain(name string, components stack.Components) {
+	Main(name, func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+		return RunComponent(ctx, name, components, args, getenv, stdout)
+	})
 }
