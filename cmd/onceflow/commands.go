@@ -77,12 +77,16 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
+	rcfg, err := c.Relay()
+	if err != nil {
+		return err
+	}
 	minSessionTimeout, err := time.ParseDuration(minSession)
 	if err != nil || minSessionTimeout <= 0 {
 		return fmt.Errorf("-group-min-session-timeout %q: want a positive duration", minSession)
 	}
 	return stack.RunDev(ctx, stack.DevConfig{
-		RunConfig:    stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg},
+		RunConfig:    stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg, Relay: rcfg},
 		DataDir:      dataDir,
 		BrokerAddr:   cfg.Kafka.Brokers[0],
 		RegistryAddr: registryAddr,

@@ -58,7 +58,8 @@
 // An idle worker waits for the dispatcher, which on Wake or every
 // PollInterval reads the head of every idle shard in one query and hands
 // each worker its rows. The reads walk the (shard, id) index through
-// onceflow_outbox_head, whatever the planner thinks of the queue table's
+// onceflow_outbox_heads (all idle shards) and onceflow_outbox_head (one
+// shard, after a delete), whatever the planner thinks of the queue table's
 // statistics, so dead tuples between autovacuum runs do not slow them.
 //
 // Rows are deleted only after the broker acknowledged the commit. A crash

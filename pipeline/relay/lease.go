@@ -97,10 +97,6 @@ const (
 	leaveSQL = `DELETE FROM outbox_relays WHERE owner = $1`
 )
 
-// errLeaseLost means the shard's lease is no longer this relay's: another
-// relay took it (the token moved) or it was released.
-var errLeaseLost = errors.New("lease lost")
-
 // ErrShardCount is returned by Run when the outbox's leases were created
 // with another shard count than the relay's.
 var ErrShardCount = errors.New("outbox shard count mismatch")
@@ -232,7 +228,7 @@ func (r *Relay) keepOnce(ctx context.Context, startup bool) (time.Duration, erro
 		return 0, fmt.Errorf("next expiry: %w", err)
 	}
 	if next != nil {
-		wait = min(wait, time.Duration(*next*float64(time.Second))+10*time.Millisecond)
+		wait = min(wait, seconds(*next)+10*time.Millisecond)
 	}
 	return max(wait, 10*time.Millisecond), nil
 }

@@ -20,7 +20,7 @@ type metrics struct {
 	owned   prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, shards int) *metrics {
+func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) *metrics {
 	m := &metrics{
 		shipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_outbox_shipped_rows_total",

@@ -73,7 +73,7 @@ func New(cfg Config, pool *pgxpool.Pool, kcfg kafka.Config, logger *slog.Logger,
 	return &Relay{
 		cfg: cfg, pool: pool, kafka: kcfg,
 		logger:    logger.With("component", "relay"),
-		metrics:   newMetrics(reg, pool, cfg.Shards),
+		metrics:   newMetrics(reg, pool),
 		owner:     cfg.InstanceID + "#" + hex.EncodeToString(nonce),
 		wake:      make(chan struct{}, 1),
 		rebalance: make(chan struct{}, 1),
@@ -223,7 +223,7 @@ func (r *Relay) handOut(ctx context.Context, claimed []*worker) error {
 	}
 	for shard, batch := range batches {
 		w := byShard[shard]
-		w.setDeadline(sent.Add(time.Duration(remaining[shard] * float64(time.Second))))
+		w.setDeadline(sent.Add(seconds(remaining[shard])))
 		given[shard] = true
 		w.work <- batch // the claimed worker waits for it; the buffer holds one
 	}

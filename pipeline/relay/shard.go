@@ -166,8 +166,9 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 			return
 		case err != nil:
 			r.metrics.errors.Inc()
+			// (A Kafka failure has discarded the producer already; after a
+			// Postgres one it is still good.)
 			r.logLimited("ship outbox batch", "shard", w.shard, "err", err, "backoff", backoff)
-			r.discardClient(w)
 			next = nil
 			select {
 			case <-ctx.Done():
@@ -192,9 +193,6 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 type lostError struct{ stage string }
 
 func (e *lostError) Error() string { return "lease lost (" + e.stage + ")" }
-func (e *lostError) Is(target error) bool {
-	return target == errLeaseLost
-}
 
 type outboxRow struct {
 	id        int64
@@ -355,8 +353,8 @@ func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 	}
-	out, leased, err := r.scanBatch(rows, w, sent, "check", func(dst []any) []any { return dst })
-	if err != nil || !leased {
+	out, err := r.scanBatch(rows, w, sent, "check")
+	if err != nil {
 		return nil, err
 	}
 	if len(out) > 0 && time.Until(w.getDeadline()) < 2*r.cfg.margin() {
@@ -365,11 +363,11 @@ func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
 	return out, nil
 }
 
-// scanBatch reads rows of (leading columns..., remaining lease, outbox
-// row or NULLs): no row at all means the lease is not this token's (a
-// *lostError naming stage), one row with a NULL id means the shard is
-// empty. It updates the worker's deadline from the remaining lease.
-func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string, lead func([]any) []any) ([]outboxRow, bool, error) {
+// scanBatch reads rows of (lead columns..., remaining lease, outbox row or
+// NULLs): no row at all means the lease is not this token's (a *lostError
+// naming stage), one row with a NULL id means the shard is empty. It
+// updates the worker's deadline from the remaining lease.
+func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string, lead ...any) ([]outboxRow, error) {
 	defer rows.Close()
 	var (
 		out       []outboxRow
@@ -385,10 +383,9 @@ func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string
 			headers   map[string]string
 			createdAt *time.Time
 		)
-		dst := lead(make([]any, 0, 8))
-		dst = append(dst, &remaining, &id, &topic, &key, &value, &headers, &createdAt)
+		dst := append(slices.Clip(lead), &remaining, &id, &topic, &key, &value, &headers, &createdAt)
 		if err := rows.Scan(dst...); err != nil {
-			return nil, false, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+			return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 		}
 		leased = true
 		if id != nil {
@@ -396,15 +393,15 @@ func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 	}
 	if !leased {
-		return nil, false, &lostError{stage: stage}
+		return nil, &lostError{stage: stage}
 	}
 	// The database's word on how long the lease has left is authoritative;
 	// counted from before the query was sent, it errs on the short side.
-	w.setDeadline(sent.Add(time.Duration(remaining * float64(time.Second))))
-	return out, true, nil
+	w.setDeadline(sent.Add(seconds(remaining)))
+	return out, nil
 }
 
 // produce ships rows in one Kafka transaction on the shard's producer and
@@ -552,7 +549,7 @@ func (r *Relay) deleteShipped(ctx context.Context, w *worker, shipped []outboxRo
 		return nil, fmt.Errorf("delete %d shipped rows of shard %d: %w", len(ids), w.shard, err)
 	}
 	var deleted int
-	next, _, err := r.scanBatch(rows, w, sent, "delete", func(dst []any) []any { return append(dst, &deleted, nil) })
+	next, err := r.scanBatch(rows, w, sent, "delete", &deleted, nil)
 	if err != nil {
 		// A lost lease: shipped, but the shard moved meanwhile; its new
 		// holder ships these rows again (duplicates the processor absorbs).

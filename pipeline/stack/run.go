@@ -126,11 +126,10 @@ func Run(ctx context.Context, rc RunConfig) error {
 
 		var rel *relay.Relay
 		if c.Relay {
-			r, closeProducer, err := NewRelay(rc.Config, rc.Relay, pool, metrics)
+			r, err := NewRelay(rc.Config, rc.Relay, pool, metrics)
 			if err != nil {
 				return err
 			}
-			defer closeProducer()
 			rel = r
 			g.Go(func() error { return rel.Run(gctx) })
 		}

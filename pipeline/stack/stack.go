@@ -182,9 +182,8 @@ func NewIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, s Serdes, reg
 }
 
 // NewRelay builds the relay; it makes and closes its own (transactional,
-// one per shard) producers, so the returned function has nothing to close
-// and is kept for callers that defer it.
-func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*relay.Relay, func(), error) {
+// one per shard) producers.
+func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*relay.Relay, error) {
 	if rcfg.Shards == 0 {
 		rcfg.Shards = cfg.OutboxShards
 	}
@@ -197,11 +196,7 @@ func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.
 	if rcfg.TransactionalIDPrefix == "" {
 		rcfg.TransactionalIDPrefix = "onceflow-relay-" + cfg.Topics.Prefix
 	}
-	r, err := relay.New(rcfg, pool, cfg.Kafka, cfg.Logger, reg)
-	if err != nil {
-		return nil, nil, err
-	}
-	return r, func() {}, nil
+	return relay.New(rcfg, pool, cfg.Kafka, cfg.Logger, reg)
 }
 
 // NewProcessor builds the ledger processor.

@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/relay"
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
@@ -52,6 +53,9 @@ type Common struct {
 	// The projector's.
 	ProjectorSessionTimeout string
 	ProjectorParallelism    int
+	// The relay's (the lease a string until Relay parses it).
+	RelayLease     string
+	RelayBatchSize int
 }
 
 // Register defines the shared flags on fs, defaulting from getenv.
@@ -68,6 +72,9 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
 	parallelism, _ := strconv.Atoi(env("ONCEFLOW_PROJECTOR_PARALLELISM", "2"))
 	fs.IntVar(&c.ProjectorParallelism, "projector-parallelism", parallelism, "transactions a projector runs at once over disjoint partitions of a batch (ONCEFLOW_PROJECTOR_PARALLELISM)")
+	fs.StringVar(&c.RelayLease, "relay-lease", env("ONCEFLOW_RELAY_LEASE", "10s"), "relay shard lease period: a silent relay's shards move to the others after it (ONCEFLOW_RELAY_LEASE)")
+	batch, _ := strconv.Atoi(env("ONCEFLOW_RELAY_BATCH_SIZE", "500"))
+	fs.IntVar(&c.RelayBatchSize, "relay-batch-size", batch, "outbox rows per relay Kafka transaction (ONCEFLOW_RELAY_BATCH_SIZE)")
 	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
@@ -170,6 +177,18 @@ func (c *Common) Processor() (processor.Config, error) {
 	return processor.Config{DedupWindow: window, SessionTimeout: session}, nil
 }
 
+// Relay returns the relay's settings.
+func (c *Common) Relay() (relay.Config, error) {
+	lease, err := time.ParseDuration(c.RelayLease)
+	if err != nil || lease <= 0 {
+		return relay.Config{}, fmt.Errorf("ONCEFLOW_RELAY_LEASE %q: want a positive duration like 10s", c.RelayLease)
+	}
+	if c.RelayBatchSize < 1 {
+		return relay.Config{}, fmt.Errorf("ONCEFLOW_RELAY_BATCH_SIZE %d: want 1 or more", c.RelayBatchSize)
+	}
+	return relay.Config{LeaseDuration: lease, BatchSize: c.RelayBatchSize}, nil
+}
+
 // RunComponent is the whole main of a single-component binary.
 func RunComponent(ctx context.Context, name string, components stack.Components, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -197,8 +216,12 @@ func RunComponent(ctx context.Context, name string, components stack.Components,
 	if err != nil {
 		return err
 	}
-	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg,
-		Projector: prcfg})
+	rcfg, err := c.Relay()
+	if err != nil {
+		return err
+	}
+	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
+		Processor: pcfg, Projector: prcfg, Relay: rcfg})
 }
 
 // projector returns the projector's settings. It also installs the
