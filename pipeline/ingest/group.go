@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -250,7 +249,7 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 		// deadlock victim, nothing was written: try once more.
 		results, err = c.tryCommit(ctx, conn, batch)
 	}
-	if isMissingPartition(err) {
+	if postgres.IsMissingPartition(err, "idempotency_keys") {
 		// The janitor (in the relay) keeps a week of partitions ready; if
 		// it has not run for that long, make today's here and try again.
 		c.logger.Warn("idempotency_keys has no partition for today; creating it", "err", err)
@@ -409,7 +408,7 @@ func (c *committer) tryCommit(ctx context.Context, pc *pgxpool.Conn, batch []*ac
 		return results, nil
 	case acceptErr == nil:
 		return nil, fmt.Errorf("commit accept transaction: %w", errors.Join(commitErr, closeErr, errNotCommitted(tag)))
-	case postgres.IsUnavailable(acceptErr) || isMissingPartition(acceptErr) || ctx.Err() != nil:
+	case postgres.IsUnavailable(acceptErr) || postgres.IsMissingPartition(acceptErr, "idempotency_keys") || ctx.Err() != nil:
 		return nil, fmt.Errorf("accept commands: %w", acceptErr)
 	}
 
@@ -548,11 +547,4 @@ func (in *inputs) args(from, to int, cfg Config) []any {
 		in.aggregates[from:to], in.types[from:to], in.statuses[from:to], in.respHeaders[from:to], in.bodies[from:to],
 		cfg.CommandsTopic, cfg.IdempotencyRetention.Seconds(),
 	}
-}
-
-// isMissingPartition reports whether err is Postgres refusing a row
-// because no partition covers its created_at.
-func isMissingPartition(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition")
 }

@@ -110,4 +110,18 @@ func TestDailyPartitions(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("rows left after dropping yesterday: %d, %v", rows, err)
 	}
+	// Today dropped too: an insert finds no partition, and says so in a way
+	// IsMissingPartition recognizes whatever the server's language.
+	if _, err := pool.Exec(ctx, `SELECT onceflow_drop_daily_partitions('idempotency_keys', now() + interval '30 days')`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO idempotency_keys
+		(tenant, key, route, request_hash, command_id, response_status, response_headers, response_body)
+		VALUES ('t', 'k', 'r', '\x00', gen_random_uuid(), 202, '{}', '')`)
+	if !postgres.IsMissingPartition(err, "idempotency_keys") {
+		t.Fatalf("insert with no partition for today: %v, want IsMissingPartition", err)
+	}
+	if postgres.IsMissingPartition(err, "inbox") {
+		t.Fatal("IsMissingPartition names the wrong table")
+	}
 }

@@ -91,6 +91,16 @@ func IsUnavailable(err error) bool {
 	return pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }
 
+// IsMissingPartition reports whether err is an insert into the
+// partitioned table that found no partition for its row (no daily
+// partition for today yet). It goes by the error's code and table, not
+// its text, which the server's lc_messages translates.
+func IsMissingPartition(err error, table string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == "" &&
+		pgErr.TableName == table
+}
+
 // IsSerialization reports whether err is a serialization failure or a
 // deadlock: the transaction can be retried as a whole.
 func IsSerialization(err error) bool {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -410,21 +409,6 @@ func stopAtParks(evs []event, parks []park) []event {
 	}
 	return out
 }
-
-// isMissingPartition reports whether err is an insert that found no
-// partition of a partitioned table for its row (the janitor has not
-// created today's inbox partition yet).
-func isMissingPartition(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == "" &&
-		pgErr.TableName == "inbox"
-}
-
-// transient reports whether a failed batch should be retried after a
-// pause: anything but a cancelled context is retried (a projection's own
-// bug included, so it shows in onceflow_projector_batch_errors_total and
-// the log, and nothing is skipped).
-func transient(ctx context.Context, err error) bool { return ctx.Err() == nil && err != nil }
 
 // decode turns a record into an event; errors that are the record's own
 // fault wrap errPoison.

@@ -318,7 +318,7 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 		if ctx.Err() != nil {
 			return nil
 		}
-		if isMissingPartition(err) {
+		if postgres.IsMissingPartition(err, "inbox") {
 			if perr := ensureInboxPartitions(ctx, p.pool); perr == nil {
 				continue
 			}
@@ -405,7 +405,7 @@ func (p *Projector) checkUnparked(ctx context.Context, cl *kgo.Client) {
 		return
 	}
 	for part := range p.Parked() {
-		if containsInt32(still, part) {
+		if slices.Contains(still, part) {
 			continue
 		}
 		var off int64
@@ -417,15 +417,6 @@ func (p *Projector) checkUnparked(ctx context.Context, cl *kgo.Client) {
 		p.forget([]int32{part})
 		p.logger.Info("partition unparked by an operator; trying again", "partition", part, "offset", off)
 	}
-}
-
-func containsInt32(s []int32, v int32) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 const loadOffsetsSQL = `SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`

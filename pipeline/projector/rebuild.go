@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // Rebuildable is a projection that can be rebuilt from the events topic
@@ -592,15 +593,8 @@ var errNotCaughtUp = errors.New("the shadow is not at the live offsets yet")
 // retrySwap reports whether a failed swap should be tried again later.
 func retrySwap(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "55P03", // lock_not_available: lock_timeout
-			"40P01", // deadlock_detected
-			"40001": // serialization_failure
-			return true
-		}
-	}
-	return errors.Is(err, errNotCaughtUp)
+	lockTimeout := errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+	return lockTimeout || postgres.IsSerialization(err) || errors.Is(err, errNotCaughtUp)
 }
 
 const liveOffsetsForUpdateSQL = lockOffsetsSQL
