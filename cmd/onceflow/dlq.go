@@ -54,8 +54,8 @@ func runDLQList(ctx context.Context, args []string, getenv func(string) string, 
 	fmt.Fprintln(tw, "DLQ\tTIME\tREASON\tKEY\tTYPE\tCOMMAND-ID\tSOURCE\tDETAIL")
 	for _, d := range dls {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%s\n", d.Coordinates(), d.Time.UTC().Format(time.RFC3339),
-			d.Reason, dlqText(string(d.Key)), dlqText(d.Header(pipeline.HeaderCommandType)), dlqText(d.Header(pipeline.HeaderCommandID)),
-			d.SourceTopic, d.SourcePartition, d.SourceOffset, dlqText(d.Detail))
+			d.Reason, cellText(string(d.Key)), cellText(d.Header(pipeline.HeaderCommandType)), cellText(d.Header(pipeline.HeaderCommandID)),
+			d.SourceTopic, d.SourcePartition, d.SourceOffset, cellText(d.Detail))
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "%d records\n", len(dls))
@@ -114,10 +114,12 @@ func runDLQRedrive(ctx context.Context, args []string, getenv func(string) strin
 		return nil
 	}
 	recs := make([]*kgo.Record, len(pick))
+	picked := make(map[*kgo.Record]processor.DeadLetter, len(pick)) // ProduceSync answers in completion order
 	for i, d := range pick {
 		recs[i] = d.Redrive(cfg.Topics.Commands())
+		picked[recs[i]] = d
 		if dryRun {
-			fmt.Fprintf(stdout, "would redrive %s (%s) %s command-id %s\n", d.Coordinates(), d.Reason, dlqText(string(d.Key)), dlqText(d.Header(pipeline.HeaderCommandID)))
+			fmt.Fprintf(stdout, "would redrive %s (%s) %s command-id %s\n", d.Coordinates(), d.Reason, cellText(string(d.Key)), cellText(d.Header(pipeline.HeaderCommandID)))
 		}
 	}
 	if dryRun {
@@ -129,15 +131,15 @@ func runDLQRedrive(ctx context.Context, args []string, getenv func(string) strin
 	}
 	defer cl.Close()
 	var failed int
-	for i, res := range cl.ProduceSync(ctx, recs...) {
-		d := pick[i]
+	for _, res := range cl.ProduceSync(ctx, recs...) {
+		d := picked[res.Record]
 		if res.Err != nil {
 			failed++
 			fmt.Fprintf(stdout, "FAILED %s: %v\n", d.Coordinates(), res.Err)
 			continue
 		}
-		fmt.Fprintf(stdout, "redrove %s (%s) %s command-id %s to %s/%d@%d\n", d.Coordinates(), d.Reason, dlqText(string(d.Key)),
-			dlqText(d.Header(pipeline.HeaderCommandID)), res.Record.Topic, res.Record.Partition, res.Record.Offset)
+		fmt.Fprintf(stdout, "redrove %s (%s) %s command-id %s to %s/%d@%d\n", d.Coordinates(), d.Reason, cellText(string(d.Key)),
+			cellText(d.Header(pipeline.HeaderCommandID)), res.Record.Topic, res.Record.Partition, res.Record.Offset)
 	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d records were not redriven; run the command again (redriving twice is harmless: the command id is the same)", failed, len(recs))
@@ -174,9 +176,11 @@ func readDLQ(ctx context.Context, c *cli.Common, reason string) ([]processor.Dea
 	return out, cfg, nil
 }
 
-// dlqText keeps a poison record's key or header from garbling the
-// terminal: control characters are escaped.
-func dlqText(s string) string {
+// cellText keeps text a client chose (a poison record's key or header, an
+// Idempotency-Key) from garbling the terminal or a table's columns: as it
+// is when plain, else quoted with control and non-printable characters
+// escaped; "-" when empty.
+func cellText(s string) string {
 	if s == "" {
 		return "-"
 	}
