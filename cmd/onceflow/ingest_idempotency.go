@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -70,16 +69,8 @@ func runIdempotencyCheck(ctx context.Context, args []string, getenv func(string)
 		if status == "" {
 			status = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", printable(a.Key), a.Replays, a.Conflicts, last,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", cellText(a.Key), a.Replays, a.Conflicts, last,
 			a.CreatedAt.UTC().Format(time.DateTime), a.Route, a.CommandID, status)
 	}
 	return tw.Flush()
-}
-
-// printable quotes a key that would break the table's columns.
-func printable(key string) string {
-	if key == "" || strings.ContainsAny(key, " \t\"") {
-		return strconv.Quote(key)
-	}
-	return key
 }

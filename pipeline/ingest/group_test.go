@@ -128,8 +128,10 @@ func TestBatchIsolatesEachRequest(t *testing.T) {
 	}
 	// And the six requests after the gate shared one transaction.
 	mfs, _ := s.metrics.Gather()
+	found := false
 	for _, mf := range mfs {
 		if mf.GetName() == "onceflow_api_accept_batch_size" {
+			found = true
 			h := mf.GetMetric()[0].GetHistogram()
 			for _, bk := range h.GetBucket() {
 				if bk.GetUpperBound() == 4 && bk.GetCumulativeCount() == h.GetSampleCount() {
@@ -137,5 +139,8 @@ func TestBatchIsolatesEachRequest(t *testing.T) {
 				}
 			}
 		}
+	}
+	if !found {
+		t.Error("no onceflow_api_accept_batch_size metric: the shared transaction went unchecked")
 	}
 }

@@ -224,10 +224,8 @@ func pathID(r *http.Request, errs *[]FieldError) string {
 // is reported at once, so a client can fix them in one round.
 type parser func(r *http.Request, body []byte) (command, *Problem)
 
-func finish(errs []FieldError, p *Problem, c command) (command, *Problem) {
-	if p != nil {
-		return command{}, p
-	}
+// finish returns c, or the 422 listing errs when there are any.
+func finish(errs []FieldError, c command) (command, *Problem) {
 	if len(errs) > 0 {
 		return command{}, invalid(errs...)
 	}
@@ -245,7 +243,7 @@ func parseOpenAccount(_ *http.Request, body []byte) (command, *Problem) {
 	if ok && !ledger.ValidCurrency(cur) {
 		errs = append(errs, FieldError{"currency", "must be a three-letter ISO 4217 code in upper case"})
 	}
-	return finish(errs, nil, command{
+	return finish(errs, command{
 		localID:   id,
 		payload:   ledger.OpenAccount{Currency: cur},
 		canonical: canonical("open_account", id, cur),
@@ -254,31 +252,27 @@ func parseOpenAccount(_ *http.Request, body []byte) (command, *Problem) {
 
 // parseDeposit is POST /v1/accounts/{id}/deposits {"amount"}.
 func parseDeposit(r *http.Request, body []byte) (command, *Problem) {
-	obj, errs, p := decodeObject(body, "amount")
-	if p != nil {
-		return command{}, p
-	}
-	id := pathID(r, &errs)
-	amt := obj.amount("amount", &errs)
-	return finish(errs, nil, command{
-		localID:   id,
-		payload:   ledger.Deposit{Amount: amt},
-		canonical: canonical("deposit", id, amt),
-	})
+	return parseAmount(r, body, "deposit", func(amt int64) pipeline.Message { return ledger.Deposit{Amount: amt} })
 }
 
 // parseWithdraw is POST /v1/accounts/{id}/withdrawals {"amount"}.
 func parseWithdraw(r *http.Request, body []byte) (command, *Problem) {
+	return parseAmount(r, body, "withdraw", func(amt int64) pipeline.Message { return ledger.Withdraw{Amount: amt} })
+}
+
+// parseAmount parses {"amount"} on the path's account into payload(amount);
+// name is the route's name in the canonical request.
+func parseAmount(r *http.Request, body []byte, name string, payload func(int64) pipeline.Message) (command, *Problem) {
 	obj, errs, p := decodeObject(body, "amount")
 	if p != nil {
 		return command{}, p
 	}
 	id := pathID(r, &errs)
 	amt := obj.amount("amount", &errs)
-	return finish(errs, nil, command{
+	return finish(errs, command{
 		localID:   id,
-		payload:   ledger.Withdraw{Amount: amt},
-		canonical: canonical("withdraw", id, amt),
+		payload:   payload(amt),
+		canonical: canonical(name, id, amt),
 	})
 }
 
@@ -289,7 +283,7 @@ func parseClose(r *http.Request, body []byte) (command, *Problem) {
 		return command{}, p
 	}
 	id := pathID(r, &errs)
-	return finish(errs, nil, command{
+	return finish(errs, command{
 		localID:   id,
 		payload:   ledger.CloseAccount{},
 		canonical: canonical("close", id),
@@ -311,7 +305,7 @@ func parseTransfer(_ *http.Request, body []byte) (command, *Problem) {
 		errs = append(errs, FieldError{"to", "must differ from from"})
 	}
 	amt := obj.amount("amount", &errs)
-	return finish(errs, nil, command{
+	return finish(errs, command{
 		localID:   from,
 		payload:   ledger.RequestTransfer{TransferID: tid, To: to, Amount: amt},
 		canonical: canonical("transfer", tid, from, to, amt),

@@ -311,8 +311,14 @@ func TestCommandWait(t *testing.T) {
 	if r, body := get(""); r.Status != 200 || body["status"] != "pending" || body["command_type"] != "OpenAccount" || body["aggregate_id"] != "acme/a" {
 		t.Fatalf("without wait: %s", r)
 	}
-	if r, body := get("?wait=10ms"); r.Status != 200 || body["status"] != "pending" {
+	// Nothing happens: the request holds for the whole wait, then answers
+	// pending.
+	start := time.Now()
+	if r, body := get("?wait=300ms"); r.Status != 200 || body["status"] != "pending" {
 		t.Fatalf("a short wait: %s", r)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Fatalf("?wait=300ms on a pending command answered after %s: it did not wait", took)
 	}
 
 	// The outcome arrives while a client waits (the projector's update).
