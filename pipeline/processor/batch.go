@@ -300,7 +300,7 @@ func (b *batch[S]) eventRecord(ev pipeline.Event) (*kgo.Record, error) {
 		return nil, fmt.Errorf("encode %s: %w", ev.Type(), err)
 	}
 	rec := &kgo.Record{
-		Topic: b.p.cfg.Topics.Events(), Key: []byte(ev.AggregateID), Value: value, Timestamp: ev.Time,
+		Topic: b.p.events, Key: []byte(ev.AggregateID), Value: value, Timestamp: ev.Time,
 		Headers: []kgo.RecordHeader{
 			{Key: pipeline.HeaderEventID, Value: []byte(ev.ID.String())},
 			{Key: pipeline.HeaderEventType, Value: []byte(ev.Type())},
@@ -320,13 +320,13 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	return CommandRecord(b.p.cfg.Topics.Commands(), ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	return CommandRecord(b.p.commands, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
 func (b *batch[S]) deadLetter(r *kgo.Record, p *poison) {
 	b.p.dlqLog.log(b.p.logger, "poison command to dlq", "partition", r.Partition, "offset", r.Offset, "reason", p.reason, "err", p.err)
-	b.produce(deadLetterRecord(b.p.cfg.Topics.DLQ(), r, p.reason, p.err.Error()))
+	b.produce(deadLetterRecord(b.p.dlq, r, p.reason, p.err.Error()))
 	b.dlq[p.reason]++
 }
 
@@ -363,7 +363,7 @@ func (b *batch[S]) snapshot() {
 			return
 		}
 		a.entry = e
-		b.produce(&kgo.Record{Topic: b.p.cfg.Topics.State(), Partition: a.partition, Key: e[valueAt-len(id) : valueAt], Value: e[valueAt:], Timestamp: a.snap.lastAt()})
+		b.produce(&kgo.Record{Topic: b.p.state, Partition: a.partition, Key: e[valueAt-len(id) : valueAt], Value: e[valueAt:], Timestamp: a.snap.lastAt()})
 	}
 }
 

@@ -41,6 +41,8 @@ type Processor[S any] struct {
 	logger  *slog.Logger
 	metrics *metrics
 	dlqLog  rateLimited
+	// topic names, made once: every record a batch writes names one.
+	commands, events, state, dlq string
 
 	// parts holds the state of each assigned partition. Rebalances are
 	// blocked while a batch runs, so a partition's state never changes
@@ -75,6 +77,7 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 	}
 	return &Processor[S]{
 		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
+		commands: cfg.Topics.Commands(), events: cfg.Topics.Events(), state: cfg.Topics.State(), dlq: cfg.Topics.DLQ(),
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
 		parts:   make(map[int32]*table),
@@ -267,9 +270,11 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	}
 	if !committed {
 		p.metrics.transactions.WithLabelValues("aborted").Inc()
-		p.logger.Warn("transaction aborted; the batch will be decided again", "records", len(records), "err", b.promise.Err())
-		if b.failed != nil {
-			// Give what failed (the schema registry) a moment.
+		p.logger.Warn("transaction aborted; the batch will be decided again", "records", len(records),
+			"produce_err", b.promise.Err(), "err", b.failed)
+		if b.failed != nil || b.promise.Err() != nil {
+			// Give what failed (the schema registry, the broker refusing a
+			// record) a moment rather than spinning on it.
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
