@@ -23,13 +23,7 @@ func TestBrokerKilledWithOpenTransaction(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pl := NewPipeline(binDir, t.TempDir(), "")
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("process logs:\n%s", pl.Logs(40))
-		}
-		pl.KillAll()
-	})
+	pl := newPipeline(t, "")
 	broker, err := pl.StartBroker(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -15,9 +15,11 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 var binDir string
@@ -37,6 +39,36 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// newPipeline prepares a deployment in t's temporary directory against
+// databaseURL ("" when no component needs Postgres). Its processes die
+// when the test ends, and their logs are printed if it failed.
+func newPipeline(t *testing.T, databaseURL string) *Pipeline {
+	t.Helper()
+	pl := NewPipeline(binDir, t.TempDir(), databaseURL)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("process logs:\n%s", pl.Logs(80))
+		}
+		pl.KillAll()
+	})
+	return pl
+}
+
+// registrySerdes returns the serdes of the topics of pl's running broker,
+// through its schema registry (the ids its components use).
+func registrySerdes(t *testing.T, ctx context.Context, pl *Pipeline) stack.Serdes {
+	t.Helper()
+	reg, err := avro.NewClient(pl.RegistryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serdes, err := stack.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serdes
 }
 
 // deployment is a pipeline with one process per component and a tenant.
@@ -60,13 +92,7 @@ func deploy(t *testing.T, ctx context.Context) *deployment {
 func deployOn(t *testing.T, ctx context.Context, broker string) *deployment {
 	t.Helper()
 	pool, url := pipelinetest.Pool(t)
-	pl := NewPipeline(binDir, t.TempDir(), url)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("process logs:\n%s", pl.Logs(60))
-		}
-		pl.KillAll()
-	})
+	pl := newPipeline(t, url)
 	if broker == "" {
 		if _, err := pl.StartBroker(ctx); err != nil {
 			t.Fatal(err)

@@ -18,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -47,25 +46,13 @@ func newProcRig(t *testing.T, ctx context.Context) *procRig {
 	if testing.Short() {
 		t.Skip("multi-process end-to-end test; skipped with -short")
 	}
-	pl := NewPipeline(binDir, t.TempDir(), "")
+	pl := newPipeline(t, "")
 	pl.BrokerEnv = map[string]string{"ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT": "500ms"}
 	rig := &procRig{Pipeline: pl, t: t, procs: map[string]*Component{}}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("process logs:\n%s", pl.Logs(60))
-		}
-		pl.KillAll()
-	})
 	if _, err := pl.StartBroker(ctx); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := avro.NewClient(pl.RegistryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rig.serdes, err = stack.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix}); err != nil {
-		t.Fatal(err)
-	}
+	rig.serdes = registrySerdes(t, ctx, pl)
 	rig.cl = pipelinetest.Client(t, []string{pl.BrokerAddr})
 	return rig
 }

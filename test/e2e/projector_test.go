@@ -15,8 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
@@ -51,25 +49,13 @@ func newProjRig(t *testing.T, ctx context.Context) *projRig {
 		t.Skip("multi-process end-to-end test; skipped with -short")
 	}
 	pool, url := pipelinetest.Pool(t)
-	pl := NewPipeline(binDir, t.TempDir(), url)
+	pl := newPipeline(t, url)
 	pl.BrokerEnv = map[string]string{"ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT": "500ms"}
 	r := &projRig{Pipeline: pl, t: t, pool: pool, hold: t.TempDir(), accounts: map[string]*projAccount{}}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("process logs:\n%s", pl.Logs(60))
-		}
-		pl.KillAll()
-	})
 	if _, err := pl.StartBroker(ctx); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := avro.NewClient(pl.RegistryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.serdes, err = stack.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix}); err != nil {
-		t.Fatal(err)
-	}
+	r.serdes = registrySerdes(t, ctx, pl)
 	r.cl = pipelinetest.Client(t, []string{pl.BrokerAddr})
 	return r
 }

@@ -17,11 +17,9 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/relay"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // relayRig is a broker and relay processes over one database, and a writer
@@ -46,27 +44,13 @@ func newRelayRig(t *testing.T, ctx context.Context, env map[string]string) *rela
 		t.Skip("multi-process end-to-end test; skipped with -short")
 	}
 	pool, url := pipelinetest.Pool(t)
-	pl := NewPipeline(binDir, t.TempDir(), url)
+	pl := newPipeline(t, url)
 	rig := &relayRig{Pipeline: pl, t: t, pool: pool, relays: map[string]*Component{}, env: env, sent: map[string][]string{}}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("process logs:\n%s", pl.Logs(80))
-		}
-		pl.KillAll()
-	})
 	var err error
 	if rig.broker, err = pl.StartBroker(ctx); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := avro.NewClient(pl.RegistryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serdes, err := stack.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rig.serde = serdes.Commands
+	rig.serde = registrySerdes(t, ctx, pl).Commands
 	return rig
 }
 
