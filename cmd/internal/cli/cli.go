@@ -56,6 +56,8 @@ type Common struct {
 	// The relay's (the lease a string until Relay parses it).
 	RelayLease     string
 	RelayBatchSize int
+
+	envErrs []error // malformed numeric variables, reported by Stack
 }
 
 // Register defines the shared flags on fs, defaulting from getenv.
@@ -67,13 +69,26 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 		}
 		return def
 	}
+	// envInt is a whole-number variable; a malformed one is reported by
+	// Stack, with its name and value.
+	envInt := func(name string, def int) int {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: want a whole number", name, v))
+		}
+		return n
+	}
 	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id, in command time; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
 	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
 	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
-	parallelism, _ := strconv.Atoi(env("ONCEFLOW_PROJECTOR_PARALLELISM", "2"))
+	parallelism := envInt("ONCEFLOW_PROJECTOR_PARALLELISM", 2)
 	fs.IntVar(&c.ProjectorParallelism, "projector-parallelism", parallelism, "transactions a projector runs at once over disjoint partitions of a batch (ONCEFLOW_PROJECTOR_PARALLELISM)")
 	fs.StringVar(&c.RelayLease, "relay-lease", env("ONCEFLOW_RELAY_LEASE", "10s"), "relay shard lease period: a silent relay's shards move to the others after it (ONCEFLOW_RELAY_LEASE)")
-	batch, _ := strconv.Atoi(env("ONCEFLOW_RELAY_BATCH_SIZE", "500"))
+	batch := envInt("ONCEFLOW_RELAY_BATCH_SIZE", 500)
 	fs.IntVar(&c.RelayBatchSize, "relay-batch-size", batch, "outbox rows per relay Kafka transaction (ONCEFLOW_RELAY_BATCH_SIZE)")
 	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
@@ -81,7 +96,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres URL (DATABASE_URL)")
 	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", env("SCHEMA_REGISTRY_URL", ""), "Confluent-compatible schema registry; empty uses the embedded registry (SCHEMA_REGISTRY_URL)")
 	fs.StringVar(&c.TopicPrefix, "topic-prefix", env("ONCEFLOW_TOPIC_PREFIX", "ledger"), "topic prefix (ONCEFLOW_TOPIC_PREFIX)")
-	parts, _ := strconv.Atoi(env("ONCEFLOW_PARTITIONS", "8"))
+	parts := envInt("ONCEFLOW_PARTITIONS", 8)
 	fs.IntVar(&c.Partitions, "partitions", parts, "partitions of topics created at start (ONCEFLOW_PARTITIONS)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", env("HTTP_ADDR", ":8080"), "ingest HTTP address (HTTP_ADDR)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", env("ADMIN_ADDR", ":9090"), "metrics and health address (ADMIN_ADDR)")
@@ -89,7 +104,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (LOG_FORMAT)")
 	host, _ := os.Hostname()
 	fs.StringVar(&c.InstanceID, "instance-id", env("ONCEFLOW_INSTANCE_ID", host), "stable unique id of this instance; the processor's transactional id ends in it (ONCEFLOW_INSTANCE_ID)")
-	shards, _ := strconv.Atoi(env("ONCEFLOW_OUTBOX_SHARDS", strconv.Itoa(pipeline.DefaultOutboxShards)))
+	shards := envInt("ONCEFLOW_OUTBOX_SHARDS", pipeline.DefaultOutboxShards)
 	fs.IntVar(&c.OutboxShards, "outbox-shards", shards, "outbox shards; every ingest and relay must use the same count (ONCEFLOW_OUTBOX_SHARDS)")
 	fs.StringVar(&c.SASLMechanism, "kafka-sasl-mechanism", env("KAFKA_SASL_MECHANISM", ""), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (KAFKA_SASL_MECHANISM)")
 	fs.StringVar(&c.SASLUser, "kafka-sasl-user", env("KAFKA_SASL_USER", ""), "SASL user (KAFKA_SASL_USER)")
@@ -121,6 +136,9 @@ func (c *Common) Logger(w io.Writer) (*slog.Logger, error) {
 
 // Stack returns the stack configuration.
 func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
+	if err := errors.Join(c.envErrs...); err != nil {
+		return stack.Config{}, err
+	}
 	if c.Partitions < 1 {
 		return stack.Config{}, fmt.Errorf("partitions must be positive, got %d", c.Partitions)
 	}
