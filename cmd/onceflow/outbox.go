@@ -95,7 +95,7 @@ func printOutboxStatus(w io.Writer, st relay.Status) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "dead rows: %d", st.DeadRows)
 	if st.DeadRows > 0 {
-		fmt.Fprint(w, " (refused by the broker for good; kept in outbox_dead)")
+		fmt.Fprint(w, " (cannot be shipped; kept in outbox_dead)")
 	}
 	fmt.Fprintln(w)
 	if len(st.Dead) > 0 {

@@ -100,6 +100,10 @@
 //     onceflow_outbox_dead_rows_total{reason}); the shard keeps flowing and
 //     `onceflow outbox status` lists the row. Errors an operator can fix
 //     (authorization, a missing topic) are retried instead.
+//   - A row whose headers are not a JSON object of strings (ingest never
+//     writes one; a hand-written row may): it cannot be shipped as written,
+//     so it goes to outbox_dead with reason INVALID_HEADERS before its
+//     batch is produced, and the rows before it are shipped first.
 //   - Wrong shard count: a relay configured with another count than the
 //     outbox's lease rows refuses to start (ErrShardCount).
 //

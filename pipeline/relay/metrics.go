@@ -43,7 +43,8 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) *metrics {
 		}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_outbox_dead_rows_total",
-			Help: "Outbox rows the broker refused for good, moved to outbox_dead, by the broker's error code.",
+			Help: "Outbox rows that cannot be shipped, moved to outbox_dead, by reason: the broker's error code for a row it refused for good, " +
+				"or INVALID_HEADERS for headers that are not a JSON object of strings.",
 		}, []string{"reason"}),
 		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_outbox_fenced_total",
@@ -85,7 +86,7 @@ var (
 	shardOldestDesc = prometheus.NewDesc("onceflow_outbox_shard_oldest_age_seconds",
 		"Age of the row at the head of one outbox shard (0 when empty).", []string{"shard"}, nil)
 	deadDesc = prometheus.NewDesc("onceflow_outbox_dead_rows",
-		"Rows in outbox_dead: refused by the broker for good, waiting for an operator.", nil, nil)
+		"Rows in outbox_dead: rows that cannot be shipped, waiting for an operator.", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -209,12 +209,12 @@ func (r *Relay) handOut(ctx context.Context, claimed []*worker) error {
 			shard   int
 			rem     float64
 			row     outboxRow
-			headers map[string]string
+			headers []byte
 		)
 		if err := rows.Scan(&shard, &rem, &row.id, &row.topic, &row.key, &row.value, &headers, &row.createdAt); err != nil {
 			return err
 		}
-		row.headers = headers
+		row.headers, row.badHeaders = recordHeaders(headers)
 		batches[shard] = append(batches[shard], row)
 		remaining[shard] = rem
 	}

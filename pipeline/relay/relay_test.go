@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -572,6 +573,77 @@ func TestTooLargeRowMidBatch(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(metric(t, r.reg, "onceflow_outbox_dead_rows")); got != 2 {
 		t.Errorf("dead rows gauge: got %v, want 2", got)
+	}
+}
+
+// A row whose headers are not a JSON object of strings (written by hand,
+// not by ingest) cannot be shipped as written: it goes to outbox_dead with
+// reason INVALID_HEADERS, and the rows around it are shipped in order with
+// their headers exactly as stored (escapes decoded, sorted by key, then
+// relay-lease).
+func TestInvalidHeadersRowMidBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	agg := "acme/acc-hdr"
+	shard := pipeline.OutboxShard(agg, pipeline.DefaultOutboxShards)
+	sent := map[string][]command{agg: e.insert(t, agg, 3, 10)}
+	var bad []int64
+	for _, headers := range []string{`{"command-id": 7}`, `["command-id"]`, `{"tenant": null}`} {
+		var id int64
+		if err := e.pool.QueryRow(ctx, `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, 'x', $4::jsonb) RETURNING id`,
+			shard, e.topics.Commands(), []byte(agg), headers).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		bad = append(bad, id)
+	}
+	escaped := e.insert(t, agg, 1, 10)
+	// A value with quotes, a backslash and non-ASCII text, stored escaped.
+	odd := "a \"quoted\" \\ ünïcode ☃"
+	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET headers = headers || jsonb_build_object('x-odd', $2::text) WHERE id = $1`,
+		escaped[0].outbox, odd); err != nil {
+		t.Fatal(err)
+	}
+	sent[agg] = append(sent[agg], escaped...)
+	sent[agg] = append(sent[agg], e.insert(t, agg, 3, 10)...)
+
+	r := e.start(t, relay.Config{BatchSize: 50})
+	e.waitEmpty(t, 30*time.Second)
+
+	recs := e.readTopic(t, e.topics.Commands(), 7)
+	checkOrder(t, sent, recs)
+	for _, rec := range recs {
+		var keys []string
+		for _, h := range rec.Headers {
+			keys = append(keys, h.Key)
+		}
+		want := []string{pipeline.HeaderCommandID, pipeline.HeaderCommandType, pipeline.HeaderTenant}
+		if header(rec, pipeline.HeaderCommandID) == escaped[0].id.String() {
+			want = append(want, "x-odd")
+			if got := header(rec, "x-odd"); got != odd {
+				t.Errorf("x-odd header: got %q, want %q", got, odd)
+			}
+		}
+		slices.Sort(want)
+		want = append(want, relay.HeaderLease)
+		if !slices.Equal(keys, want) {
+			t.Errorf("record headers %v, want %v", keys, want)
+		}
+	}
+	st, err := relay.ReadStatus(ctx, e.pool, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DeadRows != 3 {
+		t.Fatalf("dead rows: %d, want 3", st.DeadRows)
+	}
+	for _, d := range st.Dead {
+		if d.Reason != "INVALID_HEADERS" || !slices.Contains(bad, d.ID) || !strings.Contains(d.Detail, "not") {
+			t.Errorf("dead row %d: reason %q detail %q, want one of %v with INVALID_HEADERS", d.ID, d.Reason, d.Detail, bad)
+		}
+	}
+	if got := testutil.ToFloat64(metric(t, r.reg, "onceflow_outbox_dead_rows_total", "reason", "INVALID_HEADERS")); got != 3 {
+		t.Errorf("dead rows metric: got %v, want 3", got)
 	}
 }
 
