@@ -62,6 +62,29 @@ func structInfoOf(t reflect.Type) (*structInfo, error) {
 	return si2.(*structInfo), nil
 }
 
+// Fields returns a struct's fields by the names its Avro records give
+// them (the avro tag, else the snake_case of the Go name; `avro:"-"`
+// fields left out), so a copy of an event kept elsewhere, such as the
+// audit log's JSON, reads like the topic.
+func Fields(v any) (map[string]any, error) {
+	rv := reflect.ValueOf(v)
+	for rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		rv = rv.Elem()
+	}
+	if rv.Kind() != reflect.Struct {
+		return nil, fmt.Errorf("avro fields of %T: not a struct", v)
+	}
+	si, err := structInfoOf(rv.Type())
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]any, len(si.fields))
+	for _, f := range si.fields {
+		out[f.name] = rv.Field(f.index).Interface()
+	}
+	return out, nil
+}
+
 // snakeCase turns a Go field name into an Avro one: TransferID ->
 // transfer_id, AtMS -> at_ms, HTTPStatus -> http_status.
 func snakeCase(s string) string {

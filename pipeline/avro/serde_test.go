@@ -582,3 +582,30 @@ func TestRegisterErrors(t *testing.T) {
 		t.Errorf("Decode: got %v, want an unclassified (transient) error", err)
 	}
 }
+
+// Fields names a struct's fields as its Avro record does, so the audit
+// log's JSON copy of an event uses the topic's field names.
+func TestFields(t *testing.T) {
+	type ev struct {
+		TransferID string
+		AtMS       int64
+		HTTPStatus int
+		Amount     int64  `avro:"amount_minor"`
+		Note       string `avro:"-"`
+		internal   int
+	}
+	v := ev{TransferID: "t-1", AtMS: 7, HTTPStatus: 201, Amount: 5, Note: "x", internal: 1}
+	for _, in := range []any{v, &v} {
+		got, err := avro.Fields(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]any{"transfer_id": "t-1", "at_ms": int64(7), "http_status": 201, "amount_minor": int64(5)}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("Fields(%T) = %v, want %v", in, got, want)
+		}
+	}
+	if _, err := avro.Fields(42); err == nil {
+		t.Error("Fields of an int: no error")
+	}
+}

@@ -6,15 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
-	"sync"
 	"time"
-	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/avro"
 )
 
 // AuditLog records every event once in audit_log, whose primary key is the
@@ -124,59 +122,15 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
-// fieldsJSON encodes an event's fields as a JSON object named as in the
-// Avro schema (the avro tag, else the snake_case field name), so the audit
-// log reads like the events topic.
+// fieldsJSON encodes an event's fields as a JSON object named as in its
+// Avro record, so the audit log reads like the events topic.
 func fieldsJSON(m pipeline.Message) ([]byte, error) {
-	v := reflect.ValueOf(m)
-	if v.Kind() != reflect.Struct {
+	if reflect.ValueOf(m).Kind() != reflect.Struct {
 		return json.Marshal(m)
 	}
-	names := fieldNames(v.Type())
-	obj := make(map[string]any, len(names))
-	for i, name := range names {
-		if name != "" {
-			obj[name] = v.Field(i).Interface()
-		}
+	fields, err := avro.Fields(m)
+	if err != nil {
+		return nil, err
 	}
-	return json.Marshal(obj)
-}
-
-var fieldNameCache sync.Map // reflect.Type -> []string
-
-func fieldNames(t reflect.Type) []string {
-	if v, ok := fieldNameCache.Load(t); ok {
-		return v.([]string)
-	}
-	names := make([]string, t.NumField())
-	for i := range names {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
-		name, _, _ := strings.Cut(f.Tag.Get("avro"), ",")
-		switch name {
-		case "-":
-			continue
-		case "":
-			name = snake(f.Name)
-		}
-		names[i] = name
-	}
-	fieldNameCache.Store(t, names)
-	return names
-}
-
-func snake(s string) string {
-	var b strings.Builder
-	for i, r := range s {
-		if unicode.IsUpper(r) {
-			if i > 0 {
-				b.WriteByte('_')
-			}
-			r = unicode.ToLower(r)
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return json.Marshal(fields)
 }
