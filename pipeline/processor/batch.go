@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -27,6 +29,7 @@ const (
 	ReasonDeciderPanic        = "decider-panic"
 	ReasonDeciderError        = "decider-error"
 	ReasonEncode              = "unencodable-decision"
+	ReasonOutputRefused       = "output-refused"
 )
 
 // HeaderDLQDetail carries the human-readable detail of a DLQ reason.
@@ -44,7 +47,8 @@ type staged[S any] struct {
 	snap      Snapshot[S]
 	partition int32
 	dirty     bool
-	entry     []byte // after snapshot(): the table entry (id and encoded snapshot)
+	last      pipeline.ID // the batch's last command that changed it, blamed for its snapshot
+	entry     []byte      // after snapshot(): the table entry (id and encoded snapshot)
 }
 
 // aggregateKey names an aggregate within a partition. An aggregate's
@@ -67,7 +71,22 @@ type batch[S any] struct {
 
 	accepted, rejected, dedup int
 	dlq                       map[string]int
-	failed                    error // a transient failure: the batch aborts
+	failed                    error         // a transient failure: the batch aborts
+	setAside                  []pipeline.ID // refused commands this batch sent to the DLQ
+
+	// refused holds the records the broker refused for good (too large,
+	// invalid), each with the command whose decision it is; the produce
+	// callbacks fill it from the client's goroutines.
+	refusedMu sync.Mutex
+	refused   []refusal
+}
+
+// refusal is a record the broker refused for good.
+type refusal struct {
+	cmd      pipeline.ID
+	size     int
+	snapshot bool // a snapshot, blamed on the last command that changed the aggregate
+	err      error
 }
 
 func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client, promise *kgo.FirstErrPromise) *batch[S] {
@@ -79,6 +98,30 @@ func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client, promi
 }
 
 func (b *batch[S]) produce(r *kgo.Record) { b.cl.Produce(b.ctx, r, b.promise.Promise()) }
+
+// produceFor produces a record of cmd's decision. If the broker refuses it
+// for good, it is noted with cmd: the transaction aborts, and the batch is
+// decided again with cmd sent to the DLQ instead (Processor.learnRefused).
+func (b *batch[S]) produceFor(r *kgo.Record, cmd pipeline.ID) {
+	promise := b.promise.Promise()
+	snapshot := r.Topic == b.p.state
+	b.cl.Produce(b.ctx, r, func(r *kgo.Record, err error) {
+		if err != nil && refusedForGood(err) {
+			size := len(r.Key) + len(r.Value)
+			b.refusedMu.Lock()
+			b.refused = append(b.refused, refusal{cmd, size, snapshot, fmt.Errorf("%s record of %d bytes: %w", r.Topic, size, err)})
+			b.refusedMu.Unlock()
+		}
+		promise(r, err)
+	})
+}
+
+// refusedForGood reports whether the broker (or the client, for a record
+// over its own limit) will never accept this record as it is.
+func refusedForGood(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.InvalidTimestamp)
+}
 
 // fail aborts the batch: nothing it produced will commit.
 func (b *batch[S]) fail(err error) {
@@ -123,6 +166,11 @@ func (b *batch[S]) handle(r *kgo.Record) {
 		b.dedup++
 		return
 	}
+	if err, ok := b.p.refused[cmd.ID]; ok {
+		b.deadLetter(r, &poison{ReasonOutputRefused, fmt.Errorf("the broker refused its decision for good: %w", err)})
+		b.setAside = append(b.setAside, cmd.ID)
+		return
+	}
 	out, perr := b.decide(agg, cmd)
 	if perr != nil {
 		b.deadLetter(r, perr)
@@ -148,7 +196,7 @@ func (b *batch[S]) handle(r *kgo.Record) {
 		recs = append(recs, rec)
 	}
 	for _, rec := range recs {
-		b.produce(rec)
+		b.produceFor(rec, cmd.ID)
 	}
 	if out.rejected {
 		b.rejected++
@@ -157,7 +205,7 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	}
 	agg.snap.State, agg.snap.Version = out.state, out.version
 	agg.snap.remember(cmd.ID, cmd.Time, b.p.cfg.DedupWindow)
-	agg.dirty = true
+	agg.dirty, agg.last = true, cmd.ID
 }
 
 // parse checks a command record's headers and decodes its value.
@@ -363,7 +411,7 @@ func (b *batch[S]) snapshot() {
 			return
 		}
 		a.entry = e
-		b.produce(&kgo.Record{Topic: b.p.state, Partition: a.partition, Key: e[valueAt-len(id) : valueAt], Value: e[valueAt:], Timestamp: a.snap.lastAt()})
+		b.produceFor(&kgo.Record{Topic: b.p.state, Partition: a.partition, Key: e[valueAt-len(id) : valueAt], Value: e[valueAt:], Timestamp: a.snap.lastAt()}, a.last)
 	}
 }
 
@@ -382,6 +430,9 @@ func (b *batch[S]) commit() {
 	}
 	p.metrics.aggregates.Set(float64(p.countLocked()))
 	p.mu.Unlock()
+	for _, id := range b.setAside {
+		delete(p.refused, id)
+	}
 	p.metrics.commands.WithLabelValues("accepted").Add(float64(b.accepted))
 	p.metrics.commands.WithLabelValues("rejected").Add(float64(b.rejected))
 	p.metrics.dedup.Add(float64(b.dedup))

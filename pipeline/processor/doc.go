@@ -36,6 +36,12 @@
 // moved by a transfer is therefore either debited and in flight as a
 // committed credit command, or not moved at all.
 //
+// A decision the broker refuses for good (an event or snapshot over its
+// message size limit) aborts the transaction; the batch is decided again
+// at once with the command whose refused record was the largest sent to
+// the DLQ (reason output-refused) rather than decided, so one oversized
+// decision never stalls its partition.
+//
 // # State
 //
 // State lives in memory per assigned partition, as the snapshot values the

@@ -2,13 +2,17 @@ package processor_test
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -192,5 +196,85 @@ func (e *env) produceTo(r *kgo.Record) {
 	cl := pipelinetest.Client(e.t, e.broker.Addrs(), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
 		e.t.Fatal(err)
+	}
+}
+
+// A command whose decision the broker can never take (an event and a
+// snapshot over the broker's message size limit, or over the client's
+// own) goes to the DLQ with reason output-refused, after one aborted try,
+// instead of stalling its partition; nothing of its decision is committed
+// and the commands behind it on the same account are decided.
+func TestRefusedDecisionGoesToTheDLQ(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "65536"}))
+	d := ledger.NewDecider()
+	a := pipeline.NewAggregate(ledger.Evolve)
+	pipeline.Handle(a, func(s ledger.Account, c pipeline.Command, p ledger.OpenAccount) (pipeline.Decision, error) {
+		return d.Decide(s, c)
+	})
+	// Random text: the broker's limit applies to compressed batches.
+	noise := func(n int) string {
+		b := make([]byte, n/2)
+		crand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	pipeline.Handle(a, func(s ledger.Account, c pipeline.Command, p ledger.Deposit) (pipeline.Decision, error) {
+		switch p.Amount {
+		case 668: // over the broker's 64 KiB
+			return pipeline.Emit(ledger.AccountOpened{Currency: noise(200_000)}), nil
+		case 669: // over the client's 1 MB
+			return pipeline.Emit(ledger.AccountOpened{Currency: noise(1_100_000)}), nil
+		}
+		return d.Decide(s, c)
+	})
+	p := e.startWith("p1", a, nil)
+	acc := "acme/acc-1"
+	open := newCmd(acc, ledger.OpenAccount{Currency: "EUR"})
+	big, huge := newCmd(acc, ledger.Deposit{Amount: 668}), newCmd(acc, ledger.Deposit{Amount: 669})
+	var good []pipeline.ID
+	e.send(open)
+	for _, c := range []cmd{big, huge} {
+		next := newCmd(acc, ledger.Deposit{Amount: 10})
+		good = append(good, next.id)
+		e.send(c, next)
+	}
+	evs := e.waitOutcomes(30*time.Second, append(good, open.id)...)
+	if got := checkEventLog(t, evs)[acc]; got != 20 {
+		t.Errorf("balance %d, want 20: the good deposits, none of the refused", got)
+	}
+	for _, ev := range evs {
+		if ev.CommandID == big.id || ev.CommandID == huge.id {
+			t.Errorf("refused command %s has a committed event %s", ev.CommandID, ev.Type())
+		}
+	}
+	p.waitState(t, acc, func(s processor.AggregateState[ledger.Account]) error {
+		if s.State.Currency != "EUR" || s.State.Balance != 20 {
+			return fmt.Errorf("state has a currency of %d bytes and balance %d, want EUR with balance 20", len(s.State.Currency), s.State.Balance)
+		}
+		return nil
+	})
+	var dlq []*kgo.Record
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if dlq = e.read(e.topics.DLQ(), true); len(dlq) < 2 {
+			return fmt.Errorf("DLQ: %d records", len(dlq))
+		}
+		return nil
+	})
+	if len(dlq) != 2 {
+		t.Fatalf("DLQ holds %d records, want 2", len(dlq))
+	}
+	for _, r := range dlq {
+		h := headers(r)
+		id := h[pipeline.HeaderCommandID]
+		if id != big.id.String() && id != huge.id.String() {
+			t.Errorf("DLQ holds command %s, not one of the refused", id)
+		}
+		if h[pipeline.HeaderDLQReason] != processor.ReasonOutputRefused || !strings.Contains(h[processor.HeaderDLQDetail], "MESSAGE_TOO_LARGE") {
+			t.Errorf("command %s: dlq-reason %q detail %q, want %s naming MESSAGE_TOO_LARGE", id,
+				h[pipeline.HeaderDLQReason], h[processor.HeaderDLQDetail], processor.ReasonOutputRefused)
+		}
+	}
+	if got := p.metric(t, "onceflow_dlq_records_total", "reason", processor.ReasonOutputRefused); got != 2 {
+		t.Errorf("onceflow_dlq_records_total{reason=output-refused} = %v, want 2", got)
 	}
 }

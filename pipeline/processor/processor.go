@@ -1,10 +1,12 @@
 package processor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +54,13 @@ type Processor[S any] struct {
 	mu    sync.Mutex
 	parts map[int32]*table
 
+	// refused holds the commands whose decision the broker refused for
+	// good in an aborted batch (a snapshot or an event over its size
+	// limit), each with the broker's error: deciding them again would be
+	// refused again, so the next batch sends them to the DLQ instead.
+	// The loop goroutine alone uses it.
+	refused map[pipeline.ID]error
+
 	ready chan struct{}
 	once  sync.Once
 }
@@ -81,6 +90,7 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
 		parts:   make(map[int32]*table),
+		refused: make(map[pipeline.ID]error),
 		ready:   make(chan struct{}),
 	}, nil
 }
@@ -272,6 +282,9 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 		p.metrics.transactions.WithLabelValues("aborted").Inc()
 		p.logger.Warn("transaction aborted; the batch will be decided again", "records", len(records),
 			"produce_err", b.promise.Err(), "err", b.failed)
+		if p.learnRefused(b) {
+			return false, nil // decided again at once, the refused commands to the DLQ
+		}
 		if b.failed != nil || b.promise.Err() != nil {
 			// Give what failed (the schema registry, the broker refusing a
 			// record) a moment rather than spinning on it.
@@ -286,6 +299,33 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	p.metrics.batch.Observe(time.Since(start).Seconds())
 	b.commit()
 	return true, nil
+}
+
+// learnRefused blames one command for an aborted batch whose records the
+// broker refused for good, and reports whether it did: the command whose
+// refused event or command record is the largest, else (only snapshots
+// were refused) the last command that changed the largest refused
+// snapshot's aggregate. The broker refuses a record batch as a whole, so a
+// refused record may be innocent; but the producer's batches stay under
+// the broker's default limit, so with that limit (or a larger one) the
+// largest refused record is one the broker can never take. One command
+// per round: if the batch is refused again, the next round blames the
+// next.
+func (p *Processor[S]) learnRefused(b *batch[S]) bool {
+	b.refusedMu.Lock()
+	defer b.refusedMu.Unlock()
+	suspects := slices.DeleteFunc(slices.Clone(b.refused), func(r refusal) bool { return r.snapshot })
+	if len(suspects) == 0 {
+		suspects = b.refused
+	}
+	if len(suspects) == 0 {
+		return false
+	}
+	worst := slices.MaxFunc(suspects, func(x, y refusal) int { return cmp.Compare(x.size, y.size) })
+	p.logger.Warn("the broker refused a command's decision for good; the command goes to the DLQ",
+		"command_id", worst.cmd, "err", worst.err)
+	p.refused[worst.cmd] = worst.err
+	return true
 }
 
 // table returns the state of an assigned partition, nil if it has none.
