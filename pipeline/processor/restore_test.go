@@ -186,3 +186,34 @@ func TestDedupWindow(t *testing.T) {
 		return nil
 	})
 }
+
+// A command older than the aggregate's newest (a DLQ record redriven days
+// later keeps its original time) is remembered for a full window from the
+// aggregate's newest command, not forgotten by the next one: redriven
+// twice, with other commands between, it is handled once.
+func TestOldCommandRememberedForAWindow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	p := e.start("p1", func(c *processor.Config) { c.DedupWindow = time.Hour })
+	at := func(c cmd, t0 time.Time) *kgo.Record {
+		r := e.record(c)
+		r.Timestamp = t0
+		return r
+	}
+	now := time.UnixMilli(1_700_000_000_000)
+	open := newCmd("acme/r", ledger.OpenAccount{Currency: "EUR"})
+	old := newCmd("acme/r", ledger.Deposit{Amount: 5}) // from three hours before: three windows
+	next, last := newCmd("acme/r", ledger.Deposit{Amount: 1}), newCmd("acme/r", ledger.Deposit{Amount: 2})
+	e.produce(at(open, now), at(old, now.Add(-3*time.Hour)), at(next, now.Add(time.Minute)),
+		at(old, now.Add(-3*time.Hour)), at(last, now.Add(2*time.Minute)))
+	e.waitOutcomes(30*time.Second, open.id, old.id, next.id, last.id)
+	p.waitState(t, "acme/r", func(s processor.AggregateState[ledger.Account]) error {
+		if s.State.Balance != 8 {
+			return fmt.Errorf("balance %d, want 8: the old deposit once", s.State.Balance)
+		}
+		return nil
+	})
+	if n := p.metric(t, "onceflow_command_dedup_total"); n != 1 {
+		t.Errorf("dedup: %v, want 1 (the old deposit's second delivery)", n)
+	}
+}

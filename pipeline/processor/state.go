@@ -39,9 +39,16 @@ func (s *Snapshot[S]) seen(id pipeline.ID) bool {
 }
 
 // remember records id and forgets ids older than window before at. Time
-// is the commands' own, so deciding again forgets the same ids.
+// is the commands' own, so deciding again forgets the same ids. An id is
+// remembered at its command's time or at the newest remembered one,
+// whichever is later: a command older than the aggregate's newest (a DLQ
+// record redriven days later, with its original time) is then remembered
+// for a full window from now on, not forgotten by the next command.
 func (s *Snapshot[S]) remember(id pipeline.ID, at time.Time, window time.Duration) {
 	ms := at.UnixMilli()
+	if n := len(s.Processed); n > 0 {
+		ms = max(ms, s.Processed[n-1].AtMs)
+	}
 	cutoff := ms - window.Milliseconds()
 	s.Processed = slices.DeleteFunc(s.Processed, func(p ProcessedCommand) bool { return p.AtMs < cutoff })
 	s.Processed = append(s.Processed, ProcessedCommand{CommandID: id, AtMs: ms})
