@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/valyala/fastjson"
+
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 // worker ships one shard while this relay holds its lease.
@@ -228,19 +231,40 @@ func recordHeaders(raw []byte) ([]kgo.RecordHeader, error) {
 		return nil, fmt.Errorf("headers are %s, not an object", v.Type())
 	}
 	out := make([]kgo.RecordHeader, 0, obj.Len())
+	// The values, unescaped, are no longer than raw: one allocation holds
+	// them all.
+	values := make([]byte, 0, len(raw))
 	obj.Visit(func(k []byte, v *fastjson.Value) {
 		s, serr := v.StringBytes()
 		if serr != nil {
 			err = cmp.Or(err, fmt.Errorf("header %q is %s, not a string", k, v.Type()))
 			return
 		}
-		out = append(out, kgo.RecordHeader{Key: string(k), Value: slices.Clone(s)})
+		at := len(values)
+		values = append(values, s...)
+		out = append(out, kgo.RecordHeader{Key: headerKey(k), Value: values[at:len(values):len(values)]})
 	})
 	if err != nil {
 		return nil, err
 	}
 	slices.SortFunc(out, func(a, b kgo.RecordHeader) int { return strings.Compare(a.Key, b.Key) })
 	return out, nil
+}
+
+// headerKey returns k as a string, without allocating for the headers
+// ingest writes on every row.
+func headerKey(k []byte) string {
+	switch string(k) {
+	case pipeline.HeaderCommandID:
+		return pipeline.HeaderCommandID
+	case pipeline.HeaderTenant:
+		return pipeline.HeaderTenant
+	case pipeline.HeaderCommandType:
+		return pipeline.HeaderCommandType
+	case pipeline.HeaderTraceparent:
+		return pipeline.HeaderTraceparent
+	}
+	return string(k)
 }
 
 const (
@@ -424,20 +448,20 @@ func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string
 	)
 	for rows.Next() {
 		var (
-			id        *int64
-			topic     *string
+			id        pgtype.Int8
+			topic     pgtype.Text
 			key       []byte
 			value     []byte
 			headers   []byte
-			createdAt *time.Time
+			createdAt pgtype.Timestamptz
 		)
 		dst := append(slices.Clip(lead), &remaining, &id, &topic, &key, &value, &headers, &createdAt)
 		if err := rows.Scan(dst...); err != nil {
 			return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 		}
 		leased = true
-		if id != nil {
-			row := outboxRow{id: *id, topic: *topic, key: key, value: value, createdAt: *createdAt}
+		if id.Valid {
+			row := outboxRow{id: id.Int64, topic: topic.String, key: key, value: value, createdAt: createdAt.Time}
 			row.headers, row.badHeaders = recordHeaders(headers)
 			out = append(out, row)
 		}
