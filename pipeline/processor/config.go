@@ -8,11 +8,15 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
+// DefaultGroup is the processor's consumer group unless Config.Group says
+// otherwise.
+const DefaultGroup = "onceflow-processor"
+
 // Config configures a processor. Zero values mean the defaults.
 type Config struct {
 	// Topics names the topics. Required (a zero value means prefix "ledger").
 	Topics kafka.Topics
-	// Group is the consumer group. Default "onceflow-processor".
+	// Group is the consumer group. Default DefaultGroup.
 	Group string
 	// InstanceID names this instance; the transactional id is
 	// "{Group}-{InstanceID}". Restarting an instance with the same id
@@ -40,7 +44,7 @@ type Config struct {
 
 func (c *Config) setDefaults() error {
 	if c.Group == "" {
-		c.Group = "onceflow-processor"
+		c.Group = DefaultGroup
 	}
 	if c.InstanceID == "" {
 		h, err := os.Hostname()

@@ -1,6 +1,8 @@
 package stack
 
 import (
+	"cmp"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -34,9 +36,5 @@ func (l *lagMetrics) close() { l.cl.Close() }
 // processorLag is the processor group's lag source: offsets it commits to
 // Kafka in its transactions.
 func processorLag(cfg Config, pcfg processor.Config) kafka.LagSource {
-	group := pcfg.Group
-	if group == "" {
-		group = "onceflow-processor" // processor.Config's default
-	}
-	return kafka.LagSource{Group: group, Topics: []string{cfg.Topics.Commands()}}
+	return kafka.LagSource{Group: cmp.Or(pcfg.Group, processor.DefaultGroup), Topics: []string{cfg.Topics.Commands()}}
 }
