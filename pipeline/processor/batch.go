@@ -148,9 +148,9 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	if b.failed != nil {
 		return
 	}
-	cmd, perr := b.parse(r)
-	if perr != nil && perr.reason == "" {
-		b.fail(perr.err)
+	cmd, perr, err := b.parse(r)
+	if err != nil {
+		b.fail(err)
 		return
 	}
 	if perr != nil {
@@ -208,8 +208,11 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	agg.dirty, agg.last = true, cmd.ID
 }
 
-// parse checks a command record's headers and decodes its value.
-func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison) {
+// parse checks a command record's headers and decodes its value. A
+// poison record is the record's fault (it goes to the DLQ); an error is
+// not (the registry is unreachable): the batch aborts and is decided again
+// after a pause.
+func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
 	var idHdr, tenant, cmdType, traceparent string
 	var haveID bool
 	for _, h := range r.Headers {
@@ -225,49 +228,47 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison) {
 		}
 	}
 	if !haveID || idHdr == "" {
-		return pipeline.Command{}, poisoned(ReasonMissingCommandID, "record has no %s header", pipeline.HeaderCommandID)
+		return pipeline.Command{}, poisoned(ReasonMissingCommandID, "record has no %s header", pipeline.HeaderCommandID), nil
 	}
 	id, err := pipeline.ParseID(idHdr)
 	if err != nil {
-		return pipeline.Command{}, poisoned(ReasonInvalidCommandID, "%s %q: %v", pipeline.HeaderCommandID, idHdr, err)
+		return pipeline.Command{}, poisoned(ReasonInvalidCommandID, "%s %q: %v", pipeline.HeaderCommandID, idHdr, err), nil
 	}
 	if tenant == "" {
-		return pipeline.Command{}, poisoned(ReasonMissingTenant, "record has no %s header", pipeline.HeaderTenant)
+		return pipeline.Command{}, poisoned(ReasonMissingTenant, "record has no %s header", pipeline.HeaderTenant), nil
 	}
 	aggTenant, _, err := pipeline.SplitAggregateID(string(r.Key))
 	if err != nil {
-		return pipeline.Command{}, poisoned(ReasonInvalidKey, "%v", err)
+		return pipeline.Command{}, poisoned(ReasonInvalidKey, "%v", err), nil
 	}
 	if aggTenant != tenant {
-		return pipeline.Command{}, poisoned(ReasonTenantMismatch, "aggregate %q belongs to tenant %q, not %q", r.Key, aggTenant, tenant)
+		return pipeline.Command{}, poisoned(ReasonTenantMismatch, "aggregate %q belongs to tenant %q, not %q", r.Key, aggTenant, tenant), nil
 	}
 	v, err := b.p.serdes.Commands.Decode(b.ctx, r.Value)
 	switch {
 	case errors.Is(err, pipeline.ErrUnknownSchema):
-		return pipeline.Command{}, &poison{ReasonUnknownSchema, err}
+		return pipeline.Command{}, &poison{ReasonUnknownSchema, err}, nil
 	case errors.Is(err, pipeline.ErrIncompatible):
-		return pipeline.Command{}, &poison{ReasonUnknownType, err}
+		return pipeline.Command{}, &poison{ReasonUnknownType, err}, nil
 	case errors.Is(err, pipeline.ErrUndecodable):
-		return pipeline.Command{}, &poison{ReasonUndecodable, err}
+		return pipeline.Command{}, &poison{ReasonUndecodable, err}, nil
 	case err != nil:
-		// Not the record's fault (the registry is unreachable): the
-		// batch aborts and is decided again after a pause.
-		return pipeline.Command{}, &poison{reason: "", err: err}
+		return pipeline.Command{}, nil, err
 	}
 	msg, ok := v.(pipeline.Message)
 	if !ok {
-		return pipeline.Command{}, poisoned(ReasonUnknownType, "decoded a %T, which is not a command", v)
+		return pipeline.Command{}, poisoned(ReasonUnknownType, "decoded a %T, which is not a command", v), nil
 	}
 	if cmdType != "" && cmdType != msg.MessageType() {
-		return pipeline.Command{}, poisoned(ReasonCommandTypeMismatch, "header says %q, value is %q", cmdType, msg.MessageType())
+		return pipeline.Command{}, poisoned(ReasonCommandTypeMismatch, "header says %q, value is %q", cmdType, msg.MessageType()), nil
 	}
 	if h, ok := b.p.decider.(handlesTypes); ok && !h.Handles(msg.MessageType()) {
-		return pipeline.Command{}, poisoned(ReasonUnknownType, "no decider is registered for command type %s", msg.MessageType())
+		return pipeline.Command{}, poisoned(ReasonUnknownType, "no decider is registered for command type %s", msg.MessageType()), nil
 	}
 	return pipeline.Command{
 		ID: id, Tenant: tenant, AggregateID: string(r.Key), Time: r.Timestamp,
 		Traceparent: traceparent, Payload: msg,
-	}, nil
+	}, nil, nil
 }
 
 // load returns the batch's copy of an aggregate, decoding its committed
