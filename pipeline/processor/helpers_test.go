@@ -208,6 +208,14 @@ func (e *env) record(c cmd) *kgo.Record {
 	return r
 }
 
+// recordAt encodes c as a command record of command time at.
+func (e *env) recordAt(c cmd, at time.Time) *kgo.Record {
+	e.t.Helper()
+	r := e.record(c)
+	r.Timestamp = at
+	return r
+}
+
 // send produces commands in order.
 func (e *env) send(cmds ...cmd) {
 	e.t.Helper()

@@ -158,18 +158,13 @@ func TestDedupWindow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	p := e.start("p1", func(c *processor.Config) { c.DedupWindow = time.Hour })
-	at := func(c cmd, t0 time.Time) *kgo.Record {
-		r := e.record(c)
-		r.Timestamp = t0
-		return r
-	}
 	t0 := time.UnixMilli(1_700_000_000_000)
 	open := newCmd("acme/w", ledger.OpenAccount{Currency: "EUR"})
 	dep := newCmd("acme/w", ledger.Deposit{Amount: 5})
-	e.produce(at(open, t0), at(dep, t0.Add(time.Minute)), at(dep, t0.Add(2*time.Minute)))
+	e.produce(e.recordAt(open, t0), e.recordAt(dep, t0.Add(time.Minute)), e.recordAt(dep, t0.Add(2*time.Minute)))
 	e.waitOutcomes(30*time.Second, open.id, dep.id)
 	late := newCmd("acme/w", ledger.Deposit{Amount: 7})
-	e.produce(at(late, t0.Add(time.Hour+30*time.Second)))
+	e.produce(e.recordAt(late, t0.Add(time.Hour+30*time.Second)))
 	e.waitOutcomes(30*time.Second, late.id)
 	p.waitState(t, "acme/w", func(s processor.AggregateState[ledger.Account]) error {
 		// open fell out of the window with the late deposit (an hour
@@ -195,17 +190,12 @@ func TestOldCommandRememberedForAWindow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	p := e.start("p1", func(c *processor.Config) { c.DedupWindow = time.Hour })
-	at := func(c cmd, t0 time.Time) *kgo.Record {
-		r := e.record(c)
-		r.Timestamp = t0
-		return r
-	}
 	now := time.UnixMilli(1_700_000_000_000)
 	open := newCmd("acme/r", ledger.OpenAccount{Currency: "EUR"})
 	old := newCmd("acme/r", ledger.Deposit{Amount: 5}) // from three hours before: three windows
 	next, last := newCmd("acme/r", ledger.Deposit{Amount: 1}), newCmd("acme/r", ledger.Deposit{Amount: 2})
-	e.produce(at(open, now), at(old, now.Add(-3*time.Hour)), at(next, now.Add(time.Minute)),
-		at(old, now.Add(-3*time.Hour)), at(last, now.Add(2*time.Minute)))
+	e.produce(e.recordAt(open, now), e.recordAt(old, now.Add(-3*time.Hour)), e.recordAt(next, now.Add(time.Minute)),
+		e.recordAt(old, now.Add(-3*time.Hour)), e.recordAt(last, now.Add(2*time.Minute)))
 	e.waitOutcomes(30*time.Second, open.id, old.id, next.id, last.id)
 	p.waitState(t, "acme/r", func(s processor.AggregateState[ledger.Account]) error {
 		if s.State.Balance != 8 {
