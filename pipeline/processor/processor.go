@@ -253,8 +253,15 @@ func (p *Processor[S]) logFetchErrors(fetches kgo.Fetches) {
 func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSession, records []*kgo.Record) (bool, error) {
 	start := time.Now()
 	// The transaction is ended even when ctx is canceled meanwhile:
-	// shutdown finishes the batch in flight.
-	txCtx := context.WithoutCancel(ctx)
+	// shutdown finishes the batch in flight. But it is not waited for past
+	// the transaction timeout, when the broker aborts it anyway: kgo's End
+	// forces a heartbeat before it commits the offsets and waits for the
+	// group's heartbeat loop to take it, which never happens while the
+	// member is rejoining (after this process was paused past its session,
+	// say). Without a deadline End waited forever, and so did the
+	// partitions (the chaos harness found it, seed 21).
+	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.TransactionTimeout)
+	defer cancel()
 	if err := sess.Begin(); err != nil {
 		return false, &errSession{fmt.Errorf("begin transaction: %w", err)}
 	}
@@ -270,7 +277,11 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	// heartbeat, EndTxn) is measured apart; End would flush anyway.
 	cl.Flush(txCtx)
 	commitStart := time.Now()
-	committed, err := sess.End(txCtx, kgo.TransactionEndTry(b.promise.Err() == nil))
+	// End gets a timeout of its own: a batch that took all of txCtx must
+	// still be able to abort.
+	endCtx, cancelEnd := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.TransactionTimeout)
+	defer cancelEnd()
+	committed, err := sess.End(endCtx, kgo.TransactionEndTry(b.promise.Err() == nil && txCtx.Err() == nil))
 	p.metrics.commit.Observe(time.Since(commitStart).Seconds())
 	if err != nil {
 		p.metrics.transactions.WithLabelValues("unknown").Inc()
