@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
@@ -120,4 +121,15 @@ func (c Config) NewClient(extra ...kgo.Opt) (*kgo.Client, error) {
 		return nil, err
 	}
 	return kgo.NewClient(append(opts, extra...)...)
+}
+
+// RefusedForGood reports whether a produce error means the broker (or the
+// client, for a record over its own limit) will never accept the record
+// as it is, whatever the retries: too large, or invalid. Errors an
+// operator can fix (authorization, a missing topic) are not.
+func RefusedForGood(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) ||
+		errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) ||
+		errors.Is(err, kerr.InvalidTimestamp)
 }

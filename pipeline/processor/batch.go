@@ -8,10 +8,10 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // DLQ reasons (the dlq-reason header and the reason label of
@@ -106,7 +106,7 @@ func (b *batch[S]) produceFor(r *kgo.Record, cmd pipeline.ID) {
 	promise := b.promise.Promise()
 	snapshot := r.Topic == b.p.state
 	b.cl.Produce(b.ctx, r, func(r *kgo.Record, err error) {
-		if err != nil && refusedForGood(err) {
+		if err != nil && kafka.RefusedForGood(err) {
 			size := len(r.Key) + len(r.Value)
 			b.refusedMu.Lock()
 			b.refused = append(b.refused, refusal{cmd, size, snapshot, fmt.Errorf("%s record of %d bytes: %w", r.Topic, size, err)})
@@ -114,13 +114,6 @@ func (b *batch[S]) produceFor(r *kgo.Record, cmd pipeline.ID) {
 		}
 		promise(r, err)
 	})
-}
-
-// refusedForGood reports whether the broker (or the client, for a record
-// over its own limit) will never accept this record as it is.
-func refusedForGood(err error) bool {
-	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
-		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.InvalidTimestamp)
 }
 
 // fail aborts the batch: nothing it produced will commit.

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fastjson"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // worker ships one shard while this relay holds its lease.
@@ -654,19 +655,8 @@ func (r *Relay) moveDead(ctx context.Context, w *worker, row outboxRow, reason s
 	return nil
 }
 
-// permanent reports whether the broker will never accept this record as
-// it is, whatever the retries: too large, or invalid. Errors that an
-// operator can fix (authorization, a missing topic) are not permanent:
-// the relay backs off and the oldest-age alert fires.
-func permanent(err error) bool {
-	return errors.Is(err, kerr.MessageTooLarge) ||
-		errors.Is(err, kerr.RecordListTooLarge) ||
-		errors.Is(err, kerr.InvalidRecord) ||
-		errors.Is(err, kerr.InvalidTimestamp)
-}
-
 func anyPermanent(errs []error) bool {
-	return slices.ContainsFunc(errs, func(err error) bool { return err != nil && permanent(err) })
+	return slices.ContainsFunc(errs, func(err error) bool { return err != nil && kafka.RefusedForGood(err) })
 }
 
 // isFenced reports whether Kafka refused the producer because a newer one
