@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/url"
@@ -166,7 +167,7 @@ func scanPartition(dir string) (map[int64]int16, error) {
 			return nil, err
 		}
 		for pos := 0; pos+12 <= len(raw); {
-			length := int(uint32(raw[pos+8])<<24 | uint32(raw[pos+9])<<16 | uint32(raw[pos+10])<<8 | uint32(raw[pos+11]))
+			length := int(binary.BigEndian.Uint32(raw[pos+8:])) // after the base offset
 			end := pos + 12 + length
 			if length <= 0 || end > len(raw) {
 				break // a torn tail: kfake truncates it too
