@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -211,9 +212,9 @@ type outboxRow struct {
 	createdAt  time.Time
 }
 
-// headerParsers decode the outbox's headers. (fastjson, not encoding/json:
-// decoding every row's headers into a map by reflection was a third of
-// the relay's CPU while it drained a backlog.)
+// headerParsers decode the outbox's headers when canonicalHeaders cannot.
+// (fastjson, not encoding/json: decoding every row's headers into a map by
+// reflection was a third of the relay's CPU while it drained a backlog.)
 var headerParsers fastjson.ParserPool
 
 // recordHeaders turns an outbox row's headers column, a JSON object of
@@ -221,6 +222,14 @@ var headerParsers fastjson.ParserPool
 // carries the same headers in the same order. Anything else is an error:
 // the row cannot be shipped as written.
 func recordHeaders(raw []byte) ([]kgo.RecordHeader, error) {
+	if out, ok := canonicalHeaders(raw); ok {
+		return out, nil
+	}
+	return parseHeaders(raw)
+}
+
+// parseHeaders is recordHeaders for any text, with a JSON parser.
+func parseHeaders(raw []byte) ([]kgo.RecordHeader, error) {
 	p := headerParsers.Get()
 	defer headerParsers.Put(p)
 	v, err := p.ParseBytes(raw)
@@ -248,8 +257,64 @@ func recordHeaders(raw []byte) ([]kgo.RecordHeader, error) {
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b kgo.RecordHeader) int { return strings.Compare(a.Key, b.Key) })
+	sortHeaders(out)
 	return out, nil
+}
+
+// canonicalHeaders decodes, without a JSON parser, the headers of nearly
+// every row: Postgres prints a jsonb object as {"k": "v", "k2": "v2"}, and
+// when no string in it has an escape, every '"' opens or closes one. It
+// reports false for anything else (escapes, values that are not strings,
+// text not in that form), which recordHeaders then parses in full. The
+// values are copied into one allocation, as parseHeaders does.
+func canonicalHeaders(raw []byte) ([]kgo.RecordHeader, bool) {
+	if len(raw) < 2 || raw[0] != '{' || raw[len(raw)-1] != '}' || bytes.IndexByte(raw, '\\') >= 0 {
+		return nil, false
+	}
+	if len(raw) == 2 {
+		return []kgo.RecordHeader{}, true
+	}
+	// Without escapes, every pair has four '"'.
+	out := make([]kgo.RecordHeader, 0, bytes.Count(raw, []byte{'"'})/4)
+	values := make([]byte, 0, len(raw))
+	rest := raw[1:]
+	for {
+		// "key": "value" followed by ", " or the closing brace.
+		if len(rest) == 0 || rest[0] != '"' {
+			return nil, false
+		}
+		i := bytes.IndexByte(rest[1:], '"')
+		if i < 0 {
+			return nil, false
+		}
+		k := rest[1 : 1+i]
+		rest = rest[2+i:]
+		if !bytes.HasPrefix(rest, []byte(`: "`)) {
+			return nil, false
+		}
+		rest = rest[3:]
+		j := bytes.IndexByte(rest, '"')
+		if j < 0 {
+			return nil, false
+		}
+		at := len(values)
+		values = append(values, rest[:j]...)
+		out = append(out, kgo.RecordHeader{Key: headerKey(k), Value: values[at:len(values):len(values)]})
+		rest = rest[j+1:]
+		switch {
+		case len(rest) == 1: // the closing brace
+			sortHeaders(out)
+			return out, true
+		case bytes.HasPrefix(rest, []byte(", ")):
+			rest = rest[2:]
+		default:
+			return nil, false
+		}
+	}
+}
+
+func sortHeaders(hs []kgo.RecordHeader) {
+	slices.SortFunc(hs, func(a, b kgo.RecordHeader) int { return strings.Compare(a.Key, b.Key) })
 }
 
 // headerKey returns k as a string, without allocating for the headers
@@ -446,17 +511,17 @@ func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string
 		out       []outboxRow
 		remaining float64
 		leased    bool
+		// Scanned into row after row (pgx copies bytea and jsonb out of
+		// its buffer into new slices).
+		id        pgtype.Int8
+		topic     pgtype.Text
+		key       []byte
+		value     []byte
+		headers   []byte
+		createdAt pgtype.Timestamptz
 	)
+	dst := append(slices.Clip(lead), &remaining, &id, &topic, &key, &value, &headers, &createdAt)
 	for rows.Next() {
-		var (
-			id        pgtype.Int8
-			topic     pgtype.Text
-			key       []byte
-			value     []byte
-			headers   []byte
-			createdAt pgtype.Timestamptz
-		)
-		dst := append(slices.Clip(lead), &remaining, &id, &topic, &key, &value, &headers, &createdAt)
 		if err := rows.Scan(dst...); err != nil {
 			return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 		}
@@ -480,7 +545,7 @@ func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string
 }
 
 // produce ships rows in one Kafka transaction on the shard's producer and
-// returns nil once it committed. On failure it returns each record's error
+// returns nil once it committed. On failure it returns the records' errors
 // when the records got that far, and the producer is discarded: the next
 // one fences it and aborts what it left open.
 func (r *Relay) produce(ctx context.Context, w *worker, rows []outboxRow) ([]error, error) {
@@ -521,33 +586,49 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 	if err := cl.BeginTransaction(); err != nil {
 		return nil, fmt.Errorf("begin transaction: %w", err)
 	}
-	lease := []byte(strconv.Itoa(w.shard) + ":" + strconv.FormatInt(w.token, 10))
-	errs := make([]error, len(rows))
-	type result struct {
-		i   int
-		err error
+	lease := kgo.RecordHeader{Key: HeaderLease, Value: []byte(strconv.Itoa(w.shard) + ":" + strconv.FormatInt(w.token, 10))}
+	// One allocation for the records, one for their headers and one
+	// promise for them all: draining a backlog, the relay produces tens of
+	// thousands of records a second.
+	recs := make([]kgo.Record, len(rows))
+	n := len(rows)
+	for _, row := range rows {
+		n += len(row.headers)
 	}
-	// Buffered for every record: promises never block, even after this
-	// function gave up waiting (the discarded client fails what it holds).
-	results := make(chan result, len(rows))
-	for i, row := range rows {
-		rec := &kgo.Record{Topic: row.topic, Key: row.key, Value: row.value, Timestamp: row.createdAt}
-		rec.Headers = append(append(make([]kgo.RecordHeader, 0, len(row.headers)+1), row.headers...),
-			kgo.RecordHeader{Key: HeaderLease, Value: lease})
-		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { results <- result{i, err} })
-	}
-	for range rows {
-		select {
-		case res := <-results:
-			errs[res.i] = res.err
-		case <-ctx.Done():
-			return nil, fmt.Errorf("produce %d rows of shard %d: no acknowledgement before the lease deadline: %w", len(rows), w.shard, ctx.Err())
-		}
-	}
-	for _, err := range errs {
+	hdrs := make([]kgo.RecordHeader, 0, n)
+	var (
+		mu      sync.Mutex
+		failed  []error // the records' errors, in no particular order
+		pending atomic.Int64
+		acked   = make(chan struct{}) // closed when every record has its answer
+	)
+	pending.Store(int64(len(rows)))
+	// The promise never blocks, even after this function gave up waiting
+	// (the discarded client fails what it holds).
+	promise := func(_ *kgo.Record, err error) {
 		if err != nil {
-			return errs, fmt.Errorf("produce %d rows of shard %d: %w", len(rows), w.shard, err)
+			mu.Lock()
+			failed = append(failed, err)
+			mu.Unlock()
 		}
+		if pending.Add(-1) == 0 {
+			close(acked)
+		}
+	}
+	for i, row := range rows {
+		at := len(hdrs)
+		hdrs = append(append(hdrs, row.headers...), lease)
+		recs[i] = kgo.Record{Topic: row.topic, Key: row.key, Value: row.value, Timestamp: row.createdAt,
+			Headers: hdrs[at:len(hdrs):len(hdrs)]}
+		cl.Produce(ctx, &recs[i], promise)
+	}
+	select {
+	case <-acked:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("produce %d rows of shard %d: no acknowledgement before the lease deadline: %w", len(rows), w.shard, ctx.Err())
+	}
+	if len(failed) > 0 {
+		return failed, fmt.Errorf("produce %d rows of shard %d: %w", len(rows), w.shard, failed[0])
 	}
 	if h := r.hooks.beforeCommit; h != nil {
 		h(w.shard)
