@@ -148,6 +148,24 @@ func (e *env) waitOffsets(consumer string, want map[int32]int64, within time.Dur
 	})
 }
 
+// wantCount checks one of the projector's counters. The projector counts
+// a batch right after committing it, so a test that has just seen the
+// batch's offsets stored may read the counter a moment early: it waits
+// until the count reaches want, then checks it is not above.
+func wantCount(t *testing.T, r *running, name string, want float64) {
+	t.Helper()
+	var got float64
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if got = r.metric(name); got < want {
+			return fmt.Errorf("%s = %v, want %v", name, got, want)
+		}
+		return nil
+	})
+	if got != want {
+		t.Errorf("%s = %v, want %v", name, got, want)
+	}
+}
+
 // running is a projector running in the background.
 type running struct {
 	p    *projector.Projector

@@ -87,9 +87,7 @@ func TestAppliesEveryEventOnce(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM command_status WHERE status = 'accepted' AND cardinality(event_ids) = 1`); n != int64(len(evs)-rejected) {
 		t.Errorf("accepted commands with their event: %d, want %d", n, len(evs)-rejected)
 	}
-	if got := r.metric("onceflow_projector_events_applied_total"); got != float64(len(evs)) {
-		t.Errorf("applied = %v, want %d", got, len(evs))
-	}
+	wantCount(t, r, "onceflow_projector_events_applied_total", float64(len(evs)))
 	if got := r.metric("onceflow_projector_duplicates_total"); got != 0 {
 		t.Errorf("duplicates = %v, want 0", got)
 	}
@@ -121,18 +119,14 @@ func TestDuplicatesInTopicChangeNothing(t *testing.T) {
 	e.emit(evs...)         // every event again
 	e.emit(evs[3], evs[3]) // one of them twice more, in one batch
 	e.waitOffsets(projector.DefaultConsumer, e.endOffsets(), 30*time.Second)
-	if got := r.metric("onceflow_projector_duplicates_total"); got != float64(len(evs)+2) {
-		t.Errorf("duplicates = %v, want %d", got, len(evs)+2)
-	}
+	wantCount(t, r, "onceflow_projector_duplicates_total", float64(len(evs)+2))
 	r.stop()
 
 	// A new member reads from the stored offsets: nothing is read twice.
 	e.emit(evs[:5]...)
 	r2 := e.start(projector.Config{})
 	e.waitOffsets(projector.DefaultConsumer, e.endOffsets(), 30*time.Second)
-	if got := r2.metric("onceflow_projector_duplicates_total"); got != 5 {
-		t.Errorf("after restart duplicates = %v, want 5", got)
-	}
+	wantCount(t, r2, "onceflow_projector_duplicates_total", 5) // after the restart
 	checkBalances(t, e, "acme", want)
 	if after := e.snapshot(); after != before {
 		t.Errorf("read models changed:\nbefore %s\nafter  %s", before, after)
@@ -215,9 +209,7 @@ func TestOutOfOrderEventParksPartition(t *testing.T) {
 	if got := e.storedOffsets(projector.DefaultConsumer)[part]; got != gapRec.Offset {
 		t.Errorf("stored offset of parked partition = %d, want %d (the gap)", got, gapRec.Offset)
 	}
-	if got := r.metric("onceflow_projector_version_gaps_total"); got != 1 {
-		t.Errorf("version gaps = %v, want 1", got)
-	}
+	wantCount(t, r, "onceflow_projector_version_gaps_total", 1)
 	if got := r.p.Parked(); len(got) != 1 {
 		t.Errorf("parked partitions = %v, want one", got)
 	}
@@ -334,9 +326,7 @@ func TestInboxSpansDays(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, `SELECT n FROM test_counts WHERE event_id = $1`, fresh.ID.String()).Scan(&n); err != nil || n != 1 {
 		t.Errorf("new event applied %d times (%v), want 1", n, err)
 	}
-	if got := r.metric("onceflow_projector_duplicates_total"); got != 4 {
-		t.Errorf("duplicates = %v, want 4", got)
-	}
+	wantCount(t, r, "onceflow_projector_duplicates_total", 4)
 }
 
 // A batch whose connection is terminated by the server inside its
