@@ -3,9 +3,12 @@
 // goose under a session advisory lock; files are zero-padded, run in order,
 // and each has an Up and a Down section (tested up -> down -> up).
 //
-// Version ranges, so that work on different parts does not collide:
-// 00001-00009 foundation, 00010-00019 ingest, 00020-00029 relay and jobs,
-// 00030-00039 projector.
+// The first migrations were numbered by part, so that work on different
+// parts did not collide: 00001-00009 foundation, 00010-00019 ingest,
+// 00020-00029 relay and jobs, 00030-00039 projector. A new migration takes
+// the next number above the highest, whatever its part: goose refuses to
+// apply one numbered below what a database already has (a database at 30
+// would not start with a new 00023).
 package sql
 
 import "embed"
