@@ -627,6 +627,7 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 	case <-ctx.Done():
 		return nil, fmt.Errorf("produce %d rows of shard %d: no acknowledgement before the lease deadline: %w", len(rows), w.shard, ctx.Err())
 	}
+	// Every promise has run (the last closed acked): failed is complete.
 	if len(failed) > 0 {
 		return failed, fmt.Errorf("produce %d rows of shard %d: %w", len(rows), w.shard, failed[0])
 	}
