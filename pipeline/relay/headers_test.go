@@ -32,6 +32,12 @@ func TestRecordHeaders(t *testing.T) {
 			t.Errorf("values overlap: %s is %q after appending to the others", got[i].Key, got[i].Value)
 		}
 	}
+	// Headers as ingest writes them, as Postgres prints them, take the
+	// parser-free path.
+	if got, ok := canonicalHeaders([]byte(`{"tenant": "acme", "command-id": "0193", "command-type": "Deposit"}`)); !ok ||
+		len(got) != 3 || got[0].Key != "command-id" || string(got[0].Value) != "0193" {
+		t.Errorf("ingest's headers without a parser: %q, %v", got, ok)
+	}
 	if got, err := recordHeaders([]byte(`{}`)); err != nil || len(got) != 0 {
 		t.Errorf("{}: %v, %v", got, err)
 	}
