@@ -71,8 +71,9 @@ const benchBatch = 500
 // ONCEFLOW_BENCH_OUTBOX_ROWS rows (default 1,000,000) over 16 shards to the
 // embedded broker, next to the database-only baseline on the same
 // database: the same rows deleted in the same batch size by one worker per
-// shard with DELETE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED
-// LIMIT 500) RETURNING the payload, over the same connection pool. It
+// shard with DELETE ... WHERE id IN (SELECT ... ORDER BY xid, id FOR
+// UPDATE SKIP LOCKED LIMIT 500) RETURNING the payload (the relay's order,
+// on the same index), over the same connection pool. It
 // reports rows/s for both and their ratio (goal >= 0.8), each the best of
 // ONCEFLOW_BENCH_DRAIN_ROUNDS (default 2) alternating rounds, each round on
 // a freshly filled, analyzed and checkpointed outbox.
@@ -178,7 +179,7 @@ func relayDrain(b *testing.B, pool *pgxpool.Pool, brokers []string, prefix strin
 // would, one worker per shard, and returns how many rows it deleted.
 func baselineDrain(b *testing.B, pool *pgxpool.Pool) int {
 	const del = `DELETE FROM outbox WHERE id IN (
-		SELECT id FROM outbox WHERE shard = $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED
+		SELECT id FROM outbox WHERE shard = $1 ORDER BY xid, id LIMIT $2 FOR UPDATE SKIP LOCKED
 	) RETURNING id, topic, key, value, headers, created_at`
 	var total atomic.Int64
 	var wg sync.WaitGroup

@@ -41,11 +41,13 @@
 //
 // # Shipping a batch
 //
-// Per held shard, a worker loops:
+// A shard ships in (xid, id) order: xid is the transaction that wrote the
+// row (outbox.xid, pg_current_xact_id() by default), id its place in that
+// transaction. Per held shard, a worker loops:
 //
-//  1. read the shard's oldest rows (ORDER BY id LIMIT BatchSize) in the same
-//     read-only statement that checks the lease's token and returns how long
-//     it has left;
+//  1. read the shard's first rows in that order (LIMIT BatchSize) in the
+//     same read-only statement that checks the lease's token and returns
+//     how long it has left;
 //  2. produce them in one Kafka transaction on the shard's transactional
 //     producer (key = aggregate id, the stored headers plus relay-lease,
 //     timestamp = when ingest accepted the row), and commit it, all before
@@ -55,20 +57,32 @@
 //     batch). The delete commits without waiting for the WAL flush: a
 //     delete lost in a database crash only re-publishes rows.
 //
+// The next batch is read from where the last one ended when its last row
+// was settled: its xid was below the oldest transaction still running
+// when it was read, so no row can appear before it any more. Otherwise, or
+// when rows of younger transactions wait behind the settled ones
+// (onceflow_outbox_next then says so), the worker reads from the head, as
+// it does first. Reading on skips the index entries of every row already
+// shipped, which reading from the head walks until vacuum removes them;
+// reading from the head never waits for a transaction to end, so a long
+// transaction anywhere in the cluster costs head reads, not latency.
+//
 // An idle worker waits for the dispatcher, which on Wake or every
 // PollInterval reads the head of every idle shard in one query and hands
-// each worker its rows. The reads walk the (shard, id) index through
-// onceflow_outbox_heads (all idle shards) and onceflow_outbox_head (one
-// shard, after a delete), whatever the planner thinks of the queue table's
-// statistics, so dead tuples between autovacuum runs do not slow them.
+// each worker its rows. The reads walk the (shard, xid, id) index through
+// onceflow_outbox_heads (all idle shards) and onceflow_outbox_next (one
+// shard), whatever the planner thinks of the queue table's statistics, so
+// dead tuples between autovacuum runs do not slow them.
 //
 // Rows are deleted only after the broker acknowledged the commit. A crash
 // (or a lost lease) between the commit and the delete leaves the rows; the
 // shard's next holder publishes them again with the same command-id.
 // Batches of a shard go out one after the other, so each aggregate's rows
-// reach its partition in id order; a row committed by ingest after a row
-// with a higher id was already shipped goes out when it becomes visible
-// (two concurrent requests on one aggregate have no order to keep).
+// reach its partition in (xid, id) order, which is ingest order: a command
+// accepted (committed) before the next one's request arrived has the lower
+// xid, or the same xid and a lower id. A row committed after rows of
+// younger transactions were shipped goes out when it becomes visible (two
+// concurrent requests on one aggregate have no order to keep).
 //
 // # Fencing in Kafka
 //
@@ -115,7 +129,7 @@
 //
 // # Vacuum
 //
-// The outbox is a queue, so between autovacuum runs its (shard, id) index
+// The outbox is a queue, so between autovacuum runs its (shard, xid, id) index
 // fills with dead entries that every head read steps over. The relay
 // holding shard 0 vacuums it (without truncating it) when dead tuples
 // outnumber both 2000 and the live ones while fewer than 50,000 rows wait;

@@ -137,15 +137,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	return err
 }
 
-// headsSQL reads the oldest rows of each given shard that is still leased
-// with the given token, with how long its lease has left: one round trip
-// for every idle shard, so a wake-up costs one query before producing.
+// headsSQL reads the head of each given shard that is still leased with
+// the given token, with how long its lease has left: one round trip for
+// every idle shard, so a wake-up costs one query before producing.
 const headsSQL = `SELECT l.shard, EXTRACT(EPOCH FROM l.expires_at - now())::float8,
-		o.id, o.topic, o.key, o.value, o.headers, o.created_at
+		o.id, o.xid, o.settled, o.topic, o.key, o.value, o.headers, o.created_at
 	FROM unnest($1::int[], $2::bigint[]) AS h(shard, token)
 	JOIN outbox_leases l ON l.shard = h.shard AND l.token = h.token AND l.owner = $3
 	JOIN onceflow_outbox_heads($1::int[], $4) o ON o.shard = l.shard
-	ORDER BY l.shard, o.id`
+	ORDER BY l.shard, o.xid, o.id`
 
 // dispatch hands work to idle workers, on Wake or every PollInterval: it
 // claims the idle workers, reads the head of their shards in one query
@@ -211,7 +211,7 @@ func (r *Relay) handOut(ctx context.Context, claimed []*worker) error {
 			row     outboxRow
 			headers []byte
 		)
-		if err := rows.Scan(&shard, &rem, &row.id, &row.topic, &row.key, &row.value, &headers, &row.createdAt); err != nil {
+		if err := rows.Scan(&shard, &rem, &row.id, &row.xid, &row.settled, &row.topic, &row.key, &row.value, &headers, &row.createdAt); err != nil {
 			return err
 		}
 		row.headers, row.badHeaders = recordHeaders(headers)

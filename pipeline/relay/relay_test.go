@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -139,29 +140,37 @@ type command struct {
 // transaction, in order, as ingest does (same shard function and headers).
 func (e *env) insert(t *testing.T, agg string, n, valueBytes int) []command {
 	t.Helper()
-	ctx := context.Background()
 	out := make([]command, n)
 	for i := range out {
-		id := pipeline.NewCommandID()
-		headers := map[string]string{
-			pipeline.HeaderCommandID:   id.String(),
-			pipeline.HeaderTenant:      strings.SplitN(agg, "/", 2)[0],
-			pipeline.HeaderCommandType: "Deposit",
-		}
-		// Random bytes: the size limits under test apply to compressed
-		// batches.
-		value := make([]byte, valueBytes)
-		crand.Read(value)
-		copy(value, fmt.Sprintf("%s#%d", agg, i))
-		c := command{id: id, agg: agg, seq: i}
-		err := e.pool.QueryRow(ctx, `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5) RETURNING id, created_at`,
-			pipeline.OutboxShard(agg, pipeline.DefaultOutboxShards), e.topics.Commands(), []byte(agg), value, headers).Scan(&c.outbox, &c.created)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[i] = c
+		out[i] = e.insertOne(t, e.pool, agg, i, valueBytes)
 	}
 	return out
+}
+
+// insertOne writes command #seq of agg through q (the pool, or a
+// transaction the test holds open).
+func (e *env) insertOne(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, agg string, seq, valueBytes int) command {
+	t.Helper()
+	id := pipeline.NewCommandID()
+	headers := map[string]string{
+		pipeline.HeaderCommandID:   id.String(),
+		pipeline.HeaderTenant:      strings.SplitN(agg, "/", 2)[0],
+		pipeline.HeaderCommandType: "Deposit",
+	}
+	// Random bytes: the size limits under test apply to compressed
+	// batches.
+	value := make([]byte, valueBytes)
+	crand.Read(value)
+	copy(value, fmt.Sprintf("%s#%d", agg, seq))
+	c := command{id: id, agg: agg, seq: seq}
+	err := q.QueryRow(context.Background(), `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5) RETURNING id, created_at`,
+		pipeline.OutboxShard(agg, pipeline.DefaultOutboxShards), e.topics.Commands(), []byte(agg), value, headers).Scan(&c.outbox, &c.created)
+	if err != nil {
+		t.Error(err) // (also called from a relay's hook, off the test goroutine)
+	}
+	return c
 }
 
 func (e *env) backlog(t *testing.T) int {
@@ -329,6 +338,66 @@ func TestShipsInOrderAndDeletes(t *testing.T) {
 	if got := testutil.ToFloat64(metric(t, r.reg, "onceflow_outbox_shipped_rows_total")); got != float64(total) {
 		t.Errorf("shipped rows metric: got %v, want %d", got, total)
 	}
+}
+
+// A transaction that started before rows were committed, and commits while
+// the relay ships them, has its row shipped before what its aggregate gets
+// next: the relay reads on from its last row only past rows that nothing
+// can precede any more (settled), and rows waiting behind the open
+// transaction go out meanwhile. Here aggregate X's first command is written
+// by a transaction held open while Y's 20 next commands commit; it commits
+// while the last of those is produced, and X's second command follows. A
+// relay that read on past Y's rows without the horizon would ship X's
+// second command and never look back at the first.
+func TestRowOfAnOlderTransactionIsNotSkipped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const x, y = "acme/acc-late-4", "acme/acc-busy" // one shard
+	shard := pipeline.OutboxShard(y, pipeline.DefaultOutboxShards)
+	if pipeline.OutboxShard(x, pipeline.DefaultOutboxShards) != shard {
+		t.Fatalf("%s and %s must share a shard", x, y)
+	}
+	sent := map[string][]command{y: e.insert(t, y, 10, 64)}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	sent[x] = []command{e.insertOne(t, tx, x, 0, 64)}
+	for i := range 20 {
+		sent[y] = append(sent[y], e.insertOne(t, e.pool, y, 10+i, 64))
+	}
+
+	// Batches of 5: Y 0-4, 5-9 (settled), then 10-14 ... 25-29 while the
+	// transaction is open; it commits during the sixth.
+	var batches int
+	committed := make(chan struct{})
+	r := e.start(t, relay.Config{BatchSize: 5}, func(r *relay.Relay) {
+		relay.SetHooks(r, func(s int) {
+			if s != shard {
+				return
+			}
+			if batches++; batches == 6 {
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+				}
+				sent[x] = append(sent[x], e.insertOne(t, e.pool, x, 1, 64))
+				close(committed)
+			}
+		}, nil, nil)
+	})
+	select {
+	case <-committed:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d batches shipped while a transaction was open, want 6: its rows held the shard back", batches)
+	}
+	e.waitEmpty(t, 30*time.Second)
+	recs := e.readTopic(t, e.topics.Commands(), 32)
+	if dups := checkOrder(t, sent, recs); dups != 0 {
+		t.Errorf("%d duplicates without any failure", dups)
+	}
+	r.stop(t)
 }
 
 // metric returns a collector for one metric of a registry, for testutil.

@@ -149,7 +149,7 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 	}
 	cancel()
 	backoff := r.cfg.PollInterval
-	pending := true      // look at the shard at once
+	pending := true      // read the shard from its head first
 	var next []outboxRow // rows read ahead by the last delete
 	for {
 		if ctx.Err() != nil || w.stopped() {
@@ -165,8 +165,11 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 			case next = <-w.work: // the dispatcher claimed this worker
 			}
 		}
-		var err error
-		next, err = r.shipBatch(ctx, w, next)
+		var (
+			more bool
+			err  error
+		)
+		next, more, err = r.shipBatch(ctx, w, next)
 		var lost *lostError
 		switch {
 		case errors.As(err, &lost):
@@ -189,9 +192,9 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 			pending = true
 		default:
 			backoff = r.cfg.PollInterval
-			pending = false
+			pending = more // rows wait past the read-ahead: read from the head
 			if len(next) == 0 {
-				next = nil // the shard is empty: wait to be woken
+				next = nil // nothing read ahead: read the head, or wait to be woken
 			}
 		}
 	}
@@ -204,6 +207,8 @@ func (e *lostError) Error() string { return "lease lost (" + e.stage + ")" }
 
 type outboxRow struct {
 	id         int64
+	xid        uint64 // the transaction that wrote the row; a shard ships in (xid, id) order
+	settled    bool   // xid was below every running transaction when the row was read
 	topic      string
 	key        []byte
 	value      []byte
@@ -335,14 +340,14 @@ func headerKey(k []byte) string {
 
 const (
 	// readBatchSQL checks the lease (read-only) and reads the shard's
-	// oldest rows in one round trip: no row means the lease is not ours,
-	// one row with a NULL id means the shard is empty.
+	// head in one round trip: no row means the lease is not ours, one row
+	// with a NULL id means the shard is empty.
 	readBatchSQL = `SELECT EXTRACT(EPOCH FROM l.expires_at - now())::float8,
-			o.id, o.topic, o.key, o.value, o.headers, o.created_at
+			o.id, o.xid, o.settled, o.topic, o.key, o.value, o.headers, o.created_at
 		FROM outbox_leases l
-		LEFT JOIN LATERAL onceflow_outbox_head(l.shard, $4) o ON true
+		LEFT JOIN LATERAL onceflow_outbox_next(l.shard, $4) o ON true
 		WHERE l.shard = $1 AND l.token = $2 AND l.owner = $3
-		ORDER BY o.id`
+		ORDER BY o.xid, o.id`
 
 	// renewOneSQL renews one lease, committing as renewSQL does.
 	renewOneSQL = `WITH async AS (
@@ -354,9 +359,10 @@ const (
 		RETURNING 1`
 
 	// deleteShippedSQL deletes acknowledged rows only while the lease is
-	// still this token's, and reads the shard's next batch (the
-	// statement's snapshot still has the deleted rows, hence the
-	// exclusion), saving a round trip per batch. It share-locks the lease
+	// still this token's, and reads the shard's next batch, saving a round
+	// trip per batch: after the last shipped row ($6, $7) when that row was
+	// settled, else from the head, without the rows being deleted (the
+	// statement's snapshot still has them). It share-locks the lease
 	// row first, so a relay taking the shard over concurrently either
 	// waits for this delete or has already moved the token, and then
 	// nothing is deleted. (A lock, not a renewal: renewing at every batch
@@ -379,10 +385,10 @@ const (
 		)
 		SELECT (SELECT sum(n) FROM del)::bigint, (SELECT count(*) FROM async),
 			EXTRACT(EPOCH FROM l.expires_at - now())::float8,
-			o.id, o.topic, o.key, o.value, o.headers, o.created_at
+			o.id, o.xid, o.settled, o.topic, o.key, o.value, o.headers, o.created_at
 		FROM lease l
-		LEFT JOIN LATERAL onceflow_outbox_head(l.shard, $5, $4) o ON true
-		ORDER BY o.id`
+		LEFT JOIN LATERAL onceflow_outbox_next(l.shard, $5, $4, $6, $7) o ON true
+		ORDER BY o.xid, o.id`
 
 	// moveDeadSQL moves a row the broker refused for good to outbox_dead,
 	// under the same lease condition as a delete.
@@ -401,29 +407,29 @@ const (
 		SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM ins)`
 )
 
-// shipBatch ships the oldest rows of the worker's shard (rows, when the
-// previous batch's delete read them ahead, else it reads them) and returns
-// the next batch read ahead, empty when the shard is empty.
-func (r *Relay) shipBatch(ctx context.Context, w *worker, rows []outboxRow) ([]outboxRow, error) {
+// shipBatch ships the next rows of the worker's shard (rows, when the
+// previous batch's delete read them ahead, else it reads the head) and
+// returns the next batch read ahead, and more when rows may wait that the
+// read-ahead did not return (the caller reads the head next).
+func (r *Relay) shipBatch(ctx context.Context, w *worker, rows []outboxRow) (next []outboxRow, more bool, err error) {
 	// A batch that has started finishes during a graceful shutdown; the
 	// lease, not ctx, bounds it.
 	ctx = context.WithoutCancel(ctx)
 	if time.Until(w.getDeadline()) < r.cfg.LeaseDuration/2 {
 		if err := r.renewOne(ctx, w); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	if rows == nil {
-		var err error
 		if rows, err = r.readBatch(ctx, w); err != nil || len(rows) == 0 {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	switch i := slices.IndexFunc(rows, func(row outboxRow) bool { return row.badHeaders != nil }); {
 	case i == 0:
 		// A row no broker gets as written: out of the way, like a row the
-		// broker refused (the rest follows on the next round).
-		return nil, r.moveDead(ctx, w, rows[0], "INVALID_HEADERS", rows[0].badHeaders)
+		// broker refused; the rest follows from the head.
+		return nil, true, r.moveDead(ctx, w, rows[0], "INVALID_HEADERS", rows[0].badHeaders)
 	case i > 0:
 		rows = rows[:i] // it heads the next batch
 	}
@@ -435,10 +441,11 @@ func (r *Relay) shipBatch(ctx context.Context, w *worker, rows []outboxRow) ([]o
 		if anyPermanent(recErrs) {
 			// Someone in this batch is poison, but a broker refusing a
 			// partition's batch fails every record in it: ship one row
-			// per transaction to find out which.
-			return nil, r.isolate(ctx, w, rows)
+			// per transaction to find out which (the rest follows from the
+			// head).
+			return nil, true, r.isolate(ctx, w, rows)
 		}
-		return nil, err
+		return nil, false, err
 	}
 	if h := r.hooks.afterCommit; h != nil {
 		h(w.shard)
@@ -465,7 +472,7 @@ func (r *Relay) isolate(ctx context.Context, w *worker, rows []outboxRow) error 
 			}
 			continue
 		}
-		if _, err := r.deleteShipped(ctx, w, rows[i:i+1]); err != nil {
+		if _, _, err := r.deleteShipped(ctx, w, rows[i:i+1]); err != nil {
 			return err
 		}
 	}
@@ -491,7 +498,7 @@ func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 	}
-	out, err := r.scanBatch(rows, w, sent, "check")
+	out, _, err := r.scanBatch(rows, w, sent, "check") // a head read returns every row
 	if err != nil {
 		return nil, err
 	}
@@ -503,45 +510,50 @@ func (r *Relay) readBatch(ctx context.Context, w *worker) ([]outboxRow, error) {
 
 // scanBatch reads rows of (lead columns..., remaining lease, outbox row or
 // NULLs): no row at all means the lease is not this token's (a *lostError
-// naming stage), one row with a NULL id means the shard is empty. It
-// updates the worker's deadline from the remaining lease.
-func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string, lead ...any) ([]outboxRow, error) {
+// naming stage), one row with a NULL id means the shard is empty, or, with
+// settled false, that rows wait past the ones returned (more). It updates
+// the worker's deadline from the remaining lease.
+func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string, lead ...any) (out []outboxRow, more bool, err error) {
 	defer rows.Close()
 	var (
-		out       []outboxRow
 		remaining float64
 		leased    bool
 		// Scanned into row after row (pgx copies bytea and jsonb out of
 		// its buffer into new slices).
 		id        pgtype.Int8
+		xid       pgtype.Uint64
+		settled   pgtype.Bool
 		topic     pgtype.Text
 		key       []byte
 		value     []byte
 		headers   []byte
 		createdAt pgtype.Timestamptz
 	)
-	dst := append(slices.Clip(lead), &remaining, &id, &topic, &key, &value, &headers, &createdAt)
+	dst := append(slices.Clip(lead), &remaining, &id, &xid, &settled, &topic, &key, &value, &headers, &createdAt)
 	for rows.Next() {
 		if err := rows.Scan(dst...); err != nil {
-			return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+			return nil, false, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 		}
 		leased = true
-		if id.Valid {
-			row := outboxRow{id: id.Int64, topic: topic.String, key: key, value: value, createdAt: createdAt.Time}
-			row.headers, row.badHeaders = recordHeaders(headers)
-			out = append(out, row)
+		if !id.Valid {
+			more = settled.Valid && !settled.Bool
+			continue
 		}
+		row := outboxRow{id: id.Int64, xid: xid.Uint64, settled: settled.Bool,
+			topic: topic.String, key: key, value: value, createdAt: createdAt.Time}
+		row.headers, row.badHeaders = recordHeaders(headers)
+		out = append(out, row)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
+		return nil, false, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 	}
 	if !leased {
-		return nil, &lostError{stage: stage}
+		return nil, false, &lostError{stage: stage}
 	}
 	// The database's word on how long the lease has left is authoritative;
 	// counted from before the query was sent, it errs on the short side.
 	w.setDeadline(sent.Add(seconds(remaining)))
-	return out, nil
+	return out, more, nil
 }
 
 // produce ships rows in one Kafka transaction on the shard's producer and
@@ -685,27 +697,36 @@ func (r *Relay) closeClient(cl *kgo.Client) {
 }
 
 // deleteShipped deletes acknowledged rows if the lease still holds and
-// returns the shard's next batch.
-func (r *Relay) deleteShipped(ctx context.Context, w *worker, shipped []outboxRow) ([]outboxRow, error) {
+// returns the shard's next batch (and more, as scanBatch). shipped is a
+// prefix, in order, of what a read returned.
+func (r *Relay) deleteShipped(ctx context.Context, w *worker, shipped []outboxRow) (next []outboxRow, more bool, err error) {
 	ids := make([]int64, len(shipped))
 	for i, row := range shipped {
 		ids[i] = row.id
 	}
+	// Every row up to the last shipped one has been read, so if that row
+	// was settled nothing can still appear before it: read on from there.
+	var afterXID pgtype.Uint64
+	var afterID pgtype.Int8
+	if last := shipped[len(shipped)-1]; last.settled {
+		afterXID = pgtype.Uint64{Uint64: last.xid, Valid: true}
+		afterID = pgtype.Int8{Int64: last.id, Valid: true}
+	}
 	sent := time.Now()
-	rows, err := r.pool.Query(ctx, deleteShippedSQL, w.shard, w.token, r.owner, ids, r.cfg.BatchSize)
+	rows, err := r.pool.Query(ctx, deleteShippedSQL, w.shard, w.token, r.owner, ids, r.cfg.BatchSize, afterXID, afterID)
 	if err != nil {
 		// Shipped but not deleted: the rows go out again next time.
-		return nil, fmt.Errorf("delete %d shipped rows of shard %d: %w", len(ids), w.shard, err)
+		return nil, false, fmt.Errorf("delete %d shipped rows of shard %d: %w", len(ids), w.shard, err)
 	}
 	var deleted int
-	next, err := r.scanBatch(rows, w, sent, "delete", &deleted, nil)
+	next, more, err = r.scanBatch(rows, w, sent, "delete", &deleted, nil)
 	if err != nil {
 		// A lost lease: shipped, but the shard moved meanwhile; its new
 		// holder ships these rows again (duplicates the processor absorbs).
-		return nil, err
+		return nil, false, err
 	}
 	r.metrics.shipped.Add(float64(deleted))
-	return next, nil
+	return next, more, nil
 }
 
 // brokerReason is the broker's error code for a refused record, the

@@ -61,13 +61,13 @@ type DeadRow struct {
 const (
 	// backlogSQL counts each shard's rows (a scan of the outbox, paid at
 	// scrape time) and reads the age of the row at each shard's head
-	// through the (shard, id) index: the row the relay ships next.
+	// through the (shard, xid, id) index: the row the relay ships next.
 	backlogSQL = `WITH counts AS (SELECT shard, count(*) AS n FROM outbox GROUP BY shard),
 		shards AS (SELECT shard FROM outbox_leases UNION SELECT shard FROM counts)
 		SELECT s.shard, COALESCE(c.n, 0), COALESCE(EXTRACT(EPOCH FROM now() - o.created_at), 0)::float8
 		FROM shards s
 		LEFT JOIN counts c ON c.shard = s.shard
-		LEFT JOIN LATERAL (SELECT created_at FROM outbox WHERE shard = s.shard ORDER BY id LIMIT 1) o ON true
+		LEFT JOIN LATERAL (SELECT created_at FROM outbox WHERE shard = s.shard ORDER BY xid, id LIMIT 1) o ON true
 		ORDER BY s.shard`
 
 	leasesSQL = `SELECT shard, COALESCE(owner, ''), COALESCE(instance, ''), token,

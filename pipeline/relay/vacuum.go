@@ -10,7 +10,7 @@ import (
 
 // The outbox is a queue: rows are inserted at one end and deleted at the
 // other, so between autovacuum runs (at most one a minute per database,
-// often less on a busy server) its (shard, id) index fills with dead
+// often less on a busy server) its (shard, xid, id) index fills with dead
 // entries that every read of a shard's head has to step over; at 500 rows
 // a second that is tens of thousands of them, and the relay's latency
 // grows with them. The relay holding shard 0 therefore vacuums the outbox
