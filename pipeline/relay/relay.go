@@ -204,18 +204,19 @@ func (r *Relay) handOut(ctx context.Context, claimed []*worker) error {
 	defer rows.Close()
 	batches := map[int][]outboxRow{}
 	remaining := map[int]float64{}
+	var (
+		shard int
+		rem   float64
+		scan  rowScan
+	)
+	dst := scan.targets(&shard, &rem)
 	for rows.Next() {
-		var (
-			shard   int
-			rem     float64
-			row     outboxRow
-			headers []byte
-		)
-		if err := rows.Scan(&shard, &rem, &row.id, &row.xid, &row.settled, &row.topic, &row.key, &row.value, &headers, &row.createdAt); err != nil {
+		if err := rows.Scan(dst...); err != nil {
 			return err
 		}
-		row.headers, row.badHeaders = recordHeaders(headers)
-		batches[shard] = append(batches[shard], row)
+		if row, ok := scan.row(); ok { // (always: the heads are joined, not outer-joined)
+			batches[shard] = append(batches[shard], row)
+		}
 		remaining[shard] = rem
 	}
 	if err := rows.Err(); err != nil {

@@ -518,30 +518,19 @@ func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string
 	var (
 		remaining float64
 		leased    bool
-		// Scanned into row after row (pgx copies bytea and jsonb out of
-		// its buffer into new slices).
-		id        pgtype.Int8
-		xid       pgtype.Uint64
-		settled   pgtype.Bool
-		topic     pgtype.Text
-		key       []byte
-		value     []byte
-		headers   []byte
-		createdAt pgtype.Timestamptz
+		scan      rowScan
 	)
-	dst := append(slices.Clip(lead), &remaining, &id, &xid, &settled, &topic, &key, &value, &headers, &createdAt)
+	dst := scan.targets(append(slices.Clip(lead), &remaining)...)
 	for rows.Next() {
 		if err := rows.Scan(dst...); err != nil {
 			return nil, false, fmt.Errorf("read outbox shard %d: %w", w.shard, err)
 		}
 		leased = true
-		if !id.Valid {
-			more = settled.Valid && !settled.Bool
+		row, ok := scan.row()
+		if !ok {
+			more = scan.settled.Valid && !scan.settled.Bool
 			continue
 		}
-		row := outboxRow{id: id.Int64, xid: xid.Uint64, settled: settled.Bool,
-			topic: topic.String, key: key, value: value, createdAt: createdAt.Time}
-		row.headers, row.badHeaders = recordHeaders(headers)
 		out = append(out, row)
 	}
 	if err := rows.Err(); err != nil {
@@ -554,6 +543,35 @@ func (r *Relay) scanBatch(rows pgx.Rows, w *worker, sent time.Time, stage string
 	// counted from before the query was sent, it errs on the short side.
 	w.setDeadline(sent.Add(seconds(remaining)))
 	return out, more, nil
+}
+
+// rowScan holds the targets for an outbox row's columns as the relay's
+// queries return them (id, xid, settled, topic, key, value, headers,
+// created_at), scanned into row after row (pgx copies bytea and jsonb out
+// of its buffer into new slices).
+type rowScan struct {
+	id                  pgtype.Int8
+	xid                 pgtype.Uint64
+	settled             pgtype.Bool
+	topic               pgtype.Text
+	key, value, headers []byte
+	createdAt           pgtype.Timestamptz
+}
+
+// targets returns lead followed by the row's columns, for Scan.
+func (s *rowScan) targets(lead ...any) []any {
+	return append(lead, &s.id, &s.xid, &s.settled, &s.topic, &s.key, &s.value, &s.headers, &s.createdAt)
+}
+
+// row returns the row scanned last, or false for a row of NULLs.
+func (s *rowScan) row() (outboxRow, bool) {
+	if !s.id.Valid {
+		return outboxRow{}, false
+	}
+	row := outboxRow{id: s.id.Int64, xid: s.xid.Uint64, settled: s.settled.Bool,
+		topic: s.topic.String, key: s.key, value: s.value, createdAt: s.createdAt.Time}
+	row.headers, row.badHeaders = recordHeaders(s.headers)
+	return row, true
 }
 
 // produce ships rows in one Kafka transaction on the shard's producer and
