@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -397,6 +398,92 @@ func TestRowOfAnOlderTransactionIsNotSkipped(t *testing.T) {
 	if dups := checkOrder(t, sent, recs); dups != 0 {
 		t.Errorf("%d duplicates without any failure", dups)
 	}
+	r.stop(t)
+}
+
+// Writers whose transactions overlap, some slow, some several rows, some
+// rolled back, while a relay ships in small batches: every committed row
+// arrives once, in its aggregate's order, and nothing rolled back does.
+// Each aggregate has one writer (its commands are sequential, so they have
+// an order to keep); the writers share four shards, so rows of young
+// transactions keep committing around older ones still open, which is
+// where reading on from the last row could skip one.
+func TestOverlappingTransactionsKeepOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const writers, aggsPerWriter = 6, 4
+	// Aggregates in four shards, dealt out to the writers.
+	var aggs []string
+	for i := 0; len(aggs) < writers*aggsPerWriter; i++ {
+		a := fmt.Sprintf("acme/acc-overlap-%d", i)
+		if pipeline.OutboxShard(a, pipeline.DefaultOutboxShards) < 4 {
+			aggs = append(aggs, a)
+		}
+	}
+	r := e.start(t, relay.Config{BatchSize: 5})
+
+	var mu sync.Mutex
+	sent := map[string][]command{}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(3 * time.Second)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			mine := aggs[w*aggsPerWriter : (w+1)*aggsPerWriter]
+			n := 0 // numbers the rows' values
+			for time.Now().Before(deadline) {
+				tx, err := e.pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var rows []command
+				for range 1 + rng.IntN(4) {
+					a := mine[rng.IntN(len(mine))]
+					rows = append(rows, e.insertOne(t, tx, a, n, 32))
+					n++
+				}
+				// Mostly quick, sometimes across many of the relay's
+				// batches.
+				switch n := rng.IntN(20); {
+				case n == 0:
+					time.Sleep(300 * time.Millisecond)
+				case n < 8:
+					time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+				}
+				if rng.IntN(10) == 0 {
+					if err := tx.Rollback(ctx); err != nil {
+						t.Error(err)
+					}
+					continue
+				}
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, c := range rows {
+					sent[c.agg] = append(sent[c.agg], c)
+				}
+				mu.Unlock()
+				r.Wake()
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for _, cmds := range sent {
+		total += len(cmds)
+	}
+	e.waitEmpty(t, 30*time.Second)
+	recs := e.readTopic(t, e.topics.Commands(), total)
+	if dups := checkOrder(t, sent, recs); dups != 0 {
+		t.Errorf("%d duplicates without any failure", dups)
+	}
+	t.Logf("%d commands of %d aggregates", total, len(sent))
 	r.stop(t)
 }
 
