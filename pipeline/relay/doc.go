@@ -129,11 +129,11 @@
 //
 // # Vacuum
 //
-// The outbox is a queue, so between autovacuum runs its (shard, xid, id) index
-// fills with dead entries that every head read steps over. The relay
-// holding shard 0 vacuums it (without truncating it) when dead tuples
-// outnumber both 2000 and the live ones while fewer than 50,000 rows wait;
-// without the table's ownership it leaves it to autovacuum.
+// The outbox is a queue, so between autovacuum runs its (shard, xid, id)
+// index fills with dead entries that every head read steps over. The
+// relay holding shard 0 vacuums it (without truncating it) when dead
+// tuples outnumber both 2000 and the live ones while fewer than 50,000
+// rows wait; without the table's ownership it leaves it to autovacuum.
 //
 // # Janitor
 //
