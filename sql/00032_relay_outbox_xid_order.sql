@@ -28,6 +28,9 @@
 --
 -- The rows in the outbox when this runs all get this migration's xid, so
 -- they keep their id order and go out before anything written after.
+-- Adding the column rewrites the outbox and builds the new index under an
+-- exclusive lock: ingest waits for it, as long as the backlog takes to
+-- copy (seconds for a relay that keeps up; drain a large backlog first).
 -- Relays of the previous version stop being able to read the outbox once
 -- this has run (their functions are gone): they back off and retry until
 -- they are replaced; nothing is lost, and their leases expire to new relays.

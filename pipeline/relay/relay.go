@@ -214,9 +214,8 @@ func (r *Relay) handOut(ctx context.Context, claimed []*worker) error {
 		if err := rows.Scan(dst...); err != nil {
 			return err
 		}
-		if row, ok := scan.row(); ok { // (always: the heads are joined, not outer-joined)
-			batches[shard] = append(batches[shard], row)
-		}
+		row, _ := scan.row() // never a row of NULLs: the heads are joined, not outer-joined
+		batches[shard] = append(batches[shard], row)
 		remaining[shard] = rem
 	}
 	if err := rows.Err(); err != nil {
