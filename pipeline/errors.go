@@ -124,6 +124,27 @@ type CommandRejected struct {
 // MessageType implements Message.
 func (CommandRejected) MessageType() string { return "CommandRejected" }
 
+// CommandFailed is the event the processor emits when a command goes to
+// the DLQ ({prefix}.commands.dlq) rather than being decided: the record is
+// poison (invalid fields, undecodable, a type nobody handles), the decider
+// failed, or the broker refused its decision for good. Like CommandRejected
+// it does not change the aggregate (it carries the aggregate's current
+// version) and command_status projects it, so a command is never pending
+// forever; a redrive of the DLQ record that then succeeds emits the
+// command's events, which supersede the failure. Reason is the DLQ reason
+// (the dlq-reason header). It is emitted only for a record whose key is an
+// aggregate id of the tenant its tenant header names and whose command-id
+// is valid: anything else belongs to no aggregate. Every domain's events
+// schema has a CommandFailed record with these fields.
+type CommandFailed struct {
+	CommandType string `avro:"command_type"`
+	Reason      string `avro:"reason"`
+	Detail      string `avro:"detail"`
+}
+
+// MessageType implements Message.
+func (CommandFailed) MessageType() string { return "CommandFailed" }
+
 // Decoding errors that serdes wrap, so a consumer can name the reason a
 // record is poison without knowing the serde.
 var (

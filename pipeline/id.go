@@ -68,13 +68,37 @@ func NewCommandID() ID {
 }
 
 // EventID returns the id of the index-th event of the decision on command
-// commandID: the UUIDv5 of the command id and the index. It is the same every
-// time the command is decided again.
-func EventID(commandID ID, index int) ID {
-	var name [16 + 8]byte
-	copy(name[:16], commandID[:])
-	binary.BigEndian.PutUint64(name[16:], uint64(index))
-	return NameID(eventNamespace, name[:])
+// commandID for aggregate aggregateID: the UUIDv5 of the aggregate id, the
+// command id and the index. It is the same every time the command is
+// decided again. The aggregate id (which starts with the tenant) is part
+// of the name because a command id is only unique within its aggregate: a
+// direct Kafka producer may send the same command id to two aggregates, or
+// two tenants may pick the same one, and those are two commands whose
+// events must not share ids (docs/decisions.md).
+func EventID(aggregateID string, commandID ID, index int) ID {
+	name := make([]byte, 0, len(aggregateID)+1+16+8)
+	name = append(name, aggregateID...)
+	name = append(name, 0)
+	name = append(name, commandID[:]...)
+	name = binary.BigEndian.AppendUint64(name, uint64(index))
+	return NameID(eventNamespace, name)
+}
+
+// FailureEventID returns the id of the CommandFailed event the processor
+// emits when the command record at (partition, offset) of the commands
+// topic goes to the DLQ. It differs from every EventID of the command (a
+// redriven command that then succeeds keeps its own event ids) and from the
+// failure of another delivery of it (a redrive that fails again records
+// its own failure), and is the same when the batch is decided again.
+func FailureEventID(aggregateID string, commandID ID, partition int32, offset int64) ID {
+	name := make([]byte, 0, len(aggregateID)+1+16+1+4+8)
+	name = append(name, aggregateID...)
+	name = append(name, 0)
+	name = append(name, commandID[:]...)
+	name = append(name, 'F')
+	name = binary.BigEndian.AppendUint32(name, uint32(partition))
+	name = binary.BigEndian.AppendUint64(name, uint64(offset))
+	return NameID(eventNamespace, name)
 }
 
 // NameID returns the UUIDv5 (SHA-1, name-based) of name within namespace.

@@ -43,25 +43,56 @@ func TestNewCommandIDIsV7AndOrdered(t *testing.T) {
 func TestEventIDIsDeterministicUUIDv5(t *testing.T) {
 	t.Parallel()
 	cmd := pipeline.MustParseID("01890a5d-ac96-774b-bcce-b302099a8057")
-	a, b := pipeline.EventID(cmd, 0), pipeline.EventID(cmd, 0)
+	const agg = "acme/acc-1"
+	a, b := pipeline.EventID(agg, cmd, 0), pipeline.EventID(agg, cmd, 0)
 	if a != b {
 		t.Fatalf("same command and index gave %s and %s", a, b)
 	}
-	if pipeline.EventID(cmd, 1) == a {
+	if pipeline.EventID(agg, cmd, 1) == a {
 		t.Fatal("index 0 and 1 gave the same id")
 	}
-	if pipeline.EventID(pipeline.NewCommandID(), 0) == a {
+	if pipeline.EventID(agg, pipeline.NewCommandID(), 0) == a {
 		t.Fatal("different commands gave the same id")
+	}
+	// The same command id is another command on another aggregate, or
+	// in another tenant.
+	if pipeline.EventID("acme/acc-2", cmd, 0) == a {
+		t.Fatal("the same command id on two aggregates gave the same id")
+	}
+	if pipeline.EventID("other/acc-1", cmd, 0) == a {
+		t.Fatal("the same command id in two tenants gave the same id")
 	}
 	// Cross-check against an independent implementation.
 	ns := uuid.MustParse("6f6e6365-666c-4f77-8065-76656e747321")
-	name := append(cmd[:], 0, 0, 0, 0, 0, 0, 0, 1)
+	name := append(append([]byte(agg), 0), cmd[:]...)
+	name = append(name, 0, 0, 0, 0, 0, 0, 0, 1)
 	want := uuid.NewSHA1(ns, name)
-	if got := pipeline.EventID(cmd, 1).String(); got != want.String() {
+	if got := pipeline.EventID(agg, cmd, 1).String(); got != want.String() {
 		t.Fatalf("got %s, want %s", got, want)
 	}
 	if v := a.Version(); v != 5 {
 		t.Fatalf("version: got %d, want 5", v)
+	}
+}
+
+func TestFailureEventIDIsApartFromEventIDs(t *testing.T) {
+	t.Parallel()
+	cmd := pipeline.MustParseID("01890a5d-ac96-774b-bcce-b302099a8057")
+	const agg = "acme/acc-1"
+	f := pipeline.FailureEventID(agg, cmd, 3, 42)
+	if f != pipeline.FailureEventID(agg, cmd, 3, 42) {
+		t.Fatal("the same delivery gave two failure ids")
+	}
+	for i := range 4 {
+		if f == pipeline.EventID(agg, cmd, i) {
+			t.Fatalf("failure id equals event %d's id", i)
+		}
+	}
+	if f == pipeline.FailureEventID(agg, cmd, 3, 43) || f == pipeline.FailureEventID(agg, cmd, 4, 42) {
+		t.Fatal("two deliveries of a command gave the same failure id")
+	}
+	if f == pipeline.FailureEventID("acme/acc-2", cmd, 3, 42) {
+		t.Fatal("the same command id on two aggregates gave the same failure id")
 	}
 }
 

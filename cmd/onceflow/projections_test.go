@@ -202,7 +202,7 @@ func TestProjectionsCommands(t *testing.T) {
 				t.Fatal(err)
 			}
 			recs = append(recs, &kgo.Record{Topic: c.topics.Events(), Key: []byte(agg), Value: value, Headers: []kgo.RecordHeader{
-				{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID(cmd, int(v)).String())},
+				{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID(agg, cmd, int(v)).String())},
 				{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
 				{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(v, 10))},
 				{Key: pipeline.HeaderTenant, Value: []byte("acme")},

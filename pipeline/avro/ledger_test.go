@@ -73,10 +73,16 @@ type (
 		Reason      string `avro:"reason"`
 		Detail      string `avro:"detail"`
 	}
+	commandFailed struct {
+		CommandType string `avro:"command_type"`
+		Reason      string `avro:"reason"`
+		Detail      string `avro:"detail"`
+	}
 )
 
 func (deposited) MessageType() string       { return "Deposited" }
 func (commandRejected) MessageType() string { return "onceflow.ledger.CommandRejected" } // the full name is accepted too
+func (commandFailed) MessageType() string   { return "CommandFailed" }
 
 type (
 	snapshot struct {
@@ -111,7 +117,7 @@ func eventTypes() map[string]any {
 		ns + "AccountOpened": accountOpened{}, ns + "Deposited": deposited{}, ns + "Withdrawn": withdrawn{},
 		ns + "AccountClosed": accountClosed{}, ns + "TransferDebited": transferDebited{},
 		ns + "TransferCredited": transferCredited{}, ns + "TransferRefunded": transferRefunded{},
-		ns + "CommandRejected": commandRejected{},
+		ns + "CommandRejected": commandRejected{}, ns + "CommandFailed": commandFailed{},
 	}
 }
 
@@ -125,6 +131,7 @@ type commandRejectedV1 struct {
 func eventTypesV1() map[string]any {
 	m := eventTypes()
 	delete(m, ns+"TransferRefunded")
+	delete(m, ns+"CommandFailed")
 	m[ns+"CommandRejected"] = commandRejectedV1{}
 	return m
 }

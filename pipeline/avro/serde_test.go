@@ -464,7 +464,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"header only", frame(), avro.ErrMalformed, ""},
 		{"truncated", good[:len(good)-1], avro.ErrMalformed, ""},
 		{"trailing bytes", append(append([]byte{}, good...), 0, 0), avro.ErrMalformed, "2 trailing bytes"},
-		{"union index out of range", frame(binary.AppendVarint(nil, 8)...), avro.ErrMalformed, "index"},
+		{"union index out of range", frame(binary.AppendVarint(nil, 9)...), avro.ErrMalformed, "index"},
 		{"negative union index", frame(binary.AppendVarint(nil, -1)...), avro.ErrMalformed, "index"},
 		{"negative string length", frame(append(binary.AppendVarint(nil, 7), binary.AppendVarint(nil, -5)...)...), avro.ErrMalformed, ""},
 		{"state schema id on events", nil, avro.ErrIncompatible, "unknown type onceflow.Snapshot"},

@@ -15,7 +15,7 @@ import (
 
 // projEvent is an event of aggregate agg at version v caused by command c.
 func projEvent(agg string, v int64, c pipeline.ID, index int, m pipeline.Message) pipeline.Event {
-	return pipeline.Event{ID: pipeline.EventID(c, index), CommandID: c, Tenant: "acme", AggregateID: agg, Version: v,
+	return pipeline.Event{ID: pipeline.EventID(agg, c, index), CommandID: c, Tenant: "acme", AggregateID: agg, Version: v,
 		Time: time.UnixMilli(1_700_000_000_000 + v), Payload: m}
 }
 

@@ -108,5 +108,6 @@ func EventTypes() map[string]any {
 		Namespace + ".TransferCredited": TransferCredited{},
 		Namespace + ".TransferRefunded": TransferRefunded{},
 		Namespace + ".CommandRejected":  pipeline.CommandRejected{},
+		Namespace + ".CommandFailed":    pipeline.CommandFailed{},
 	}
 }

@@ -315,7 +315,7 @@ func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S],
 	out = outcome[S]{effects: d.Commands, state: state, version: version}
 	if rej, ok := pipeline.AsRejection(err); ok {
 		ev := base
-		ev.ID = pipeline.EventID(cmd.ID, 0)
+		ev.ID = pipeline.EventID(cmd.AggregateID, cmd.ID, 0)
 		ev.Version = version // a rejection does not change the aggregate
 		ev.Payload = pipeline.CommandRejected{CommandType: cmd.Type(), Reason: rej.Reason, Detail: rej.Detail}
 		out.events, out.rejected = []pipeline.Event{ev}, true
@@ -327,7 +327,7 @@ func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S],
 	for i, m := range d.Events {
 		out.version++
 		ev := base
-		ev.ID = pipeline.EventID(cmd.ID, i)
+		ev.ID = pipeline.EventID(cmd.AggregateID, cmd.ID, i)
 		ev.Version = out.version
 		ev.Payload = m
 		out.state = b.p.decider.Evolve(out.state, ev)

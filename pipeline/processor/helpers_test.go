@@ -359,8 +359,8 @@ func checkEventLog(t testing.TB, evs []event) (balances map[string]int64) {
 	}
 	for cid, group := range byCommand {
 		for i, ev := range group {
-			if ev.ID != pipeline.EventID(cid, i) {
-				t.Errorf("command %s: event %d has id %s, want %s", cid, i, ev.ID, pipeline.EventID(cid, i))
+			if ev.ID != pipeline.EventID(ev.AggregateID, cid, i) {
+				t.Errorf("command %s: event %d has id %s, want %s", cid, i, ev.ID, pipeline.EventID(ev.AggregateID, cid, i))
 			}
 		}
 	}

@@ -29,7 +29,7 @@ func tallyEvents(n int, partition int32, from int64) []event {
 	evs := make([]event, n)
 	for i := range evs {
 		cmd := pipeline.NewCommandID()
-		evs[i] = event{Event: pipeline.Event{ID: pipeline.EventID(cmd, 0), CommandID: cmd, AggregateID: fmt.Sprintf("acme/p%d", partition), Version: int64(i + 1),
+		evs[i] = event{Event: pipeline.Event{ID: pipeline.EventID(fmt.Sprintf("acme/p%d", partition), cmd, 0), CommandID: cmd, AggregateID: fmt.Sprintf("acme/p%d", partition), Version: int64(i + 1),
 			Payload: pipeline.CommandRejected{}},
 			partition: partition, offset: from + int64(i), epoch: -1}
 	}

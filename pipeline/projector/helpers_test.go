@@ -271,7 +271,7 @@ func (s *stream) next(payload pipeline.Message) pipeline.Event {
 		cmd = pipeline.NameID(pipeline.Nil, fmt.Appendf(nil, "%s/%s/%d", s.tenant, s.id, s.seq))
 	}
 	ev := pipeline.Event{
-		ID: pipeline.EventID(cmd, 0), CommandID: cmd, Tenant: s.tenant, AggregateID: s.aggregate(),
+		ID: pipeline.EventID(s.aggregate(), cmd, 0), CommandID: cmd, Tenant: s.tenant, AggregateID: s.aggregate(),
 		Time: s.at.Add(time.Duration(s.seq) * time.Millisecond), Payload: payload,
 	}
 	if _, rejected := payload.(pipeline.CommandRejected); rejected {

@@ -295,7 +295,7 @@ func (r *procRig) check(evs []procEvent, m *procModel) {
 	var wrong int
 	for id, want := range m.want {
 		got := byCommand[id]
-		if len(got) != 1 || got[0].outcome() != want || got[0].id != pipeline.EventID(id, 0) {
+		if len(got) != 1 || got[0].outcome() != want || got[0].id != pipeline.EventID(string(got[0].rec.Key), id, 0) {
 			if wrong++; wrong <= 10 {
 				outcomes := make([]string, len(got))
 				for i, e := range got {

@@ -102,7 +102,7 @@ func (r *projRig) produce(ctx context.Context, n int) {
 		recs = append(recs, &kgo.Record{
 			Topic: r.Prefix + ".events", Key: []byte("acme/" + id), Value: value,
 			Headers: []kgo.RecordHeader{
-				{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID(cmd, 0).String())},
+				{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID("acme/"+id, cmd, 0).String())},
 				{Key: pipeline.HeaderEventType, Value: []byte(m.MessageType())},
 				{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
 				{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(a.version, 10))},
@@ -267,7 +267,7 @@ func TestProjectorParksOutOfOrderEvent(t *testing.T) {
 		cmd := pipeline.NewCommandID()
 		value, _ := r.serdes.Events.Encode(ctx, ledger.Deposited{Amount: 1})
 		return &kgo.Record{Topic: r.Prefix + ".events", Key: []byte("acme/acc-0"), Value: value, Headers: []kgo.RecordHeader{
-			{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID(cmd, 0).String())},
+			{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID("acme/acc-0", cmd, 0).String())},
 			{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
 			{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(version, 10))},
 			{Key: pipeline.HeaderTenant, Value: []byte("acme")},
