@@ -29,7 +29,7 @@ type event struct {
 type park struct {
 	partition int32
 	offset    int64
-	reason    string // reasonGap, reasonUndecodable, reasonRefused
+	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError
 	detail    string
 }
 
@@ -38,7 +38,12 @@ const (
 	reasonGap         = "version-gap"
 	reasonUndecodable = "undecodable"
 	reasonRefused     = "rejected-by-projection"
+	reasonDataError   = "data-error"
 )
+
+// parkReasons are every reason a partition parks for (the reason label of
+// onceflow_projector_parked_partitions).
+var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError}
 
 // result is what a committed batch did.
 type result struct {
@@ -94,17 +99,26 @@ const (
 		ON CONFLICT (consumer, topic, partition) DO UPDATE SET
 			next_offset = EXCLUDED.next_offset, reason = EXCLUDED.reason, detail = EXCLUDED.detail, parked_at = now()`
 	// clearParkedSQL forgets a parked partition once it has moved past the
-	// record it stopped on.
-	clearParkedSQL = `DELETE FROM projector_parked p
+	// record it stopped on, and the transient error the batch's partitions
+	// ($5) were retried on, now that a batch of them commits (one
+	// statement: the fast path pays no round trip for it).
+	clearParkedSQL = `WITH retried AS (
+			DELETE FROM projector_retrying WHERE consumer = $1 AND topic = $2 AND partition = ANY ($5::int[])
+		)
+		DELETE FROM projector_parked p
 		USING unnest($3::int[], $4::bigint[]) AS v(partition, next)
 		WHERE p.consumer = $1 AND p.topic = $2 AND p.partition = v.partition AND p.next_offset < v.next`
 )
 
 // apply applies evs (in log order) and parks found while decoding, in one
-// transaction. When a projection reports a gap or refuses an event, the
-// transaction is rolled back and run again with that partition stopped at
-// the event. Errors are transient: the caller retries the whole batch.
+// transaction. When a projection reports a gap, refuses an event or raises
+// a data error on it, the transaction is rolled back and run again with
+// that partition stopped at the event. A data error fails a projection's
+// statement, not one event, so the transaction is first run again
+// carefully (applyCarefully) to find the event at fault. Other errors are
+// transient: the caller retries the whole batch.
 func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result, error) {
+	careful := false // a projection raised a data error on this batch
 	for {
 		var res result
 		var more []park
@@ -115,13 +129,17 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 		if err != nil {
 			return result{}, fmt.Errorf("begin: %w", err)
 		}
-		res, more, err = a.applyInTx(ctx, tx, evs, parks)
+		res, more, err = a.applyInTx(ctx, tx, evs, parks, careful)
 		if err == nil && len(more) == 0 && a.hold != nil {
 			a.hold(HoldInTx, tx.Conn().PgConn().PID())
 		}
 		if err != nil || len(more) > 0 {
 			tx.Rollback(context.WithoutCancel(ctx))
 			if err != nil {
+				if !careful && isProjectionDataError(err) {
+					careful = true
+					continue
+				}
 				return result{}, err
 			}
 			parks = mergeParks(parks, more)
@@ -140,8 +158,9 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 
 // applyInTx is the body of a batch's transaction. It returns the parks
 // the projections asked for (then nothing must be committed), or the
-// result to commit.
-func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park) (result, []park, error) {
+// result to commit. careful runs each projection under a savepoint and
+// finds the events its data errors are raised on (applyCarefully).
+func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, careful bool) (result, []park, error) {
 	res := result{next: make(map[int32]kgo.EpochOffset)}
 	var parts []int32
 	for _, e := range evs {
@@ -223,9 +242,15 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 			pevs[i] = e.Event
 		}
 		for _, proj := range a.projections {
-			outcomes, err := applyProjection(ctx, tx, proj, pevs)
+			var outcomes []error
+			var err error
+			if careful {
+				outcomes, err = applyCarefully(ctx, tx, proj, fresh, pevs)
+			} else {
+				outcomes, err = applyProjection(ctx, tx, proj, pevs)
+			}
 			if err != nil {
-				return res, nil, fmt.Errorf("%s: %w", proj.Name(), err)
+				return res, nil, &projectionError{proj.Name(), err}
 			}
 			for i, o := range outcomes {
 				var gap *pipeline.VersionGapError
@@ -241,6 +266,10 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 					more = append(more, park{e.partition, e.offset, reasonRefused,
 						fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
 				default:
+					if pgErr, ok := dataError(o); ok {
+						more = append(more, park{e.partition, e.offset, reasonDataError, dataErrorDetail(proj.Name(), e, pgErr)})
+						continue
+					}
 					return res, nil, fmt.Errorf("%s: apply %s %s: %w", proj.Name(), e.Type(), e.ID, o)
 				}
 			}
@@ -264,15 +293,15 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		if _, err := tx.Exec(ctx, saveOffsetsSQL, a.consumer, a.topic, offParts, offs); err != nil {
 			return res, nil, fmt.Errorf("save offsets: %w", err)
 		}
-		if _, err := tx.Exec(ctx, clearParkedSQL, a.consumer, a.topic, offParts, offs); err != nil {
-			return res, nil, fmt.Errorf("clear parked partitions: %w", err)
-		}
+	}
+	if _, err := tx.Exec(ctx, clearParkedSQL, a.consumer, a.topic, offParts, offs, parts); err != nil {
+		return res, nil, fmt.Errorf("clear parked partitions: %w", err)
 	}
 	if len(keptParks) > 0 {
 		n := len(keptParks)
 		pp, po, pr, pd := make([]int32, n), make([]int64, n), make([]string, n), make([]string, n)
 		for i, pk := range keptParks {
-			pp[i], po[i], pr[i], pd[i] = pk.partition, pk.offset, pk.reason, pk.detail
+			pp[i], po[i], pr[i], pd[i] = pk.partition, pk.offset, pk.reason, cleanText(pk.detail)
 		}
 		if _, err := tx.Exec(ctx, saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd); err != nil {
 			return res, nil, fmt.Errorf("save parked partitions: %w", err)
@@ -358,6 +387,64 @@ func applyProjection(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pg
 		if out[i] != nil && !errors.Is(out[i], pipeline.ErrDuplicate) && gap == nil && !pipeline.IsPermanent(out[i]) {
 			return nil, out[i] // a failure of the statement: the batch is retried
 		}
+	}
+	return out, nil
+}
+
+// applyCarefully runs a projection under a savepoint. If its statements
+// raise a data error, which aborts them without saying which event caused
+// it, it rolls back to the savepoint and applies the events one at a time
+// with Apply, each under a savepoint of its own: an event that raises a
+// data error is the culprit (its outcome is that error, and its partition
+// parks); the events after it on its partition are not applied (the
+// transaction runs again without them); the other partitions' events go
+// on. Only a batch that has already failed with a data error runs so: the
+// fast path takes no savepoint.
+func applyCarefully(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []event, pevs []pipeline.Event) ([]error, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	out, err := applyProjection(ctx, sp, proj, pevs)
+	if _, isData := dataError(err); !isData {
+		if err != nil {
+			return nil, err
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("release savepoint: %w", err)
+		}
+		return out, nil
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return nil, fmt.Errorf("rollback to savepoint: %w", err)
+	}
+	out = make([]error, len(evs))
+	stopped := make(map[int32]bool) // partitions that park at an event of this batch
+	for i, e := range evs {
+		if stopped[e.partition] {
+			continue // not applied: the transaction runs again without it
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("savepoint: %w", err)
+		}
+		o := applyOne(ctx, sp, proj, e.Event)
+		if o == nil || errors.Is(o, pipeline.ErrDuplicate) {
+			if err := sp.Commit(ctx); err != nil {
+				return nil, fmt.Errorf("release savepoint: %w", err)
+			}
+			out[i] = o
+			continue
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return nil, fmt.Errorf("rollback to savepoint: %w", err)
+		}
+		var gap *pipeline.VersionGapError
+		if _, isData := dataError(o); !isData && !errors.As(o, &gap) && !pipeline.IsPermanent(o) {
+			return nil, o // a failure of the statement: the batch is retried
+		}
+		out[i] = o // parks the partition
+		stopped[e.partition] = true
 	}
 	return out, nil
 }

@@ -3,6 +3,7 @@ package projector
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -177,4 +178,49 @@ func (refuse) Name() string { return "refuse" }
 
 func (refuse) Apply(context.Context, pgx.Tx, pipeline.Event) error {
 	return pipeline.Permanent(errFake)
+}
+
+// divideByZero raises a data error (22012) on the events of one aggregate.
+type divideByZero struct{ agg string }
+
+func (divideByZero) Name() string { return "divide" }
+
+func (d divideByZero) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
+	if ev.AggregateID != d.agg {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `SELECT 1 / 0`)
+	return err
+}
+
+// A data error on an event whose aggregate id (a record key, which a
+// producer chose) holds a NUL and invalid UTF-8 still parks: the detail
+// that names it is made storable rather than failing the batch for ever.
+func TestDataErrorParksWhateverTheKey(t *testing.T) {
+	t.Parallel()
+	pool, _ := pipelinetest.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE test_tally (event_id uuid PRIMARY KEY, n int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	evs := append(tallyEvents(3, 0, 0), tallyEvents(3, 1, 0)...)
+	hostile := "acme/\x00p1\xff"
+	for i := 3; i < 6; i++ {
+		evs[i].AggregateID = hostile
+	}
+	a := &applier{consumer: "c", topic: "events", pool: pool, projections: []pipeline.Projection[pgx.Tx]{tally{}, divideByZero{hostile}}}
+	res, err := a.apply(ctx, evs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.applied != 3 || len(res.parks) != 1 || res.parks[0].partition != 1 || res.parks[0].offset != 0 || res.parks[0].reason != reasonDataError {
+		t.Errorf("applied %d, parks %+v; want 3 applied and partition 1 parked at 0 for a data error", res.applied, res.parks)
+	}
+	var detail string
+	if err := pool.QueryRow(ctx, `SELECT detail FROM projector_parked WHERE consumer = 'c' AND partition = 1`).Scan(&detail); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(detail, `acme/\x00p1`+"\uFFFD") || !strings.Contains(detail, "SQLSTATE 22012") {
+		t.Errorf("detail %q", detail)
+	}
 }

@@ -213,20 +213,36 @@ func (e *env) start(cfg projector.Config, projections ...pipeline.Projection[pgx
 	return &running{p: p, reg: reg, stop: stop}
 }
 
-// metric reads a projector counter or gauge by name.
-func (r *running) metric(name string) float64 {
+// metric reads a projector counter or gauge by name: the sum of its
+// series whose labels include labels ("reason", "data-error", ...).
+func (r *running) metric(name string, labels ...string) float64 {
 	mfs, err := r.reg.Gather()
 	if err != nil {
 		panic(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == name {
-			m := mf.GetMetric()[0]
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
+		if mf.GetName() != name {
+			continue
 		}
+		var sum float64
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue series
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				sum += c.GetValue()
+			} else {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+		return sum
 	}
 	return -1
 }

@@ -91,6 +91,38 @@ func Parked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedPartition, error) 
 	return out, nil
 }
 
+// RetryingPartition is a partition whose batch a projector is retrying
+// on a transient error (projector_retrying).
+type RetryingPartition struct {
+	Consumer  string    `json:"consumer"`
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Class     string    `json:"class"` // connection, serialization, deadlock, schema, ... (docs/projector.md)
+	Error     string    `json:"error"` // the last one logged
+	Attempts  int64     `json:"attempts"`
+	Since     time.Time `json:"since"`
+	LastAt    time.Time `json:"last_at"`
+}
+
+// Retrying lists the partitions every consumer is retrying.
+func Retrying(ctx context.Context, pool *pgxpool.Pool) ([]RetryingPartition, error) {
+	rows, err := pool.Query(ctx, `SELECT consumer, topic, partition, class, error, attempts, since, last_at
+		FROM projector_retrying ORDER BY consumer, topic, partition`)
+	if err != nil {
+		return nil, fmt.Errorf("list retrying partitions: %w", err)
+	}
+	var out []RetryingPartition
+	var r RetryingPartition
+	_, err = pgx.ForEachRow(rows, []any{&r.Consumer, &r.Topic, &r.Partition, &r.Class, &r.Error, &r.Attempts, &r.Since, &r.LastAt}, func() error {
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list retrying partitions: %w", err)
+	}
+	return out, nil
+}
+
 // Unpark removes a consumer's parked-partition rows (all of its partitions
 // when partitions is empty) and returns how many it removed. The projector
 // that owns a partition notices within ParkCheckInterval and tries its

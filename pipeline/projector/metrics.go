@@ -7,8 +7,9 @@ type metrics struct {
 	duplicates prometheus.Counter
 	fenced     prometheus.Counter
 	gaps       prometheus.Counter
-	parked     prometheus.Gauge
-	errors     prometheus.Counter
+	parked     *prometheus.GaugeVec   // by reason (parkReasons)
+	errors     *prometheus.CounterVec // by class (retryClasses)
+	retrying   *prometheus.GaugeVec   // by class (retryClasses)
 	batch      prometheus.Histogram
 }
 
@@ -27,17 +28,29 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_projector_version_gaps_total", Help: "Version gaps found; each parks its partition.", ConstLabels: l,
 		}),
-		parked: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "onceflow_projector_parked_partitions", Help: "Partitions parked until an operator acts.", ConstLabels: l,
-		}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_projector_batch_errors_total", Help: "Batches that failed and were retried.", ConstLabels: l,
-		}),
+		parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_projector_parked_partitions", Help: "Partitions parked until an operator acts, by reason (version-gap, undecodable, rejected-by-projection, data-error).", ConstLabels: l,
+		}, []string{"reason"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_projector_batch_errors_total", Help: "Batches that failed with a transient error and were retried, by class of error.", ConstLabels: l,
+		}, []string{"class"}),
+		retrying: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_projector_retrying_partitions", Help: "Partitions whose last batch failed with a transient error and is being retried, by class of error.", ConstLabels: l,
+		}, []string{"class"}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "onceflow_projector_batch_duration_seconds", Help: "Time to apply one batch in Postgres.", ConstLabels: l,
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
-	reg.MustRegister(m.applied, m.duplicates, m.fenced, m.gaps, m.parked, m.errors, m.batch)
+	// Every series exists from the start, at zero, so a rate or an alert
+	// sees the first increase.
+	for _, r := range parkReasons {
+		m.parked.WithLabelValues(r)
+	}
+	for _, c := range retryClasses {
+		m.errors.WithLabelValues(c)
+		m.retrying.WithLabelValues(c)
+	}
+	reg.MustRegister(m.applied, m.duplicates, m.fenced, m.gaps, m.parked, m.errors, m.retrying, m.batch)
 	return m
 }

@@ -98,8 +98,9 @@ type Projector struct {
 	logger  *slog.Logger
 	metrics *metrics
 
-	mu     sync.Mutex
-	parked map[int32]string // partition -> why
+	mu       sync.Mutex
+	parked   map[int32]park     // partition -> the record it stopped on, and why
+	retrying map[int32]retrying // partition -> the transient error its batch is retried on
 
 	lastParkCheck time.Time
 
@@ -117,11 +118,12 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 	}
 	return &Projector{
 		cfg: cfg, kafka: kcfg, pool: pool, dec: dec,
-		app:     &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold},
-		logger:  logger.With("component", "projector", "consumer", cfg.Consumer),
-		metrics: newMetrics(reg, cfg.Consumer),
-		parked:  make(map[int32]string),
-		ready:   make(chan struct{}),
+		app:      &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold},
+		logger:   logger.With("component", "projector", "consumer", cfg.Consumer),
+		metrics:  newMetrics(reg, cfg.Consumer),
+		parked:   make(map[int32]park),
+		retrying: make(map[int32]retrying),
+		ready:    make(chan struct{}),
 	}, nil
 }
 
@@ -147,8 +149,20 @@ func (p *Projector) Parked() map[int32]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[int32]string, len(p.parked))
-	for k, v := range p.parked {
-		out[k] = v
+	for k, pk := range p.parked {
+		out[k] = pk.reason + ": " + pk.detail
+	}
+	return out
+}
+
+// Retrying returns the partitions whose batch this member is retrying,
+// and the class and text of the error it last failed with.
+func (p *Projector) Retrying() map[int32]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[int32]string, len(p.retrying))
+	for k, r := range p.retrying {
+		out[k] = r.class + ": " + r.err
 	}
 	return out
 }
@@ -299,13 +313,20 @@ func splitByPartition(records []*kgo.Record, n int) [][]*kgo.Record {
 // process decodes and applies a batch, retrying while Postgres (or the
 // schema registry) is unavailable, until it is applied or ctx ends (the
 // batch is then read again from the stored offsets later), and returns the
-// offsets it stored.
+// offsets it stored. Retrying is never silent: each failure is counted by
+// class, its partitions show as retrying (in the metrics, and in
+// projector_retrying for `onceflow lag`), and it is logged at its first
+// failure and then every retryLogInterval.
 func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.Record) map[int32]kgo.EpochOffset {
 	wait := 50 * time.Millisecond
+	var f failures
 	for {
 		start := time.Now()
 		res, err := p.processOnce(ctx, records)
 		if err == nil {
+			if f.n > 0 {
+				p.recovered(records, &f)
+			}
 			p.metrics.batch.Observe(time.Since(start).Seconds())
 			p.metrics.applied.Add(float64(res.applied))
 			p.metrics.duplicates.Add(float64(res.duplicates))
@@ -323,8 +344,7 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 				continue
 			}
 		}
-		p.metrics.errors.Inc()
-		p.logger.Warn("apply batch failed; retrying", "err", err, "backoff", wait, "records", len(records))
+		p.failed(ctx, records, err, &f, wait)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -337,9 +357,110 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 func (p *Projector) processOnce(ctx context.Context, records []*kgo.Record) (result, error) {
 	evs, parks, err := decodeAll(ctx, p.dec, records)
 	if err != nil {
-		return result{}, err
+		return result{}, fmt.Errorf("%w: %w", errRegistry, err)
 	}
 	return p.app.apply(ctx, evs, parks)
+}
+
+// retryLogInterval is how often a batch that keeps failing is logged and
+// its projector_retrying rows refreshed (it is retried more often).
+const retryLogInterval = 30 * time.Second
+
+// failures is a batch's run of transient failures.
+type failures struct {
+	n       int       // attempts that failed
+	since   time.Time // the first
+	logged  time.Time // last logged and saved to projector_retrying
+	unsaved int64     // attempts not counted in projector_retrying yet
+}
+
+// retrying is the transient error a partition's batch is retried on.
+type retrying struct{ class, err string }
+
+const saveRetryingSQL = `INSERT INTO projector_retrying AS r (consumer, topic, partition, class, error, attempts)
+	SELECT $1, $2, p, $4, $5, $6 FROM unnest($3::int[]) AS p
+	ON CONFLICT (consumer, topic, partition) DO UPDATE SET
+		class = EXCLUDED.class, error = EXCLUDED.error, attempts = r.attempts + EXCLUDED.attempts, last_at = now()`
+
+// failed records a transient failure of a batch: counted at once, logged
+// and written to projector_retrying at the first failure and then every
+// retryLogInterval (best-effort: Postgres may be what failed).
+func (p *Projector) failed(ctx context.Context, records []*kgo.Record, err error, f *failures, wait time.Duration) {
+	class := retryClass(err)
+	p.metrics.errors.WithLabelValues(class).Inc()
+	parts := partitionsOf(records)
+	p.setRetrying(parts, retrying{class, err.Error()})
+	f.n++
+	f.unsaved++
+	if f.n == 1 {
+		f.since = time.Now()
+	} else if time.Since(f.logged) < retryLogInterval {
+		return
+	}
+	f.logged = time.Now()
+	p.logger.Warn("apply batch failed; retrying", "class", class, "err", err, "failures", f.n, "since", f.since,
+		"backoff", wait, "records", len(records), "partitions", parts)
+	saveCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := p.pool.Exec(saveCtx, saveRetryingSQL, p.cfg.Consumer, p.cfg.Topic, parts, class, cleanText(err.Error()), f.unsaved); err == nil {
+		f.unsaved = 0
+	}
+}
+
+// recovered ends a batch's run of failures: its transaction has deleted
+// the projector_retrying rows.
+func (p *Projector) recovered(records []*kgo.Record, f *failures) {
+	parts := partitionsOf(records)
+	p.mu.Lock()
+	for _, part := range parts {
+		delete(p.retrying, part)
+	}
+	p.setRetryingGauge()
+	p.mu.Unlock()
+	p.logger.Info("batch applied after retrying", "failures", f.n, "since", f.since, "partitions", parts)
+}
+
+func (p *Projector) setRetrying(parts []int32, r retrying) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, part := range parts {
+		p.retrying[part] = r
+	}
+	p.setRetryingGauge()
+}
+
+// setRetryingGauge sets onceflow_projector_retrying_partitions; p.mu is held.
+func (p *Projector) setRetryingGauge() {
+	n := make(map[string]int, len(retryClasses))
+	for _, r := range p.retrying {
+		n[r.class]++
+	}
+	for _, c := range retryClasses {
+		p.metrics.retrying.WithLabelValues(c).Set(float64(n[c]))
+	}
+}
+
+// setParkedGauge sets onceflow_projector_parked_partitions; p.mu is held.
+func (p *Projector) setParkedGauge() {
+	n := make(map[string]int, len(parkReasons))
+	for _, pk := range p.parked {
+		n[pk.reason]++
+	}
+	for _, r := range parkReasons {
+		p.metrics.parked.WithLabelValues(r).Set(float64(n[r]))
+	}
+}
+
+// partitionsOf returns the partitions of records, sorted.
+func partitionsOf(records []*kgo.Record) []int32 {
+	var parts []int32
+	for _, r := range records {
+		if len(parts) == 0 || parts[len(parts)-1] != r.Partition {
+			parts = append(parts, r.Partition)
+		}
+	}
+	slices.Sort(parts)
+	return slices.Compact(parts)
 }
 
 func (p *Projector) hasParked() bool {
@@ -360,14 +481,13 @@ func (p *Projector) isParked(part int32) bool {
 // the batch's transaction) point at that record.
 func (p *Projector) park(cl *kgo.Client, pk park) {
 	p.mu.Lock()
-	p.parked[pk.partition] = pk.reason + ": " + pk.detail
-	n := len(p.parked)
+	p.parked[pk.partition] = pk
+	p.setParkedGauge()
 	p.mu.Unlock()
 	cl.PauseFetchPartitions(map[string][]int32{p.cfg.Topic: {pk.partition}})
 	if pk.reason == reasonGap {
 		p.metrics.gaps.Inc()
 	}
-	p.metrics.parked.Set(float64(n))
 	p.logger.Error("partition parked; an operator must look at it (onceflow lag, onceflow projections unpark)",
 		"partition", pk.partition, "offset", pk.offset, "reason", pk.reason, "detail", pk.detail)
 }
@@ -380,8 +500,10 @@ func (p *Projector) forget(parts []int32) {
 	defer p.mu.Unlock()
 	for _, part := range parts {
 		delete(p.parked, part)
+		delete(p.retrying, part)
 	}
-	p.metrics.parked.Set(float64(len(p.parked)))
+	p.setParkedGauge()
+	p.setRetryingGauge()
 }
 
 const (

@@ -646,12 +646,20 @@ func (b *builder) swap(ctx context.Context, res *RebuildResult) error {
 		return fmt.Errorf("decode: %w", err)
 	}
 	var delta result
+	careful := false // as in applier.apply
 	for {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return err
 		}
-		r, more, err := b.app.applyInTx(ctx, sp, evs, parks)
+		r, more, err := b.app.applyInTx(ctx, sp, evs, parks, careful)
+		if err != nil && !careful && isProjectionDataError(err) {
+			if err := sp.Rollback(ctx); err != nil {
+				return err
+			}
+			careful = true
+			continue
+		}
 		if err != nil {
 			return err
 		}
