@@ -26,7 +26,8 @@ func init() {
 // lagRow is one line of `onceflow lag` (and one object of -o json).
 type lagRow struct {
 	kafka.PartitionLag
-	Parked string `json:"parked,omitempty"` // reason@offset of a parked partition
+	Parked   string `json:"parked,omitempty"`   // reason@offset of a parked partition
+	Retrying string `json:"retrying,omitempty"` // class of the transient error its batch is retried on
 }
 
 func runLag(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -67,6 +68,7 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 	// their Kafka commits are a copy for monitoring, so Postgres wins.
 	sources := map[string]kafka.LagSource{}
 	var parked []projector.ParkedPartition
+	var retrying []projector.RetryingPartition
 	if c.DatabaseURL != "" {
 		pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
 		if err != nil {
@@ -83,6 +85,9 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 			}
 		}
 		if parked, err = projector.Parked(ctx, pool); err != nil {
+			return err
+		}
+		if retrying, err = projector.Retrying(ctx, pool); err != nil {
 			return err
 		}
 	}
@@ -135,31 +140,37 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 				rows[i].Parked = p.Reason + "@" + strconv.FormatInt(p.Offset, 10)
 			}
 		}
+		for _, r := range retrying {
+			if r.Consumer == l.Group && r.Topic == l.Topic && r.Partition == l.Partition {
+				rows[i].Retrying = r.Class
+			}
+		}
 	}
 	if output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"partitions": rows, "parked": parked})
+		return enc.Encode(map[string]any{"partitions": rows, "parked": parked, "retrying": retrying})
 	}
-	printLag(stdout, rows, parked)
+	printLag(stdout, rows, parked, retrying)
 	return nil
 }
 
-func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition) {
+func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, retrying []projector.RetryingPartition) {
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "no consumer groups")
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tOFFSETS-IN\tLOG-END-OFFSET\tLAST-STABLE-OFFSET\tLAG\tLAG-SECONDS\tCONSUMER-ID\tHOST\tCLIENT-ID\tPARKED")
+		fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tOFFSETS-IN\tLOG-END-OFFSET\tLAST-STABLE-OFFSET\tLAG\tLAG-SECONDS\tCONSUMER-ID\tHOST\tCLIENT-ID\tPARKED\tRETRYING")
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n",
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
 				r.Group, r.Topic, r.Partition, dashIf(r.Committed < 0, strconv.FormatInt(r.Committed, 10)), r.OffsetsIn,
 				r.LogEnd, r.LastStable, r.Lag, lagSecondsText(r.LagSeconds),
 				dashIf(r.MemberID == "", r.MemberID), dashIf(r.Host == "", r.Host), dashIf(r.ClientID == "", r.ClientID),
-				dashIf(r.Parked == "", r.Parked))
+				dashIf(r.Parked == "", r.Parked), dashIf(r.Retrying == "", r.Retrying))
 		}
 		tw.Flush()
 	}
+	printRetrying(w, retrying)
 	if len(parked) == 0 {
 		return
 	}
@@ -187,4 +198,21 @@ func lagSecondsText(s float64) string {
 		return "?"
 	}
 	return strconv.FormatFloat(s, 'f', 1, 64)
+}
+
+// printRetrying lists the partitions a projector is retrying on a
+// transient error: lag that grows for a reason, not silently.
+func printRetrying(w io.Writer, retrying []projector.RetryingPartition) {
+	if len(retrying) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "retrying partitions (a transient error; the projector retries with backoff and skips nothing):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tCLASS\tATTEMPTS\tSINCE\tLAST\tERROR")
+	for _, r := range retrying {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", r.Consumer, r.Topic, r.Partition, r.Class, r.Attempts,
+			r.Since.UTC().Format(time.RFC3339), r.LastAt.UTC().Format(time.RFC3339), strings.ReplaceAll(r.Error, "\n", " "))
+	}
+	tw.Flush()
 }

@@ -92,6 +92,8 @@ func TestLagCommand(t *testing.T) {
 		projector.DefaultConsumer, c.topics.Events())
 	c.exec(t, `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail) VALUES ($1, $2, 1, 3, 'version-gap', 'accounts: version gap on acme/a')`,
 		projector.DefaultConsumer, c.topics.Events())
+	c.exec(t, `INSERT INTO projector_retrying (consumer, topic, partition, class, error, attempts) VALUES ($1, $2, 0, 'connection', 'commit: unexpected EOF', 12)`,
+		projector.DefaultConsumer, c.topics.Events())
 
 	out, err := c.run("lag")
 	if err != nil {
@@ -123,10 +125,15 @@ func TestLagCommand(t *testing.T) {
 			t.Errorf("%v: got %v, want %v", w.prefix, l, w.rest)
 		}
 	}
-	if l := find(projector.DefaultConsumer, c.topics.Events(), "1"); !strings.HasSuffix(strings.TrimSpace(l), "version-gap@3") {
+	lastTwo := func(l string) []string { f := strings.Fields(l); return f[max(0, len(f)-2):] } // PARKED RETRYING
+	if l := find(projector.DefaultConsumer, c.topics.Events(), "1"); !projFieldsEqual(lastTwo(l), []string{"version-gap@3", "-"}) {
 		t.Errorf("parked partition not marked: %q", l)
 	}
-	for _, want := range []string{"GROUP", "LAST-STABLE-OFFSET", "OFFSETS-IN", "CLIENT-ID", "parked partitions", "accounts: version gap on acme/a"} {
+	if l := find(projector.DefaultConsumer, c.topics.Events(), "0"); !projFieldsEqual(lastTwo(l), []string{"-", "connection"}) {
+		t.Errorf("retrying partition not marked: %q", l)
+	}
+	for _, want := range []string{"GROUP", "LAST-STABLE-OFFSET", "OFFSETS-IN", "CLIENT-ID", "RETRYING", "parked partitions", "accounts: version gap on acme/a",
+		"retrying partitions", "commit: unexpected EOF"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -144,13 +151,18 @@ func TestLagCommand(t *testing.T) {
 			In        string `json:"offsets_in"`
 			Lag       int64  `json:"lag"`
 			Parked    string `json:"parked"`
+			Retrying  string `json:"retrying"`
 		} `json:"partitions"`
+		Retrying []projector.RetryingPartition `json:"retrying"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("json: %v\n%s", err, out)
 	}
 	if len(doc.Partitions) != 2 || doc.Partitions[1].Lag != 2 || doc.Partitions[1].Parked != "version-gap@3" || doc.Partitions[1].In != "postgres" {
 		t.Errorf("json: %+v", doc.Partitions)
+	}
+	if len(doc.Partitions) == 2 && doc.Partitions[0].Retrying != "connection" || len(doc.Retrying) != 1 || doc.Retrying[0].Attempts != 12 {
+		t.Errorf("json: retrying %+v, partitions %+v", doc.Retrying, doc.Partitions)
 	}
 
 	for _, bad := range [][]string{{"lag", "-o", "xml"}, {"lag", "-group", "nobody"}, {"lag", "extra"}} {

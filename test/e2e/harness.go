@@ -218,6 +218,43 @@ func (p *Proc) Metric(ctx context.Context, series string) (float64, error) {
 	return 0, fmt.Errorf("metric %s not found", series)
 }
 
+// MetricSum adds up the series of a metric (name, without labels) whose
+// labels include each of labels (`consumer="onceflow-projector"`), from the
+// process's /metrics.
+func (p *Proc) MetricSum(ctx context.Context, name string, labels ...string) (float64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.Admin+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var sum float64
+	found := false
+lines:
+	for sc.Scan() {
+		series, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || (series != name && !strings.HasPrefix(series, name+"{")) {
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(series, l) {
+				continue lines
+			}
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return 0, err
+		}
+		sum, found = sum+v, true
+	}
+	if !found {
+		return 0, fmt.Errorf("metric %s %v not found", name, labels)
+	}
+	return sum, nil
+}
+
 // Pipeline is a whole onceflow deployment of separate processes.
 type Pipeline struct {
 	Bin         string // directory of the built binaries

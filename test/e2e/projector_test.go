@@ -233,7 +233,7 @@ func TestProjectorCrashPoints(t *testing.T) {
 		}
 		r.release(projector.HoldInTx)
 		r.check(ctx)
-		if n, err := r.proj.Metric(ctx, `onceflow_projector_batch_errors_total{consumer="onceflow-projector"}`); err != nil || n < 1 {
+		if n, err := r.proj.MetricSum(ctx, "onceflow_projector_batch_errors_total", `consumer="onceflow-projector"`); err != nil || n < 1 {
 			t.Errorf("batch errors %v (%v): the terminated transaction should have failed and been retried", n, err)
 		}
 	})
