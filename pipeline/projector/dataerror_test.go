@@ -172,6 +172,7 @@ func testDataErrorParks(t *testing.T, proj pipeline.Projection[pgx.Tx]) {
 		return nil
 	})
 	parked := e.parkedRows()
+	t.Logf("parked: %q", parked)
 	for part, b := range bad {
 		ev := evs[part][b.at]
 		for _, want := range []string{"SQLSTATE " + b.sqlstate, "notes:", ev.Type(), ev.ID.String(), ev.AggregateID, fmt.Sprintf("version %d", ev.Version)} {

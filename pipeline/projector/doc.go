@@ -45,18 +45,31 @@
 // after the commit loses only the Kafka copy of the offsets, which the next
 // commit repairs. Postgres unavailable: the batch is retried with backoff
 // (onceflow_projector_batch_errors_total); a registry that cannot be
-// reached likewise.
+// reached likewise. Every error but a projection's data error (below) is
+// such a transient one, retried for as long as it lasts and never
+// silently: counted by class, the batch's partitions shown as retrying
+// (onceflow_projector_retrying_partitions, and a projector_retrying row
+// per partition, written best-effort outside the failed transaction and
+// deleted by the next transaction that commits one of its batches), logged
+// at the first failure and then every 30 seconds.
 //
 // # Parking
 //
 // A partition stops (parks) on a record that cannot be applied: a version
 // gap (an earlier event of the aggregate is missing; never skipped), an
-// event that cannot be decoded, or one a projection refuses for good
-// (pipeline.Permanent). The transaction is rolled back and run again with
+// event that cannot be decoded, one a projection refuses for good
+// (pipeline.Permanent), or one a projection's SQL raises a data error on
+// (SQLSTATE class 22, 23 or 54: the same event fails the same way on every
+// try; docs/decisions.md). A data error aborts a batch projection's
+// statement without naming the event, so the transaction is first run
+// again with each projection under a savepoint, and the failing
+// projection's events are applied in halves, each under a savepoint of its
+// own, down to the event that raises it (the fast path takes no
+// savepoint). Then the transaction is rolled back and run again with
 // the events before that record, its offset as the partition's stored
 // offset, and a projector_parked row (reason, detail) — so `onceflow lag`
 // shows it, and onceflow_projector_version_gaps_total and
-// onceflow_projector_parked_partitions count it. Fetching from the
+// onceflow_projector_parked_partitions (by reason) count it. Fetching from the
 // partition is paused; the others go on. It stays parked until an operator
 // acts: `onceflow projections unpark` (the projector notices within
 // ParkCheckInterval and tries the record again) or a restart. Either way
