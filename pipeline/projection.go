@@ -29,7 +29,10 @@ type BatchProjection[Tx any] interface {
 	// applied after the ones before it: nil (applied, or nothing to do),
 	// ErrDuplicate, a *VersionGapError, or a Permanent error (the event can
 	// never be applied; the runtime parks its partition). A non-nil err
-	// fails the whole batch, which the runtime rolls back and retries.
+	// fails the whole batch, which the runtime rolls back and retries —
+	// unless it is a Postgres data error (SQLSTATE class 22, 23 or 54):
+	// the runtime then finds the event that raises it by applying parts of
+	// the batch under savepoints, and parks that event's partition.
 	//
 	// A versioned read model keeps the guard of Apply: an aggregate's
 	// events in the batch are applied only on top of the version they
