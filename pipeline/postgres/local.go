@@ -324,7 +324,7 @@ func tail(s string, n int) string {
 func stdlibConfig(url string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		return nil, redactError(url, err)
 	}
 	return cfg, nil
 }

@@ -46,7 +46,9 @@ func openDB(url string) (*sql.DB, error) {
 
 // Migrate applies every pending migration. It is safe to call from many
 // processes at once: goose holds a session advisory lock while it works.
-func Migrate(ctx context.Context, url string, logger *slog.Logger) error {
+// Its errors never quote url's password.
+func Migrate(ctx context.Context, url string, logger *slog.Logger) (err error) {
+	defer func() { err = redactError(url, err) }()
 	db, err := openDB(url)
 	if err != nil {
 		return err
@@ -63,7 +65,8 @@ func Migrate(ctx context.Context, url string, logger *slog.Logger) error {
 }
 
 // MigrateDownTo rolls back every migration above version (0 rolls back all).
-func MigrateDownTo(ctx context.Context, url string, version int64, logger *slog.Logger) error {
+func MigrateDownTo(ctx context.Context, url string, version int64, logger *slog.Logger) (err error) {
+	defer func() { err = redactError(url, err) }()
 	db, err := openDB(url)
 	if err != nil {
 		return err
@@ -82,6 +85,7 @@ func MigrateDownTo(ctx context.Context, url string, version int64, logger *slog.
 // MigrationVersion returns the version the database is at and the newest
 // version this binary carries.
 func MigrationVersion(ctx context.Context, url string) (current, latest int64, err error) {
+	defer func() { err = redactError(url, err) }()
 	db, err := openDB(url)
 	if err != nil {
 		return 0, 0, err

@@ -15,10 +15,16 @@ import (
 
 // Connect opens a pool to url and checks that the server answers.
 // maxConns of zero keeps pgx's default (the larger of 4 and the CPU count).
+// Its errors never quote url's password.
 func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	pool, err := connect(ctx, url, maxConns)
+	return pool, redactError(url, err)
+}
+
+func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		return nil, err
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
@@ -37,11 +43,16 @@ func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 	return pool, nil
 }
 
-// Reachable reports whether a server answers at url within timeout.
+// Reachable reports whether a server answers at url within timeout. Its
+// errors never quote url's password.
 func Reachable(ctx context.Context, url string, timeout time.Duration) error {
+	return redactError(url, reachable(ctx, url, timeout))
+}
+
+func reachable(ctx context.Context, url string, timeout time.Duration) error {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return fmt.Errorf("parse database url: %w", err)
+		return err
 	}
 	cfg.ConnectTimeout = timeout
 	ctx, cancel := context.WithTimeout(ctx, timeout)
