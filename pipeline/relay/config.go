@@ -51,6 +51,12 @@ type Config struct {
 	// JanitorInterval is how often partitions are created and dropped.
 	// Default 1h.
 	JanitorInterval time.Duration
+	// BacklogMetricsTTL is how long a reading of the outbox's backlog (the
+	// onceflow_outbox_backlog_rows family, read from Postgres when
+	// /metrics is scraped) is reused: the read counts the whole outbox, so
+	// it runs at most once per this period whatever the scrape rate.
+	// Default 10s.
+	BacklogMetricsTTL time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -87,6 +93,9 @@ func (c *Config) setDefaults() {
 	if c.JanitorInterval == 0 {
 		c.JanitorInterval = time.Hour
 	}
+	if c.BacklogMetricsTTL == 0 {
+		c.BacklogMetricsTTL = 10 * time.Second
+	}
 }
 
 func (c *Config) validate() error {
@@ -100,7 +109,7 @@ func (c *Config) validate() error {
 	if c.BatchSize < 1 {
 		errs = append(errs, errors.New("relay: BatchSize must be positive"))
 	}
-	if c.PollInterval < 0 || c.MaxBackoff < 0 || c.JanitorInterval < 0 {
+	if c.PollInterval < 0 || c.MaxBackoff < 0 || c.JanitorInterval < 0 || c.BacklogMetricsTTL < 0 {
 		errs = append(errs, errors.New("relay: intervals must not be negative"))
 	}
 	if c.IdempotencyRetention < time.Minute || c.InboxRetention < time.Minute {

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,7 +21,7 @@ type metrics struct {
 	owned   prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) *metrics {
+func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.Duration) *metrics {
 	m := &metrics{
 		shipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_outbox_shipped_rows_total",
@@ -67,14 +68,31 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) *metrics {
 		m.leases.WithLabelValues(c)
 	}
 	reg.MustRegister(m.shipped, m.errors, m.publish, m.latency, m.dead, m.fenced, m.leases, m.owned,
-		&backlogCollector{pool: pool})
+		&backlogCollector{pool: pool, ttl: backlogTTL})
 	return m
 }
 
 // backlogCollector reads the outbox backlog from Postgres at scrape time,
 // so every relay (and the dev stack) reports the same truth: aggregate it
 // with max(), not sum(), across relays.
-type backlogCollector struct{ pool *pgxpool.Pool }
+//
+// The read counts every row of the outbox, which costs in proportion to
+// the backlog, exactly when the outbox is behind. Scrapes are not under
+// the relay's control (two Prometheus servers, a dashboard, anyone who
+// reaches the admin port), so a reading is reused for ttl: at most one
+// count per ttl whatever the scrape rate. Concurrent scrapes of a stale
+// reading wait for one read rather than each starting its own.
+type backlogCollector struct {
+	pool *pgxpool.Pool
+	ttl  time.Duration
+
+	mu      sync.Mutex
+	readAt  time.Time // zero before the first read
+	shards  []ShardStatus
+	err     error // the backlog read's
+	dead    int64
+	deadErr error
+}
 
 var (
 	backlogDesc = prometheus.NewDesc("onceflow_outbox_backlog_rows",
@@ -98,17 +116,19 @@ func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	shards, err := readBacklog(ctx, c.pool)
-	if err != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.readAt.IsZero() || time.Since(c.readAt) >= c.ttl {
+		c.read()
+	}
+	if c.err != nil {
 		for _, d := range []*prometheus.Desc{backlogDesc, oldestDesc, shardBacklogDesc, shardOldestDesc} {
-			ch <- prometheus.NewInvalidMetric(d, err)
+			ch <- prometheus.NewInvalidMetric(d, c.err)
 		}
 	} else {
 		var rows int64
 		var oldest time.Duration
-		for _, s := range shards {
+		for _, s := range c.shards {
 			rows += s.Backlog
 			oldest = max(oldest, s.OldestAge)
 			label := strconv.Itoa(s.Shard)
@@ -118,10 +138,19 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(rows))
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, oldest.Seconds())
 	}
-	var dead int64
-	if err := c.pool.QueryRow(ctx, countDeadSQL).Scan(&dead); err != nil {
-		ch <- prometheus.NewInvalidMetric(deadDesc, err)
+	if c.deadErr != nil {
+		ch <- prometheus.NewInvalidMetric(deadDesc, c.deadErr)
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(dead))
+	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(c.dead))
+}
+
+// read refreshes the reading; a failed read is kept for ttl too, so a
+// database in trouble is not asked again at every scrape.
+func (c *backlogCollector) read() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.shards, c.err = readBacklog(ctx, c.pool)
+	c.deadErr = c.pool.QueryRow(ctx, countDeadSQL).Scan(&c.dead)
+	c.readAt = time.Now()
 }

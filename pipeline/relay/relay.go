@@ -73,7 +73,7 @@ func New(cfg Config, pool *pgxpool.Pool, kcfg kafka.Config, logger *slog.Logger,
 	return &Relay{
 		cfg: cfg, pool: pool, kafka: kcfg,
 		logger:    logger.With("component", "relay"),
-		metrics:   newMetrics(reg, pool),
+		metrics:   newMetrics(reg, pool, cfg.BacklogMetricsTTL),
 		owner:     cfg.InstanceID + "#" + hex.EncodeToString(nonce),
 		wake:      make(chan struct{}, 1),
 		rebalance: make(chan struct{}, 1),
