@@ -1,10 +1,18 @@
 // Package admin serves what every onceflow component exposes on its admin
 // address: /metrics (Prometheus), /healthz (the process is alive) and
 // /readyz (its dependencies answer and it has started its work).
+//
+// Those three only read, and answer anyone who can reach the address:
+// bind it where only the scrapers and probes can (docs/security.md).
+// Routes that act (unpark, redrive) are added with Act, which puts them
+// behind RequireToken: they answer only requests bearing the operator
+// token (ONCEFLOW_ADMIN_TOKEN), and are disabled when no token is set.
 package admin
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,9 +38,12 @@ type Server struct {
 	registry *prometheus.Registry
 	logger   *slog.Logger
 
-	mu     sync.Mutex
-	checks map[string]Check
-	mux    *http.ServeMux
+	mu      sync.Mutex
+	checks  map[string]Check
+	failing map[string]string // check -> the error last logged for it
+	token   string
+	denied  *prometheus.CounterVec
+	mux     *http.ServeMux
 }
 
 // NewRegistry returns a registry with the Go runtime and process
@@ -47,7 +59,15 @@ func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Serve
 	if addr == "" {
 		addr = ":9090"
 	}
-	s := &Server{addr: addr, registry: registry, logger: logger, checks: map[string]Check{}, mux: http.NewServeMux()}
+	s := &Server{addr: addr, registry: registry, logger: logger, checks: map[string]Check{}, failing: map[string]string{}, mux: http.NewServeMux()}
+	s.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "onceflow_admin_denied_requests_total",
+		Help: "Requests to admin routes that act refused: reason disabled (no ONCEFLOW_ADMIN_TOKEN set) or unauthorized (no or a wrong token).",
+	}, []string{"reason"})
+	for _, r := range []string{"disabled", "unauthorized"} {
+		s.denied.WithLabelValues(r)
+	}
+	registry.MustRegister(s.denied)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -65,8 +85,68 @@ func (s *Server) AddCheck(name string, c Check) {
 	s.checks[name] = c
 }
 
-// Handle adds a route (the dev stack serves the schema registry here too).
+// Handle adds a route that only reads: anyone who reaches the admin
+// address may call it. Routes that change anything use Act.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// SetToken sets the operator token the routes added with Act require
+// (ONCEFLOW_ADMIN_TOKEN). Call it before Serve; empty (the default)
+// disables those routes.
+func (s *Server) SetToken(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.token = token
+}
+
+// Act adds a route that acts (unparks, redrives, changes state): it
+// answers only requests bearing the operator token (see RequireToken).
+func (s *Server) Act(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		token := s.token
+		s.mu.Unlock()
+		requireToken(token, s.denied, h).ServeHTTP(w, r)
+	}))
+}
+
+// RequireToken returns h behind the operator token: a request must carry
+// "Authorization: Bearer <token>" or it gets 401 and h is not called. The
+// comparison takes the same time whatever the bytes and length of the
+// token sent (both sides are hashed first, then compared in constant
+// time), so a caller cannot guess it byte by byte. An empty token disables
+// h: every request gets 403, because a route that acts with no credential
+// set would be open to anyone who reaches the port.
+func RequireToken(token string, h http.Handler) http.Handler {
+	return requireToken(token, nil, h)
+}
+
+func requireToken(token string, denied *prometheus.CounterVec, h http.Handler) http.Handler {
+	want := sha256.Sum256([]byte(token))
+	deny := func(w http.ResponseWriter, status int, reason, detail string) {
+		if denied != nil {
+			denied.WithLabelValues(reason).Inc()
+		}
+		if status == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow admin"`)
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(status)
+		fmt.Fprintln(w, detail)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if token == "" {
+			deny(w, http.StatusForbidden, "disabled", "disabled: set ONCEFLOW_ADMIN_TOKEN to enable the admin routes that act")
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(got))
+		if subtle.ConstantTimeCompare(sum[:], want[:]) != 1 || !ok {
+			deny(w, http.StatusUnauthorized, "unauthorized", "unauthorized: send Authorization: Bearer <ONCEFLOW_ADMIN_TOKEN>")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // Handler returns the server's routes, for tests.
 func (s *Server) Handler() http.Handler { return s.mux }
@@ -86,11 +166,17 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	// The answer says only which check failed: an error's text (a
+	// database's, a host name, a user) is for the operator's logs, not for
+	// whoever reaches the port. Each failure is logged when it starts or
+	// changes, not at every probe.
 	result := make(map[string]string, len(names))
 	ok := true
 	for _, n := range names {
-		if err := checks[n](ctx); err != nil {
-			result[n] = err.Error()
+		err := checks[n](ctx)
+		s.noteCheck(n, err)
+		if err != nil {
+			result[n] = "failed"
 			ok = false
 		} else {
 			result[n] = "ok"
@@ -101,6 +187,28 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	json.NewEncoder(w).Encode(result)
+}
+
+// noteCheck logs a check's failure when it starts or its error changes, and
+// its recovery.
+func (s *Server) noteCheck(name string, err error) {
+	s.mu.Lock()
+	last, was := s.failing[name]
+	switch {
+	case err != nil && (!was || last != err.Error()):
+		s.failing[name] = err.Error()
+	case err == nil && was:
+		delete(s.failing, name)
+	default:
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.logger.Warn("readiness check failed", "check", name, "err", err)
+	} else {
+		s.logger.Info("readiness check passes again", "check", name)
+	}
 }
 
 // Run serves until ctx ends, then shuts down gracefully.

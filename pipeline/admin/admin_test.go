@@ -1,0 +1,165 @@
+package admin_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/onceflow/onceflow/pipeline/admin"
+)
+
+// syncBuffer is a log destination safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func get(t *testing.T, h http.Handler, method, path, auth string) (int, string) {
+	t.Helper()
+	req := httptest.NewRequest(method, path, nil)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	body, _ := io.ReadAll(rec.Result().Body)
+	return rec.Code, string(body)
+}
+
+// /readyz names the failing check without its error's text (which can
+// carry host names, users, a database's words); the text goes to the log,
+// once per failure rather than once per probe, and the recovery too.
+func TestReadyzHidesErrors(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	s := admin.New("", prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	var mu sync.Mutex
+	dbErr := errors.New(`failed to connect to user=billing_admin database=prod: 10.1.2.3:5432: password authentication failed`)
+	s.AddCheck("postgres", func(context.Context) error { mu.Lock(); defer mu.Unlock(); return dbErr })
+	s.AddCheck("processor", func(context.Context) error { return nil })
+
+	for range 3 {
+		code, body := get(t, s.Handler(), "GET", "/readyz", "")
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("/readyz with a failing check: %d, want 503", code)
+		}
+		if body != `{"postgres":"failed","processor":"ok"}`+"\n" {
+			t.Errorf("/readyz body %q, want each check's ok or failed only", body)
+		}
+	}
+	if n := strings.Count(logs.String(), "readiness check failed"); n != 1 {
+		t.Errorf("3 failing probes logged %d failures, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "billing_admin") {
+		t.Errorf("the log lacks the check's error:\n%s", logs.String())
+	}
+
+	mu.Lock()
+	dbErr = nil
+	mu.Unlock()
+	if code, body := get(t, s.Handler(), "GET", "/readyz", ""); code != http.StatusOK || !strings.Contains(body, `"postgres":"ok"`) {
+		t.Errorf("/readyz once the check passes: %d %q", code, body)
+	}
+	if !strings.Contains(logs.String(), "readiness check passes again") {
+		t.Errorf("the recovery was not logged:\n%s", logs.String())
+	}
+}
+
+// A route added with Act answers only the operator token; with no token
+// configured it is disabled. The routes that only read need no token.
+func TestActRequiresToken(t *testing.T) {
+	t.Parallel()
+	for _, token := range []string{"", "op-token-123"} {
+		reg := prometheus.NewRegistry()
+		s := admin.New("", reg, slog.New(slog.DiscardHandler))
+		s.SetToken(token)
+		calls := 0
+		s.Act("POST /unpark", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls++ }))
+
+		for _, tc := range []struct {
+			auth string
+			want int
+		}{
+			{"", http.StatusUnauthorized},
+			{"Bearer ", http.StatusUnauthorized},
+			{"Bearer op-token-12", http.StatusUnauthorized},   // a prefix
+			{"Bearer op-token-1234", http.StatusUnauthorized}, // longer
+			{"Basic op-token-123", http.StatusUnauthorized},
+			{"op-token-123", http.StatusUnauthorized},
+			{"Bearer OP-TOKEN-123", http.StatusUnauthorized},
+			{"Bearer op-token-123", http.StatusOK},
+		} {
+			want := tc.want
+			if token == "" {
+				want = http.StatusForbidden // disabled, whatever is sent
+			}
+			before := calls
+			code, _ := get(t, s.Handler(), "POST", "/unpark", tc.auth)
+			if code != want {
+				t.Errorf("token %q, Authorization %q: %d, want %d", token, tc.auth, code, want)
+			}
+			if called := calls > before; called != (want == http.StatusOK) {
+				t.Errorf("token %q, Authorization %q: handler called %v", token, tc.auth, called)
+			}
+		}
+		for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			if code, _ := get(t, s.Handler(), "GET", path, ""); code != http.StatusOK {
+				t.Errorf("GET %s without a token: %d, want 200", path, code)
+			}
+		}
+		denied := `
+# HELP onceflow_admin_denied_requests_total Requests to admin routes that act refused: reason disabled (no ONCEFLOW_ADMIN_TOKEN set) or unauthorized (no or a wrong token).
+# TYPE onceflow_admin_denied_requests_total counter
+onceflow_admin_denied_requests_total{reason="disabled"} 8
+onceflow_admin_denied_requests_total{reason="unauthorized"} 0
+`
+		if token != "" {
+			denied = strings.NewReplacer(`"disabled"} 8`, `"disabled"} 0`, `"unauthorized"} 0`, `"unauthorized"} 7`).Replace(denied)
+		}
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(denied), "onceflow_admin_denied_requests_total"); err != nil {
+			t.Errorf("token %q: %v", token, err)
+		}
+	}
+}
+
+// RequireToken guards any handler the same way, for routes served
+// elsewhere than the admin server.
+func TestRequireToken(t *testing.T) {
+	t.Parallel()
+	h := admin.RequireToken("s3cret", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	if code, _ := get(t, h, "POST", "/", "Bearer s3cret"); code != http.StatusNoContent {
+		t.Errorf("right token: %d, want 204", code)
+	}
+	code, body := get(t, h, "POST", "/", "Bearer s3cre")
+	if code != http.StatusUnauthorized {
+		t.Errorf("wrong token: %d, want 401", code)
+	}
+	if strings.Contains(body, "s3cret") {
+		t.Errorf("the answer quotes the token: %q", body)
+	}
+	if code, _ := get(t, admin.RequireToken("", h), "POST", "/", "Bearer "); code != http.StatusForbidden {
+		t.Errorf("no token configured, empty token sent: %d, want 403", code)
+	}
+}
