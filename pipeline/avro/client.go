@@ -2,9 +2,14 @@ package avro
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
+	"os"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/sr"
@@ -33,6 +38,72 @@ func NewClient(url string, opts ...sr.ClientOpt) (*Client, error) {
 		return nil, fmt.Errorf("schema registry client: %w", err)
 	}
 	return &Client{cl: cl, ids: map[subjectSchema]int{}, schemas: map[int]string{}}, nil
+}
+
+// ClientConfig is how to reach a Confluent-compatible registry over HTTP.
+type ClientConfig struct {
+	// URL is the registry's base URL (SCHEMA_REGISTRY_URL). A user and
+	// password in it (https://user:pass@registry:8081) are taken out of the
+	// URL and sent as HTTP basic auth.
+	URL string
+	// User and Password authenticate with HTTP basic auth
+	// (SCHEMA_REGISTRY_USER, SCHEMA_REGISTRY_PASSWORD); set, they win over
+	// the URL's. Credentials are refused over plain http to another
+	// machine: use https.
+	User, Password string
+	// CAFile is a PEM bundle of CAs trusted for an https URL besides the
+	// system's (SCHEMA_REGISTRY_CA_FILE).
+	CAFile string
+}
+
+// NewClient returns a Client for the registry c describes.
+func (c ClientConfig) NewClient() (*Client, error) {
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		// url.Parse's error quotes the URL, password included.
+		return nil, errors.New("schema registry URL: want http(s)://host[:port]")
+	}
+	user, pass := c.User, c.Password
+	if u.User != nil {
+		if user == "" && pass == "" {
+			user = u.User.Username()
+			pass, _ = u.User.Password()
+		}
+		u.User = nil
+	}
+	var opts []sr.ClientOpt
+	if user != "" || pass != "" {
+		if u.Scheme == "http" && !isLoopback(u.Hostname()) {
+			return nil, fmt.Errorf("schema registry %s: credentials over plain http would cross the network in clear; use https", u.Redacted())
+		}
+		opts = append(opts, sr.BasicAuth(user, pass))
+	}
+	if c.CAFile != "" {
+		if u.Scheme != "https" {
+			return nil, fmt.Errorf("schema registry %s: a CA file needs an https URL", u.Redacted())
+		}
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("schema registry CA file: %w", err)
+		}
+		roots, err := x509.SystemCertPool()
+		if err != nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("schema registry CA file %s: no certificates", c.CAFile)
+		}
+		opts = append(opts, sr.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}))
+	}
+	return NewClient(u.String(), opts...)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Register implements Registry with one POST /subjects/{subject}/versions,

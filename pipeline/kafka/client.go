@@ -33,6 +33,12 @@ type Config struct {
 	// (KAFKA_TLS_CA_FILE) to the system roots.
 	TLS       bool
 	TLSCAFile string
+	// AllowPlaintextSASL lets SASL run without TLS
+	// (KAFKA_ALLOW_PLAINTEXT_SASL=true). Without TLS, PLAIN sends the
+	// password in clear and SCRAM, though it hides the password, leaves the
+	// session readable and open to a machine in the middle, so SASL without
+	// TLS is refused unless this says the network is trusted. Default false.
+	AllowPlaintextSASL bool
 	// Logger receives franz-go's warnings and errors; nil is silent.
 	Logger *slog.Logger
 }
@@ -56,6 +62,12 @@ func (c Config) validate() error {
 	}
 	if c.SASLMechanism != "" && c.SASLUser == "" {
 		return errors.New("kafka: SASL needs a user")
+	}
+	if c.SASLMechanism != "" && !c.TLS && !c.AllowPlaintextSASL {
+		return fmt.Errorf("kafka: SASL %s without TLS would send credentials over an unencrypted connection; set KAFKA_TLS=true, or KAFKA_ALLOW_PLAINTEXT_SASL=true on a trusted network", c.SASLMechanism)
+	}
+	if c.TLSCAFile != "" && !c.TLS {
+		return errors.New("kafka: KAFKA_TLS_CA_FILE is set but KAFKA_TLS is not")
 	}
 	return nil
 }
