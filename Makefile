@@ -9,6 +9,11 @@ PKGS    := ./...
 RACE_PKGS := ./pipeline/...
 TEST_TIMEOUT ?= 30m
 BENCH_TIME   ?= 1x
+# PG_URL sets url to the Postgres the tests use: DATABASE_URL when it
+# answers, else the private cluster's. `onceflow postgres up` prints a
+# DATABASE_URL with its password masked (xxxxx); the tests then take
+# DATABASE_URL itself.
+PG_URL = url=$$($(BIN)/onceflow postgres up | tail -n 1) && case "$$url" in *xxxxx*) url="$$DATABASE_URL";; esac
 
 .PHONY: help
 help: ## list the targets
@@ -28,18 +33,18 @@ pg-down: build ## stop the private Postgres cluster
 
 .PHONY: test
 test: build ## run every test (race detector on the pipeline packages) against Postgres and the embedded broker
-	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	@$(PG_URL) && \
 	DATABASE_URL="$$url" $(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS) && \
 	DATABASE_URL="$$url" $(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list $(PKGS) | grep -v '/pipeline')
 
 .PHONY: test/race
 test/race: build ## run every test under the race detector
-	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	@$(PG_URL) && \
 	DATABASE_URL="$$url" $(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
 .PHONY: test/short
 test/short: build ## unit tests only (skips the multi-process end-to-end tests)
-	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	@$(PG_URL) && \
 	DATABASE_URL="$$url" $(GO) test -short -timeout $(TEST_TIMEOUT) $(PKGS)
 
 .PHONY: chaos
@@ -57,7 +62,7 @@ dev: build ## run the embedded default (broker, registry, Postgres, all componen
 
 .PHONY: bench
 bench: build ## run the benchmarks; each prints its figures next to a baseline measured in the same run
-	@url=$$($(BIN)/onceflow postgres up | tail -n 1) && \
+	@$(PG_URL) && \
 	DATABASE_URL="$$url" $(GO) test -run '^$$' -bench . -benchtime $(BENCH_TIME) -timeout 60m ./pipeline/... | tee $(BIN)/bench.txt
 
 .PHONY: fuzz

@@ -28,4 +28,4 @@ done
 curl -fsS "http://$admin/readyz" >/dev/null || { echo "onceflow dev is not ready:"; tail -n 40 "$log"; exit 1; }
 sed -n '/^onceflow dev is running/,/^$/p' "$log"
 
-bin/onceflow demo -url "http://$http" -api-key "$key"
+ONCEFLOW_DEV_API_KEY="$key" bin/onceflow demo -url "http://$http"

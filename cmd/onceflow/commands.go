@@ -61,7 +61,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		fs.BoolVar(&brokerOnly, "broker-only", false, "run only the embedded broker and registry")
 		fs.StringVar(&minSession, "group-min-session-timeout", minSession, "the broker's smallest group session timeout; lower it to test rebalances quickly (ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT)")
 		fs.StringVar(&dataDir, "data-dir", dataDir, "broker data and private Postgres cluster (ONCEFLOW_DATA_DIR)")
-		fs.StringVar(&registryAddr, "registry-addr", ":8081", "schema registry address")
+		fs.StringVar(&registryAddr, "registry-addr", "127.0.0.1:8081", "schema registry address; it accepts new schemas from anyone who reaches it")
 	})
 	if err != nil {
 		return err
@@ -86,7 +86,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		return fmt.Errorf("-group-min-session-timeout %q: want a positive duration", minSession)
 	}
 	return stack.RunDev(ctx, stack.DevConfig{
-		RunConfig:    stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, Processor: pcfg, Relay: rcfg},
+		RunConfig: stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
+			Processor: pcfg, Relay: rcfg},
 		DataDir:      dataDir,
 		BrokerAddr:   cfg.Kafka.Brokers[0],
 		RegistryAddr: registryAddr,
@@ -102,14 +103,16 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	fs := flag.NewFlagSet("onceflow demo", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	url := fs.String("url", "http://127.0.0.1:8080", "ingest base URL")
-	key := fs.String("api-key", getenv("ONCEFLOW_DEV_API_KEY"), "API key (ONCEFLOW_DEV_API_KEY)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *key == "" {
-		return fmt.Errorf("an API key is required: -api-key or ONCEFLOW_DEV_API_KEY")
+	// The key comes from the environment only: an argument would sit in
+	// the shell's history and in every process listing.
+	key := getenv("ONCEFLOW_DEV_API_KEY")
+	if key == "" {
+		return fmt.Errorf("an API key is required in ONCEFLOW_DEV_API_KEY")
 	}
-	return stack.RunDemo(ctx, &apiclient.Client{BaseURL: *url, APIKey: *key}, stdout)
+	return stack.RunDemo(ctx, &apiclient.Client{BaseURL: *url, APIKey: key}, stdout)
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -231,7 +234,10 @@ func runPostgresUp(ctx context.Context, args []string, getenv func(string) strin
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, url)
+	// The private cluster's URL has no password; a DATABASE_URL that
+	// answered is printed with its password masked (make's targets then
+	// keep DATABASE_URL as it is).
+	fmt.Fprintln(stdout, postgres.Redact(url))
 	return nil
 }
 

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -33,7 +34,7 @@ func register(name, usage string, run func(ctx context.Context, args []string, g
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	for n := 2; n >= 1; n-- {
+	for n := 3; n >= 1; n-- {
 		if len(args) >= n {
 			if c, ok := commands[strings.Join(args[:n], " ")]; ok {
 				return c.run(ctx, args[n:], getenv, stdout)
@@ -44,7 +45,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		return nil
 	}
-	return fmt.Errorf("unknown command %q", strings.Join(args, " "))
+	if w := knownWords(args); w != "" {
+		return fmt.Errorf("unknown command %q", w)
+	}
+	return errors.New("unknown command")
+}
+
+// knownWords returns the words of args that begin some command and the
+// first that does not, or "" when the first word begins none: the error
+// names the mistake without echoing the rest of the line, which may be a
+// secret typed in the wrong place.
+func knownWords(args []string) string {
+	for n := 1; n <= len(args); n++ {
+		prefix := strings.Join(args[:n], " ")
+		found := false
+		for name := range commands {
+			if name == prefix || strings.HasPrefix(name, prefix+" ") {
+				found = true
+				break
+			}
+		}
+		if !found {
+			if n == 1 {
+				return ""
+			}
+			return prefix
+		}
+	}
+	return strings.Join(args, " ")
 }
 
 func usage(w io.Writer) {

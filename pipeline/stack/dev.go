@@ -30,7 +30,8 @@ type DevConfig struct {
 	// BrokerAddr is where the embedded broker listens. Default
 	// "127.0.0.1:9092".
 	BrokerAddr string
-	// RegistryAddr serves the embedded schema registry. Default ":8081".
+	// RegistryAddr serves the embedded schema registry. Default
+	// "127.0.0.1:8081": it accepts new schemas from anyone who reaches it.
 	RegistryAddr string
 	// BrokerOnly runs just the broker and the registry, so the components
 	// can run as separate processes against them.
@@ -40,7 +41,8 @@ type DevConfig struct {
 	// 6s, Kafka's.
 	GroupMinSessionTimeout time.Duration
 	// APIKey is the demo tenant's key (ONCEFLOW_DEV_API_KEY); empty
-	// generates one and prints it.
+	// generates one and prints it, once. A key given is not printed: its
+	// owner has it.
 	APIKey string
 	// Out receives the banner.
 	Out io.Writer
@@ -49,19 +51,15 @@ type DevConfig struct {
 // DemoTenant is the tenant `onceflow dev` creates.
 const DemoTenant = "demo"
 
+// DevAdminAddr is the admin address of `onceflow dev` when ADMIN_ADDR is
+// not set: loopback only.
+const DevAdminAddr = "127.0.0.1:9090"
+
 // RunDev runs the embedded default: a Kafka-compatible broker and a schema
 // registry in process, Postgres (DATABASE_URL or a private cluster), the
 // demo tenant, and all four components, until ctx ends.
 func RunDev(ctx context.Context, dc DevConfig) error {
-	if dc.DataDir == "" {
-		dc.DataDir = ".data"
-	}
-	if dc.BrokerAddr == "" {
-		dc.BrokerAddr = "127.0.0.1:9092"
-	}
-	if dc.RegistryAddr == "" {
-		dc.RegistryAddr = ":8081"
-	}
+	dc.setDefaults()
 	logger := dc.Logger.With("component", "dev")
 
 	var brokerOpts []kfake.Opt
@@ -130,9 +128,10 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if err != nil {
 		return err
 	}
-	key := dc.APIKey
+	key, shown := dc.APIKey, "$ONCEFLOW_DEV_API_KEY"
 	if key == "" {
 		key = ingest.NewAPIKey()
+		shown = key
 	}
 	err = ingest.CreateAPIKey(ctx, pool, DemoTenant, "onceflow dev", key)
 	pool.Close()
@@ -154,17 +153,34 @@ func RunDev(ctx context.Context, dc DevConfig) error {
   tenant %q  API key: %s
 
 Try:
-  curl -s -X POST http://%s/v1/accounts -H 'Authorization: Bearer %s' \
+  curl -s -X POST http://%s/v1/accounts -H "Authorization: Bearer %s" \
     -H 'Idempotency-Key: open-acc-1' -H 'Content-Type: application/json' \
     -d '{"account_id":"acc-1","currency":"EUR"}'
-`, broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, dc.DatabaseURL,
-			loopback(a.HTTP), loopback(a.Admin), DemoTenant, key, loopback(a.HTTP), key)
+`, broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, postgres.Redact(dc.DatabaseURL),
+			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, loopback(a.HTTP), shown)
 	}
 	err = Run(ctx, rc)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+func (dc *DevConfig) setDefaults() {
+	if dc.DataDir == "" {
+		dc.DataDir = ".data"
+	}
+	if dc.BrokerAddr == "" {
+		dc.BrokerAddr = "127.0.0.1:9092"
+	}
+	if dc.RegistryAddr == "" {
+		dc.RegistryAddr = "127.0.0.1:8081"
+	}
+	if dc.AdminAddr == "" {
+		// The dev stack is one machine's: its metrics and probes stay on
+		// it unless ADMIN_ADDR says otherwise.
+		dc.AdminAddr = DevAdminAddr
+	}
 }
 
 // loopback turns ":8080" or "[::]:8080" into "127.0.0.1:8080" for printing.

@@ -33,8 +33,14 @@ type RunConfig struct {
 	Components Components
 	// HTTPAddr is ingest's address (HTTP_ADDR). Default ":8080".
 	HTTPAddr string
-	// AdminAddr serves /metrics, /healthz, /readyz (ADMIN_ADDR). Default ":9090".
+	// AdminAddr serves /metrics, /healthz, /readyz (ADMIN_ADDR). Default
+	// ":9090", every interface, so that Prometheus and probes on other
+	// machines reach it; bind it to loopback or a private interface where
+	// they can (docs/security.md). `onceflow dev` defaults to loopback.
 	AdminAddr string
+	// AdminToken is the bearer token the admin routes that act require
+	// (ONCEFLOW_ADMIN_TOKEN); empty disables them.
+	AdminToken string
 	// Registry, if set, is used instead of building one (the dev stack
 	// shares the registry it serves over HTTP).
 	Registry avro.Registry
@@ -78,6 +84,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 		metrics = admin.NewRegistry()
 	}
 	adm := admin.New(rc.AdminAddr, metrics, logger)
+	adm.SetToken(rc.AdminToken)
 	if rc.AdminRoutes != nil {
 		rc.AdminRoutes(adm)
 	}

@@ -29,12 +29,15 @@ import (
 
 // Config is what every component needs (DESIGN §9).
 type Config struct {
-	Kafka             kafka.Config
-	Topics            kafka.Topics
-	DatabaseURL       string // DATABASE_URL
-	SchemaRegistryURL string // SCHEMA_REGISTRY_URL; empty uses the embedded registry
-	InstanceID        string // processor instance id (transactional id suffix)
-	Logger            *slog.Logger
+	Kafka       kafka.Config
+	Topics      kafka.Topics
+	DatabaseURL string // DATABASE_URL
+	// SchemaRegistry is the registry to use (SCHEMA_REGISTRY_URL,
+	// SCHEMA_REGISTRY_USER, SCHEMA_REGISTRY_PASSWORD,
+	// SCHEMA_REGISTRY_CA_FILE); an empty URL uses the embedded registry.
+	SchemaRegistry avro.ClientConfig
+	InstanceID     string // processor instance id (transactional id suffix)
+	Logger         *slog.Logger
 	// OutboxShards is the outbox's shard count (ONCEFLOW_OUTBOX_SHARDS),
 	// given to ingest and the relay alike so they agree. Default
 	// pipeline.DefaultOutboxShards.
@@ -49,13 +52,13 @@ type Config struct {
 	TenantRateLimit float64
 }
 
-// Registry returns the Confluent-compatible registry at SchemaRegistryURL,
+// Registry returns the Confluent-compatible registry cfg.SchemaRegistry names,
 // or an embedded one with the ledger's schemas registered in a fixed order
 // (commands, events, state), so every process that builds one assigns the
 // same ids.
 func Registry(ctx context.Context, cfg Config) (avro.Registry, error) {
-	if cfg.SchemaRegistryURL != "" {
-		return avro.NewClient(cfg.SchemaRegistryURL)
+	if cfg.SchemaRegistry.URL != "" {
+		return cfg.SchemaRegistry.NewClient()
 	}
 	return EmbeddedRegistry(ctx, cfg.Topics)
 }
@@ -132,6 +135,7 @@ func OpenDatabase(ctx context.Context, cfg Config, maxConns int32) (*pgxpool.Poo
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("DATABASE_URL is required")
 	}
+	warnPlaintext(cfg.Logger, cfg.DatabaseURL)
 	var err error
 	for attempt := 0; attempt < 30; attempt++ {
 		if err = postgres.Migrate(ctx, cfg.DatabaseURL, nil); err == nil {
@@ -151,6 +155,17 @@ func OpenDatabase(ctx context.Context, cfg Config, maxConns int32) (*pgxpool.Poo
 		return nil, err
 	}
 	return postgres.Connect(ctx, cfg.DatabaseURL, maxConns)
+}
+
+// warnPlaintext warns when the database is on another machine and the
+// connection may go without TLS: pgx's default sslmode, prefer, like
+// disable and allow, falls back to plaintext whenever TLS is declined,
+// and does not check whom it talks to.
+func warnPlaintext(logger *slog.Logger, url string) {
+	if host, ok := postgres.PlaintextRemote(url); ok {
+		logger.Warn("the database connection may be unencrypted and its server unverified: use sslmode=verify-full with sslrootcert (docs/security.md)",
+			"host", host)
+	}
 }
 
 // EnsureTopics creates the topics if missing and checks them (cleanup

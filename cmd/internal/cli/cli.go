@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
@@ -43,6 +44,14 @@ type Common struct {
 	SASLPassword      string
 	TLS               bool
 	TLSCAFile         string
+	// AllowPlaintextSASL lets SASL run without TLS.
+	AllowPlaintextSASL bool
+	// The schema registry's basic auth and CA bundle.
+	SchemaRegistryUser     string
+	SchemaRegistryPassword string
+	SchemaRegistryCAFile   string
+	// AdminToken enables the admin routes that act (ONCEFLOW_ADMIN_TOKEN).
+	AdminToken string
 	// Ingest's, the first shared with the relay's janitor (strings until
 	// Stack parses them).
 	IdempotencyRetention string
@@ -57,7 +66,26 @@ type Common struct {
 	RelayLease     string
 	RelayBatchSize int
 
-	envErrs []error // malformed numeric variables, reported by Stack
+	envErrs []error // malformed numeric or boolean variables, reported by Stack
+}
+
+// secret is the flag.Value of a setting that must never be printed (a
+// password, a URL that may carry one, a token). Its default comes from the
+// environment like every other flag's, but the flag package sees it as
+// empty, so -h and flag errors cannot show it; usage says "(set)" instead.
+type secret struct{ p *string }
+
+func (s secret) String() string     { return "" }
+func (s secret) Set(v string) error { *s.p = v; return nil }
+
+// secretVar defines a secret flag defaulting to the variable env.
+func secretVar(fs *flag.FlagSet, p *string, name, env string, getenv func(string) string, usage string) {
+	*p = getenv(env)
+	usage += " (" + env + ")"
+	if *p != "" {
+		usage += " (set)"
+	}
+	fs.Var(secret{p}, name, usage)
 }
 
 // Register defines the shared flags on fs, defaulting from getenv.
@@ -82,6 +110,20 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 		}
 		return n
 	}
+	// envBool is a true/false variable (1, t, true, 0, f, false in any
+	// case, as strconv.ParseBool reads them); anything else is reported by
+	// Stack rather than read as false.
+	envBool := func(name string) bool {
+		v := getenv(name)
+		if v == "" {
+			return false
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: want true or false", name, v))
+		}
+		return b
+	}
 	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id, in command time; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
 	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
 	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
@@ -93,13 +135,17 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
-	fs.StringVar(&c.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres URL (DATABASE_URL)")
-	fs.StringVar(&c.SchemaRegistryURL, "schema-registry-url", env("SCHEMA_REGISTRY_URL", ""), "Confluent-compatible schema registry; empty uses the embedded registry (SCHEMA_REGISTRY_URL)")
+	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
+	secretVar(fs, &c.SchemaRegistryURL, "schema-registry-url", "SCHEMA_REGISTRY_URL", getenv, "Confluent-compatible schema registry `URL`, with user:password@ for basic auth if you like; empty uses the embedded registry")
+	fs.StringVar(&c.SchemaRegistryUser, "schema-registry-user", env("SCHEMA_REGISTRY_USER", ""), "schema registry basic auth user; wins over the URL's (SCHEMA_REGISTRY_USER)")
+	secretVar(fs, &c.SchemaRegistryPassword, "schema-registry-password", "SCHEMA_REGISTRY_PASSWORD", getenv, "schema registry basic auth `password`")
+	fs.StringVar(&c.SchemaRegistryCAFile, "schema-registry-ca-file", env("SCHEMA_REGISTRY_CA_FILE", ""), "extra CA bundle (PEM) for an https schema registry (SCHEMA_REGISTRY_CA_FILE)")
 	fs.StringVar(&c.TopicPrefix, "topic-prefix", env("ONCEFLOW_TOPIC_PREFIX", "ledger"), "topic prefix (ONCEFLOW_TOPIC_PREFIX)")
 	parts := envInt("ONCEFLOW_PARTITIONS", 8)
 	fs.IntVar(&c.Partitions, "partitions", parts, "partitions of topics created at start (ONCEFLOW_PARTITIONS)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", env("HTTP_ADDR", ":8080"), "ingest HTTP address (HTTP_ADDR)")
-	fs.StringVar(&c.AdminAddr, "admin-addr", env("ADMIN_ADDR", ":9090"), "metrics and health address (ADMIN_ADDR)")
+	fs.StringVar(&c.AdminAddr, "admin-addr", env("ADMIN_ADDR", ""), "metrics and health address; empty is :9090, or 127.0.0.1:9090 in onceflow dev (ADMIN_ADDR)")
+	secretVar(fs, &c.AdminToken, "admin-token", "ONCEFLOW_ADMIN_TOKEN", getenv, "bearer `token` the admin routes that act require; unset, they are disabled")
 	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (LOG_FORMAT)")
 	host, _ := os.Hostname()
@@ -108,8 +154,9 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.IntVar(&c.OutboxShards, "outbox-shards", shards, "outbox shards; every ingest and relay must use the same count (ONCEFLOW_OUTBOX_SHARDS)")
 	fs.StringVar(&c.SASLMechanism, "kafka-sasl-mechanism", env("KAFKA_SASL_MECHANISM", ""), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (KAFKA_SASL_MECHANISM)")
 	fs.StringVar(&c.SASLUser, "kafka-sasl-user", env("KAFKA_SASL_USER", ""), "SASL user (KAFKA_SASL_USER)")
-	fs.StringVar(&c.SASLPassword, "kafka-sasl-password", env("KAFKA_SASL_PASSWORD", ""), "SASL password (KAFKA_SASL_PASSWORD)")
-	fs.BoolVar(&c.TLS, "kafka-tls", env("KAFKA_TLS", "") == "true", "connect to Kafka over TLS (KAFKA_TLS=true)")
+	secretVar(fs, &c.SASLPassword, "kafka-sasl-password", "KAFKA_SASL_PASSWORD", getenv, "SASL `password`")
+	fs.BoolVar(&c.TLS, "kafka-tls", envBool("KAFKA_TLS"), "connect to Kafka over TLS (KAFKA_TLS=true)")
+	fs.BoolVar(&c.AllowPlaintextSASL, "kafka-allow-plaintext-sasl", envBool("KAFKA_ALLOW_PLAINTEXT_SASL"), "let SASL run without TLS, on a network you trust (KAFKA_ALLOW_PLAINTEXT_SASL=true)")
 	fs.StringVar(&c.TLSCAFile, "kafka-tls-ca-file", env("KAFKA_TLS_CA_FILE", ""), "extra CA bundle for Kafka TLS (KAFKA_TLS_CA_FILE)")
 	return c
 }
@@ -150,6 +197,8 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 		TLS:           c.TLS,
 		TLSCAFile:     c.TLSCAFile,
 		Logger:        logger,
+
+		AllowPlaintextSASL: c.AllowPlaintextSASL,
 	}
 	if len(k.Brokers) == 0 {
 		return stack.Config{}, fmt.Errorf("KAFKA_BROKERS is empty")
@@ -169,13 +218,15 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 		rate = -1 // no limit
 	}
 	return stack.Config{
-		Kafka:             k,
-		Topics:            kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions)},
-		DatabaseURL:       c.DatabaseURL,
-		SchemaRegistryURL: c.SchemaRegistryURL,
-		InstanceID:        c.InstanceID,
-		Logger:            logger,
-		OutboxShards:      c.OutboxShards,
+		Kafka:       k,
+		Topics:      kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions)},
+		DatabaseURL: c.DatabaseURL,
+		SchemaRegistry: avro.ClientConfig{
+			URL: c.SchemaRegistryURL, User: c.SchemaRegistryUser, Password: c.SchemaRegistryPassword, CAFile: c.SchemaRegistryCAFile,
+		},
+		InstanceID:   c.InstanceID,
+		Logger:       logger,
+		OutboxShards: c.OutboxShards,
 
 		IdempotencyRetention: retention,
 		TenantRateLimit:      rate,
@@ -239,7 +290,7 @@ func RunComponent(ctx context.Context, name string, components stack.Components,
 		return err
 	}
 	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
-		Processor: pcfg, Projector: prcfg, Relay: rcfg})
+		AdminToken: c.AdminToken, Processor: pcfg, Projector: prcfg, Relay: rcfg})
 }
 
 // projector returns the projector's settings. It also installs the

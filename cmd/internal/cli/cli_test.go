@@ -1,11 +1,15 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"flag"
 	"io"
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // A malformed number in the environment stops the start with its name and
@@ -20,5 +24,92 @@ func TestMalformedNumericVariable(t *testing.T) {
 	_, err := c.Stack(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err == nil || !strings.Contains(err.Error(), `ONCEFLOW_OUTBOX_SHARDS="16x"`) {
 		t.Fatalf("Stack with ONCEFLOW_OUTBOX_SHARDS=16x: %v, want an error naming it", err)
+	}
+}
+
+// secretEnv sets every variable that holds a secret to a value the tests
+// look for in what a binary prints.
+var secretEnv = map[string]string{
+	"DATABASE_URL":             "postgres://onceflow:SECRET-DB@db.example:5432/onceflow",
+	"KAFKA_SASL_MECHANISM":     "PLAIN",
+	"KAFKA_SASL_USER":          "onceflow",
+	"KAFKA_SASL_PASSWORD":      "SECRET-SASL",
+	"SCHEMA_REGISTRY_URL":      "https://onceflow:SECRET-REGURL@registry.example",
+	"SCHEMA_REGISTRY_PASSWORD": "SECRET-REGPW",
+	"ONCEFLOW_ADMIN_TOKEN":     "SECRET-ADMIN",
+}
+
+// Neither -h nor a flag error of any component prints a secret: secret
+// flags have no default to show, only "(set)".
+func TestUsageHidesSecrets(t *testing.T) {
+	getenv := func(k string) string { return secretEnv[k] }
+	for _, name := range []string{"ingest", "relay", "processor", "projector"} {
+		for _, args := range [][]string{{"-h"}, {"-no-such-flag"}, {"-partitions", "many"}, {"extra"}, {"-log-level", "error"}} {
+			var out bytes.Buffer
+			err := RunComponent(context.Background(), name, stack.Components{Relay: true}, args, getenv, &out)
+			if err == nil {
+				t.Fatalf("%s %v succeeded", name, args)
+			}
+			text := out.String() + err.Error()
+			if strings.Contains(text, "SECRET") {
+				t.Errorf("%s %v prints a secret:\n%s", name, args, text)
+			}
+			if args[0] == "-h" && !strings.Contains(text, "(DATABASE_URL) (set)") {
+				t.Errorf("%s -h does not say DATABASE_URL is set:\n%s", name, text)
+			}
+		}
+	}
+}
+
+// A malformed boolean variable stops the start rather than reading as
+// false (KAFKA_TLS=yes used to mean no TLS).
+func TestBooleanVariables(t *testing.T) {
+	for _, tc := range []struct {
+		val     string
+		want    bool
+		wantErr bool
+	}{
+		{"true", true, false}, {"1", true, false}, {"TRUE", true, false},
+		{"false", false, false}, {"0", false, false}, {"", false, false},
+		{"yes", false, true}, {"on", false, true},
+	} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		c := Register(fs, func(k string) string {
+			if k == "KAFKA_TLS" {
+				return tc.val
+			}
+			return ""
+		})
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.Stack(slog.New(slog.DiscardHandler))
+		if (err != nil) != tc.wantErr || (err == nil && c.TLS != tc.want) {
+			t.Errorf("KAFKA_TLS=%q: TLS %v, err %v; want %v, error %v", tc.val, c.TLS, err, tc.want, tc.wantErr)
+		}
+		if tc.wantErr && (err == nil || !strings.Contains(err.Error(), "KAFKA_TLS")) {
+			t.Errorf("KAFKA_TLS=%q: %v, want an error naming KAFKA_TLS", tc.val, err)
+		}
+	}
+}
+
+// SASL without TLS stops the start unless KAFKA_ALLOW_PLAINTEXT_SASL=true.
+func TestPlaintextSASLRefused(t *testing.T) {
+	for _, allow := range []string{"", "true"} {
+		env := map[string]string{"KAFKA_SASL_MECHANISM": "PLAIN", "KAFKA_SASL_USER": "u", "KAFKA_SASL_PASSWORD": "SECRET-SASL",
+			"KAFKA_ALLOW_PLAINTEXT_SASL": allow}
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		c := Register(fs, func(k string) string { return env[k] })
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := c.Stack(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cfg.Kafka.Opts()
+		if (err == nil) != (allow == "true") {
+			t.Errorf("KAFKA_ALLOW_PLAINTEXT_SASL=%q: %v", allow, err)
+		}
 	}
 }
