@@ -10,7 +10,6 @@ import (
 
 	"github.com/onceflow/onceflow/cmd/internal/cli"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
-	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/stack"
 )
@@ -21,8 +20,6 @@ func init() {
 	register("migrate", "apply the Postgres migrations", runMigrate)
 	register("migrate version", "print the database's migration version and the newest this binary has", runMigrateVersion)
 	register("topics create", "create the topics (cleanup policies, retention, partitions) and check them", runTopicsCreate)
-	register("tenants create", "create a tenant's API key and print it once: tenants create NAME", runTenantsCreate)
-	register("tenants revoke", "revoke an API key at once: tenants revoke KEY", runTenantsRevoke)
 	register("postgres up", "start (or reuse) the private Postgres cluster and print its URL", runPostgresUp)
 	register("postgres down", "stop the private Postgres cluster", runPostgresDown)
 }
@@ -162,50 +159,6 @@ func runTopicsCreate(ctx context.Context, args []string, getenv func(string) str
 	for _, s := range cfg.Topics.Specs() {
 		fmt.Fprintf(stdout, "%s\tpartitions=%d\t%v\n", s.Name, s.Partitions, s.Configs)
 	}
-	return nil
-}
-
-func runTenantsCreate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("tenants create", args, getenv, stdout, nil)
-	if err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("usage: onceflow tenants create NAME")
-	}
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("DATABASE_URL is required")
-	}
-	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	key := ingest.NewAPIKey()
-	if err := ingest.CreateAPIKey(ctx, pool, fs.Arg(0), "onceflow tenants create", key); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "tenant %s\napi key %s\n(shown once: only its hash is stored)\n", fs.Arg(0), key)
-	return nil
-}
-
-func runTenantsRevoke(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("tenants revoke", args, getenv, stdout, nil)
-	if err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("usage: onceflow tenants revoke KEY")
-	}
-	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := ingest.RevokeAPIKey(ctx, pool, fs.Arg(0)); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "revoked")
 	return nil
 }
 

@@ -37,6 +37,7 @@ func TestTenantsAndIdempotencyCheck(t *testing.T) {
 	if err := run(ctx, []string{"tenants", "create", "acme"}, getenv, &out); err != nil {
 		t.Fatal(err)
 	}
+	created := out.String()
 	key := regexp.MustCompile(`api key (\S+)`).FindStringSubmatch(out.String())
 	if key == nil {
 		t.Fatalf("tenants create printed %q, want the key", out.String())
@@ -52,7 +53,7 @@ func TestTenantsAndIdempotencyCheck(t *testing.T) {
 		t.Fatalf("the API key is stored in clear")
 	}
 
-	c := &apiclient.Client{BaseURL: startIngest(t, pool), APIKey: key[1]}
+	c := &apiclient.Client{BaseURL: startIngest(t, pool, nil), APIKey: key[1]}
 	if _, _, err := c.Deposit(ctx, "quiet", "acc-1", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,8 @@ func TestTenantsAndIdempotencyCheck(t *testing.T) {
 	if err := run(ctx, []string{"idempotency-check", "--hours", "1"}, getenv, &out); err == nil {
 		t.Error("idempotency-check without --tenant succeeded")
 	}
-	if err := run(ctx, []string{"tenants", "revoke", key[1]}, getenv, &out); err != nil {
+	id := regexp.MustCompile(`key id (\d+)`).FindStringSubmatch(created)
+	if err := run(ctx, []string{"tenants", "keys", "revoke", id[1]}, getenv, &out); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := c.Deposit(ctx, "after", "acc-1", 1); !apiclient.IsStatus(err, http.StatusUnauthorized) {
@@ -93,8 +95,9 @@ func TestTenantsAndIdempotencyCheck(t *testing.T) {
 	}
 }
 
-// startIngest runs an ingest server on pool until the test ends.
-func startIngest(t *testing.T, p *pgxpool.Pool) string {
+// startIngest runs an ingest server on pool until the test ends, logging
+// to logger (nil: nowhere).
+func startIngest(t *testing.T, p *pgxpool.Pool, logger *slog.Logger) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	topics := kafka.Topics{Prefix: "ledger", Partitions: 1}
@@ -106,7 +109,10 @@ func startIngest(t *testing.T, p *pgxpool.Pool) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := stack.NewIngest(stack.Config{Topics: topics, Logger: slog.New(slog.DiscardHandler)}, ingest.Config{}, p, serdes, prometheus.NewRegistry())
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	srv, err := stack.NewIngest(stack.Config{Topics: topics, Logger: logger}, ingest.Config{}, p, serdes, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

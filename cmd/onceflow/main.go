@@ -46,33 +46,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return nil
 	}
 	if w := knownWords(args); w != "" {
-		return fmt.Errorf("unknown command %q", w)
+		return fmt.Errorf("unknown %q command", w)
 	}
 	return errors.New("unknown command")
 }
 
-// knownWords returns the words of args that begin some command and the
-// first that does not, or "" when the first word begins none: the error
-// names the mistake without echoing the rest of the line, which may be a
-// secret typed in the wrong place.
+// knownWords returns the longest run of args' first words that begins some
+// command ("tenants keys"), or "". The error names that much and nothing
+// after it: the rest of the line may be a secret typed in the wrong place.
 func knownWords(args []string) string {
+	known := ""
 	for n := 1; n <= len(args); n++ {
 		prefix := strings.Join(args[:n], " ")
-		found := false
 		for name := range commands {
-			if name == prefix || strings.HasPrefix(name, prefix+" ") {
-				found = true
+			if strings.HasPrefix(name, prefix+" ") {
+				known = prefix
 				break
 			}
 		}
-		if !found {
-			if n == 1 {
-				return ""
-			}
-			return prefix
+		if known != prefix {
+			break
 		}
 	}
-	return strings.Join(args, " ")
+	return known
 }
 
 func usage(w io.Writer) {
@@ -84,6 +80,6 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: onceflow COMMAND [flags]   (onceflow COMMAND -h for its flags)")
 	fmt.Fprintln(w)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-16s %s\n", n, commands[n].usage)
+		fmt.Fprintf(w, "  %-20s %s\n", n, commands[n].usage)
 	}
 }
