@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/sr"
@@ -42,7 +43,8 @@ func NewClient(url string, opts ...sr.ClientOpt) (*Client, error) {
 
 // ClientConfig is how to reach a Confluent-compatible registry over HTTP.
 type ClientConfig struct {
-	// URL is the registry's base URL (SCHEMA_REGISTRY_URL). A user and
+	// URL is the registry's base URL (SCHEMA_REGISTRY_URL); without a
+	// scheme it is http. A user and
 	// password in it (https://user:pass@registry:8081) are taken out of the
 	// URL and sent as HTTP basic auth.
 	URL string
@@ -58,7 +60,11 @@ type ClientConfig struct {
 
 // NewClient returns a Client for the registry c describes.
 func (c ClientConfig) NewClient() (*Client, error) {
-	u, err := url.Parse(c.URL)
+	raw := c.URL
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw // as sr.URLs does: "registry:8081" has always worked
+	}
+	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		// url.Parse's error quotes the URL, password included.
 		return nil, errors.New("schema registry URL: want http(s)://host[:port]")

@@ -100,6 +100,16 @@ func TestClientConfigRefuses(t *testing.T) {
 			t.Errorf("%s: the error quotes the password: %v", tc.name, err)
 		}
 	}
+	// A URL without a scheme is http, as it always was.
+	srv := httptest.NewServer(avro.NewEmbedded().Handler())
+	defer srv.Close()
+	c, err := (avro.ClientConfig{URL: strings.TrimPrefix(srv.URL, "http://")}).NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Register(context.Background(), "t-value", schemaA); err != nil {
+		t.Errorf("a registry URL without a scheme: %v", err)
+	}
 	// Basic auth to a registry on this machine (a sidecar, dev) may use http.
 	if _, err := (avro.ClientConfig{URL: "http://127.0.0.1:8081", User: "u", Password: "p"}).NewClient(); err != nil {
 		t.Errorf("credentials over http to loopback: %v", err)
