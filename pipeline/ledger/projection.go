@@ -74,8 +74,8 @@ func (Accounts) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event)
 	byID := make(map[string]*account)
 	var order []*account
 	for i, ev := range evs {
-		if _, ok := ev.Payload.(pipeline.CommandRejected); ok {
-			continue // a rejection leaves the account as it is
+		if leavesAccount(ev) {
+			continue // a rejection or a failure leaves the account as it is
 		}
 		if _, ok := byID[ev.AggregateID]; ok {
 			continue
@@ -116,7 +116,7 @@ func (Accounts) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event)
 		if a == nil || out[i] != nil {
 			continue
 		}
-		if _, ok := ev.Payload.(pipeline.CommandRejected); ok {
+		if leavesAccount(ev) {
 			continue
 		}
 		if a.gap != nil {
@@ -165,7 +165,7 @@ func (Accounts) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event)
 	var ins, upd accountColumns
 	for _, a := range order {
 		if a.version == a.stored {
-			continue // nothing new (duplicates, a gap first, rejections only)
+			continue // nothing new (duplicates, a gap first, rejections or failures only)
 		}
 		if a.exists {
 			upd.add(a)
@@ -192,6 +192,17 @@ func (Accounts) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event)
 		}
 	}
 	return out, nil
+}
+
+// leavesAccount reports an event that does not change its aggregate: a
+// CommandRejected or CommandFailed carries the aggregate's current version
+// and moves nothing.
+func leavesAccount(ev pipeline.Event) bool {
+	switch ev.Payload.(type) {
+	case pipeline.CommandRejected, pipeline.CommandFailed:
+		return true
+	}
+	return false
 }
 
 // errConcurrentWrite: a row changed between reading its version and writing
@@ -232,11 +243,23 @@ func single(outcomes []error, err error) error {
 }
 
 // CommandStatus projects each command's outcome onto command_status:
-// accepted with the ids of the events it produced, or rejected with the
-// reason. Ingest inserts the pending row; a command produced straight to
-// Kafka gets its row here. Recording an event id is idempotent (an id
-// already in event_ids is not added again), so the table stays right even
-// for an event the inbox no longer remembers.
+// accepted with the ids of the events it produced, rejected with the
+// reason, or failed (a CommandFailed event: the command went to the DLQ)
+// with the DLQ reason. Ingest inserts the pending row; a command produced
+// straight to Kafka gets its row here. A command is its id within its
+// aggregate and tenant, the table's key: the same id on two aggregates, or
+// in two tenants, is two rows that never mix.
+//
+// An outcome (accepted or rejected) is final: it replaces a failure (a
+// redrive of the DLQ record that then succeeded), and a failure never
+// replaces it (a poison copy of a command already decided, or a failure
+// replayed after the success). The rule does not depend on the order the
+// events come in, so a rebuild, which reads them again in their log order,
+// ends where the live table did. Recording an event id is idempotent (an
+// id already in event_ids is not added again), so the table stays right
+// even for an event the inbox no longer remembers. The failure's event id
+// is listed while the command is failed and dropped when an outcome
+// replaces it: event_ids are then the events of the decision.
 type CommandStatus struct{}
 
 var _ pipeline.BatchProjection[pgx.Tx] = CommandStatus{}
@@ -248,62 +271,106 @@ func (CommandStatus) Name() string { return "command_status" }
 func (CommandStatus) Tables() []string { return []string{"command_status"} }
 
 // created_at and updated_at of a row the projector writes are its event's
-// time (the command's time), so a rebuild writes the same values.
+// time (the command's time), so a rebuild writes the same values. The WHERE
+// clause keeps an outcome from being replaced by a failure; a row a failure
+// created without a command type (the record was undecodable) takes the
+// outcome's.
 const upsertCommandStatusSQL = `INSERT INTO command_status AS c
 		(command_id, tenant, aggregate_id, command_type, status, reason, detail, event_ids, created_at, updated_at)
 	SELECT v.command_id, v.tenant, v.aggregate_id, v.command_type, v.status, v.reason, v.detail, v.event_ids::uuid[], v.at, v.at
 	FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
 		AS v(command_id, tenant, aggregate_id, command_type, status, reason, detail, event_ids, at)
-	ON CONFLICT (command_id) DO UPDATE SET
+	ON CONFLICT (command_id, tenant, aggregate_id) DO UPDATE SET
 		status = EXCLUDED.status,
+		command_type = CASE WHEN c.command_type = '' THEN EXCLUDED.command_type ELSE c.command_type END,
 		reason = EXCLUDED.reason,
 		detail = EXCLUDED.detail,
-		event_ids = c.event_ids || ARRAY(SELECT e FROM unnest(EXCLUDED.event_ids) e WHERE e <> ALL (c.event_ids)),
-		updated_at = EXCLUDED.updated_at`
+		event_ids = CASE WHEN c.status = 'failed' AND EXCLUDED.status <> 'failed' THEN EXCLUDED.event_ids
+			ELSE c.event_ids || ARRAY(SELECT e FROM unnest(EXCLUDED.event_ids) e WHERE e <> ALL (c.event_ids)) END,
+		updated_at = EXCLUDED.updated_at
+	WHERE EXCLUDED.status <> 'failed' OR c.status IN ('pending', 'failed')`
 
 // Apply implements pipeline.Projection.
 func (c CommandStatus) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
 	return single(c.ApplyBatch(ctx, tx, []pipeline.Event{ev}))
 }
 
+// commandKey names a command: its id within its tenant and aggregate.
+type commandKey struct {
+	id                pipeline.ID
+	tenant, aggregate string
+}
+
+// commandOutcome is one command's events of a batch, folded: the decision
+// (accepted or rejected) if the batch has one, else its failures.
+type commandOutcome struct {
+	status, cmdType string
+	reason, detail  *string
+	eventIDs        []pipeline.ID
+	at              time.Time
+}
+
+// add folds ev into o: a decision's events replace the failures before
+// them, a failure after a decision is ignored.
+func (o *commandOutcome) add(ev pipeline.Event) {
+	decided := o.status == "accepted" || o.status == "rejected"
+	switch p := ev.Payload.(type) {
+	case pipeline.CommandFailed:
+		if decided {
+			return // an outcome is final
+		}
+		o.status, o.cmdType = "failed", p.CommandType
+		o.reason, o.detail = &p.Reason, &p.Detail
+	case pipeline.CommandRejected:
+		if !decided {
+			o.eventIDs = o.eventIDs[:0] // the failures' ids, if any
+		}
+		o.status, o.cmdType = "rejected", p.CommandType
+		o.reason, o.detail = &p.Reason, &p.Detail
+	default:
+		if !decided {
+			o.eventIDs = o.eventIDs[:0]
+			o.status, o.cmdType = "accepted", commandTypeOf(p)
+			o.reason, o.detail = nil, nil
+		}
+	}
+	o.eventIDs = append(o.eventIDs, ev.ID)
+	o.at = ev.Time
+}
+
 // ApplyBatch implements pipeline.BatchProjection.
 func (CommandStatus) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
-	type outcome struct {
-		status, cmdType   string
-		reason, detail    *string
-		eventIDs          strings.Builder // a uuid[] literal
-		tenant, aggregate string
-		at                time.Time
-	}
-	byCmd := make(map[pipeline.ID]*outcome, len(evs))
-	var order []pipeline.ID
+	byCmd := make(map[commandKey]*commandOutcome, len(evs))
+	var order []commandKey
 	for _, ev := range evs {
-		o := byCmd[ev.CommandID]
+		k := commandKey{ev.CommandID, ev.Tenant, ev.AggregateID}
+		o := byCmd[k]
 		if o == nil {
-			o = &outcome{status: "accepted", cmdType: commandTypeOf(ev.Payload), tenant: ev.Tenant, aggregate: ev.AggregateID}
-			o.eventIDs.WriteByte('{')
-			byCmd[ev.CommandID] = o
-			order = append(order, ev.CommandID)
-		} else {
-			o.eventIDs.WriteByte(',')
+			o = &commandOutcome{}
+			byCmd[k] = o
+			order = append(order, k)
 		}
-		if r, ok := ev.Payload.(pipeline.CommandRejected); ok {
-			o.status, o.cmdType = "rejected", r.CommandType
-			o.reason, o.detail = &r.Reason, &r.Detail
-		}
-		o.eventIDs.WriteString(ev.ID.String())
-		o.at = ev.Time
+		o.add(ev)
 	}
 	n := len(order)
 	ids := make([][16]byte, n)
 	tenants, aggs, types, statuses, eventIDs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	reasons, details := make([]*string, n), make([]*string, n)
 	ats := make([]time.Time, n)
-	for i, id := range order {
-		o := byCmd[id]
-		o.eventIDs.WriteByte('}')
-		ids[i], tenants[i], aggs[i], types[i], statuses[i] = [16]byte(id), o.tenant, o.aggregate, o.cmdType, o.status
-		reasons[i], details[i], eventIDs[i], ats[i] = o.reason, o.detail, o.eventIDs.String(), o.at
+	var b strings.Builder
+	for i, k := range order {
+		o := byCmd[k]
+		b.Reset()
+		b.WriteByte('{') // a uuid[] literal
+		for j, id := range o.eventIDs {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(id.String())
+		}
+		b.WriteByte('}')
+		ids[i], tenants[i], aggs[i], types[i], statuses[i] = [16]byte(k.id), k.tenant, k.aggregate, o.cmdType, o.status
+		reasons[i], details[i], eventIDs[i], ats[i] = o.reason, o.detail, b.String(), o.at
 	}
 	if _, err := tx.Exec(ctx, upsertCommandStatusSQL, ids, tenants, aggs, types, statuses, reasons, details, eventIDs, ats); err != nil {
 		return nil, fmt.Errorf("record command outcomes: %w", err)
@@ -312,14 +379,28 @@ func (CommandStatus) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.E
 }
 
 // BeforeSwap keeps, when a rebuilt command_status replaces the live one,
-// the rows only ingest knows: commands accepted over HTTP whose outcome is
-// not in the events yet (pending). The projector calls it inside the swap
-// transaction, with the live table locked against writers.
+// what only ingest and the relay know: the rows of commands whose outcome
+// is not in the events (pending: accepted over HTTP, not decided yet;
+// failed: their outbox row went to outbox_dead), and which row ingest wrote
+// where one tenant has several rows of one command id (the flag that
+// decides what GET /v1/commands/{id} answers by default). The flag is
+// carried only there, not to every command ingest accepted: that would
+// rewrite most of the table while the swap holds its lock. A row that
+// loses it answers by its age instead (docs/decisions.md). The projector
+// calls BeforeSwap inside the swap transaction, with the live table locked
+// against writers.
 func (CommandStatus) BeforeSwap(ctx context.Context, tx pgx.Tx, table, live, shadow string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO `+shadow+` SELECT * FROM `+live+` WHERE status = 'pending'
-		ON CONFLICT (command_id) DO NOTHING`)
-	if err != nil {
-		return fmt.Errorf("keep pending commands: %w", err)
+	if _, err := tx.Exec(ctx, `INSERT INTO `+shadow+` SELECT * FROM `+live+` WHERE status IN ('pending', 'failed')
+		ON CONFLICT (command_id, tenant, aggregate_id) DO NOTHING`); err != nil {
+		return fmt.Errorf("keep pending and failed commands: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+shadow+` AS s SET ingested = true
+		FROM `+live+` AS l
+		WHERE l.ingested AND NOT s.ingested
+			AND s.command_id = l.command_id AND s.tenant = l.tenant AND s.aggregate_id = l.aggregate_id
+			AND (s.command_id, s.tenant) IN (
+				SELECT command_id, tenant FROM `+shadow+` GROUP BY command_id, tenant HAVING count(*) > 1)`); err != nil {
+		return fmt.Errorf("keep which command ingest accepted: %w", err)
 	}
 	return nil
 }

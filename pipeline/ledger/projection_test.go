@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -191,6 +192,218 @@ func TestAuditLogBatch(t *testing.T) {
 		if err := tx.QueryRow(ctx, `SELECT payload::text FROM audit_log WHERE event_id = $1`, first.ID.String()).Scan(&payload); err != nil ||
 			payload != `{"to": "b", "amount": 7, "transfer_id": "t-1"}` {
 			t.Errorf("payload %s (%v)", payload, err)
+		}
+	})
+}
+
+// statusRow is a command_status row as a test reads it.
+type statusRow struct {
+	status, cmdType, reason, detail string
+	events                          []string
+}
+
+func readStatus(t *testing.T, ctx context.Context, tx pgx.Tx, tenant, agg string, id pipeline.ID) statusRow {
+	t.Helper()
+	var r statusRow
+	var reason, detail *string
+	err := tx.QueryRow(ctx, `SELECT status, command_type, reason, detail, event_ids::text[] FROM command_status
+		WHERE command_id = $1 AND tenant = $2 AND aggregate_id = $3`, id.String(), tenant, agg).
+		Scan(&r.status, &r.cmdType, &reason, &detail, &r.events)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return statusRow{status: "none"}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reason != nil {
+		r.reason = *reason
+	}
+	if detail != nil {
+		r.detail = *detail
+	}
+	return r
+}
+
+// tenantEvent is projEvent for another tenant.
+func tenantEvent(tenant, local string, v int64, c pipeline.ID, index int, m pipeline.Message) pipeline.Event {
+	ev := projEvent(pipeline.AggregateID(tenant, local), v, c, index, m)
+	ev.Tenant = tenant
+	return ev
+}
+
+// A command is its id within its tenant and aggregate: tenant b's outcome
+// under a's command id, or a's own direct producer using the id on another
+// account, writes rows of their own, in the same batch or in later ones,
+// and a's pending command is untouched.
+func TestCommandStatusIsScoped(t *testing.T) {
+	t.Parallel()
+	inTx(t, func(ctx context.Context, tx pgx.Tx) {
+		cs := ledger.CommandStatus{}
+		id := pipeline.NewCommandID()
+		if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
+			VALUES ($1, 'a', 'a/acc-1', 'Deposit', 'pending', true)`, id.String()); err != nil {
+			t.Fatal(err)
+		}
+		bOpened := tenantEvent("b", "acc-1", 1, id, 0, ledger.AccountOpened{Currency: "EUR"})
+		bRejected := tenantEvent("b", "acc-9", 3, id, 0, pipeline.CommandRejected{CommandType: "Withdraw", Reason: "insufficient_funds"})
+		aOther := tenantEvent("a", "acc-2", 4, id, 0, pipeline.CommandFailed{CommandType: "Deposit", Reason: "undecodable", Detail: "x"})
+		if _, err := cs.ApplyBatch(ctx, tx, []pipeline.Event{bOpened, bRejected, aOther}); err != nil {
+			t.Fatal(err)
+		}
+		// Again, one at a time (what a later batch or a redelivery does).
+		for _, ev := range []pipeline.Event{aOther, bRejected, bOpened} {
+			if err := cs.Apply(ctx, tx, ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, w := range []struct {
+			tenant, agg, status, reason string
+			events                      int
+		}{
+			{"a", "a/acc-1", "pending", "", 0},
+			{"a", "a/acc-2", "failed", "undecodable", 1},
+			{"b", "b/acc-1", "accepted", "", 1},
+			{"b", "b/acc-9", "rejected", "insufficient_funds", 1},
+		} {
+			got := readStatus(t, ctx, tx, w.tenant, w.agg, id)
+			if got.status != w.status || got.reason != w.reason || len(got.events) != w.events {
+				t.Errorf("%s %s: %s %q with %d events, want %s %q with %d", w.tenant, w.agg, got.status, got.reason, len(got.events), w.status, w.reason, w.events)
+			}
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM command_status WHERE command_id = $1`, id.String()).Scan(&n); err != nil || n != 4 {
+			t.Errorf("%d rows of the id (%v), want 4", n, err)
+		}
+	})
+}
+
+// A failure (CommandFailed: the command went to the DLQ) is terminal until
+// an outcome of the same command replaces it (a redrive that succeeded);
+// an outcome is never replaced by a failure, whichever order the events
+// come in, in one batch or across batches (a rebuild reads them again in
+// log order).
+func TestCommandStatusFailed(t *testing.T) {
+	t.Parallel()
+	failed := func(reason string) pipeline.Message {
+		return pipeline.CommandFailed{CommandType: "Deposit", Reason: reason, Detail: reason + " detail"}
+	}
+	accepted := ledger.Deposited{Amount: 1}
+	rejected := pipeline.CommandRejected{CommandType: "Deposit", Reason: "account_closed", Detail: "closed"}
+	for _, tc := range []struct {
+		name     string
+		pending  bool                 // ingest's row exists first
+		batches  [][]pipeline.Message // each event is the next index of the command
+		status   string
+		reason   string
+		eventIdx []int // the indexes of event_ids, in order
+	}{
+		{"failed over pending", true, [][]pipeline.Message{{failed("undecodable")}}, "failed", "undecodable", []int{0}},
+		{"failed then redriven, accepted", true, [][]pipeline.Message{{failed("decider-error")}, {accepted}}, "accepted", "", []int{1}},
+		{"failed then accepted in one batch", false, [][]pipeline.Message{{failed("decider-error"), accepted}}, "accepted", "", []int{1}},
+		{"failed then rejected", false, [][]pipeline.Message{{failed("decider-error")}, {rejected}}, "rejected", "account_closed", []int{1}},
+		{"accepted then a failure replayed", true, [][]pipeline.Message{{accepted}, {failed("output-refused")}}, "accepted", "", []int{0}},
+		{"accepted then a failure in one batch", false, [][]pipeline.Message{{accepted, failed("output-refused")}}, "accepted", "", []int{0}},
+		{"rejected then a failure", false, [][]pipeline.Message{{rejected}, {failed("output-refused")}}, "rejected", "account_closed", []int{0}},
+		{"failed twice: the last reason", false, [][]pipeline.Message{{failed("undecodable")}, {failed("decider-panic")}}, "failed", "decider-panic", []int{0, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			inTx(t, func(ctx context.Context, tx pgx.Tx) {
+				cs := ledger.CommandStatus{}
+				id := pipeline.NewCommandID()
+				if tc.pending {
+					if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
+						VALUES ($1, 'acme', 'acme/a', 'Deposit', 'pending', true)`, id.String()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var all []pipeline.Event
+				i := 0
+				for _, batch := range tc.batches {
+					var evs []pipeline.Event
+					for _, m := range batch {
+						evs = append(evs, projEvent("acme/a", 3, id, i, m))
+						i++
+					}
+					if _, err := cs.ApplyBatch(ctx, tx, evs); err != nil {
+						t.Fatal(err)
+					}
+					all = append(all, evs...)
+				}
+				got := readStatus(t, ctx, tx, "acme", "acme/a", id)
+				var want []string
+				for _, k := range tc.eventIdx {
+					want = append(want, all[k].ID.String())
+				}
+				if got.status != tc.status || got.reason != tc.reason || got.cmdType != "Deposit" || !slices.Equal(got.events, want) {
+					t.Errorf("got %s %q (%s) events %v; want %s %q (Deposit) events %v", got.status, got.reason, got.cmdType, got.events, tc.status, tc.reason, want)
+				}
+				if tc.status == "failed" && got.detail != tc.reason+" detail" {
+					t.Errorf("detail %q, want the failure's", got.detail)
+				}
+			})
+		})
+	}
+}
+
+// A failure of a record the processor could not decode has no command type;
+// the outcome of a redrive fills it in.
+func TestCommandStatusFailureWithoutType(t *testing.T) {
+	t.Parallel()
+	inTx(t, func(ctx context.Context, tx pgx.Tx) {
+		cs := ledger.CommandStatus{}
+		id := pipeline.NewCommandID()
+		if err := cs.Apply(ctx, tx, projEvent("acme/a", 0, id, 0, pipeline.CommandFailed{Reason: "undecodable"})); err != nil {
+			t.Fatal(err)
+		}
+		if got := readStatus(t, ctx, tx, "acme", "acme/a", id); got.status != "failed" || got.cmdType != "" {
+			t.Fatalf("got %+v, want failed without a type", got)
+		}
+		if err := cs.Apply(ctx, tx, projEvent("acme/a", 1, id, 0, ledger.AccountOpened{Currency: "EUR"})); err != nil {
+			t.Fatal(err)
+		}
+		if got := readStatus(t, ctx, tx, "acme", "acme/a", id); got.status != "accepted" || got.cmdType != "OpenAccount" || got.reason != "" {
+			t.Errorf("got %+v, want accepted OpenAccount without a reason", got)
+		}
+	})
+}
+
+// A CommandFailed leaves the account alone, as a rejection does: not a
+// duplicate, not a version change, not a gap; the audit log records it
+// like any event.
+func TestCommandFailedInAccountsAndAudit(t *testing.T) {
+	t.Parallel()
+	inTx(t, func(ctx context.Context, tx pgx.Tx) {
+		acc, al := ledger.Accounts{}, ledger.AuditLog{}
+		c := pipeline.NewCommandID
+		opened := projEvent("acme/a", 1, c(), 0, ledger.AccountOpened{Currency: "EUR"})
+		failure := projEvent("acme/a", 1, c(), 0, pipeline.CommandFailed{CommandType: "Deposit", Reason: "decider-error", Detail: "boom"})
+		neverOpened := projEvent("acme/z", 0, c(), 0, pipeline.CommandFailed{CommandType: "Deposit", Reason: "decider-error"})
+		deposit := projEvent("acme/a", 2, c(), 0, ledger.Deposited{Amount: 5})
+		out, err := acc.ApplyBatch(ctx, tx, []pipeline.Event{opened, failure, neverOpened, deposit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkOutcomes(t, out, "ok", "ok", "ok", "ok")
+		var bal, ver int64
+		if err := tx.QueryRow(ctx, `SELECT balance, version FROM accounts WHERE tenant = 'acme' AND account_id = 'a'`).Scan(&bal, &ver); err != nil || bal != 5 || ver != 2 {
+			t.Errorf("account a: balance %d version %d (%v), want 5, 2", bal, ver, err)
+		}
+		if out := acc.Apply(ctx, tx, failure); out != nil {
+			t.Errorf("the failure again: %v, want nil (not a duplicate)", out)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM accounts WHERE account_id = 'z'`).Scan(&n); err != nil || n != 0 {
+			t.Errorf("a failure opened account z (%d rows, %v)", n, err)
+		}
+
+		if out, err := al.ApplyBatch(ctx, tx, []pipeline.Event{failure}); err != nil || outcome(out[0]) != "ok" {
+			t.Fatalf("audit: %v %v", out, err)
+		}
+		var typ, payload string
+		if err := tx.QueryRow(ctx, `SELECT event_type, payload::text FROM audit_log WHERE event_id = $1`, failure.ID.String()).Scan(&typ, &payload); err != nil ||
+			typ != "CommandFailed" || payload != `{"detail": "boom", "reason": "decider-error", "command_type": "Deposit"}` {
+			t.Errorf("audit row: %s %s (%v)", typ, payload, err)
 		}
 	})
 }
