@@ -39,10 +39,14 @@ const (
 	keyTotalsSQL = `SELECT count(*), coalesce(sum(replays), 0), coalesce(sum(conflicts), 0)
 		FROM idempotency_keys
 		WHERE tenant = $1 AND created_at > now() - make_interval(secs => $2)`
+	// A key's command is the row ingest wrote, which getCommandSQL's order
+	// puts first among the tenant's rows of that id.
 	keyTopSQL = `SELECT k.key, k.route, k.command_id::text, coalesce(c.status, ''), k.created_at,
 			k.replays, k.conflicts, k.last_seen_at
 		FROM idempotency_keys AS k
-		LEFT JOIN command_status AS c ON c.command_id = k.command_id
+		LEFT JOIN LATERAL (SELECT c.status FROM command_status AS c
+			WHERE c.command_id = k.command_id AND c.tenant = k.tenant
+			ORDER BY c.ingested DESC, c.created_at, c.aggregate_id LIMIT 1) AS c ON true
 		WHERE k.tenant = $1 AND k.created_at > now() - make_interval(secs => $2)
 		ORDER BY k.replays + k.conflicts DESC, k.conflicts DESC, k.last_seen_at DESC NULLS LAST, k.created_at DESC
 		LIMIT $3`

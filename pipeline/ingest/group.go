@@ -337,8 +337,8 @@ const (
 		INSERT INTO outbox (shard, topic, key, value, headers)
 		SELECT shard, $16, aggregate_key, value, headers::jsonb FROM fresh ORDER BY ord
 	), status_rows AS (
-		INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status)
-		SELECT command_id::uuid, tenant, aggregate_id, command_type, 'pending' FROM fresh
+		INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
+		SELECT command_id::uuid, tenant, aggregate_id, command_type, 'pending', true FROM fresh
 	), key_rows AS (
 		INSERT INTO idempotency_keys
 			(tenant, key, route, request_hash, command_id, response_status, response_headers, response_body)

@@ -10,8 +10,10 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -242,19 +244,40 @@ type commandStatus struct {
 	EventIDs    []string `json:"event_ids"`
 }
 
-const getCommandSQL = `SELECT status, command_type, aggregate_id, reason, detail, event_ids::text[]
-	FROM command_status WHERE command_id = $1 AND tenant = $2`
+// getCommandSQL reads a command of the caller's tenant. A command id is
+// unique only within its aggregate: a tenant's direct Kafka producers may
+// have used one id on several aggregates (or reused an id ingest minted),
+// and each is its own command. With ?aggregate_id= ($3) the caller names
+// which; without, the answer is the command ingest accepted under that id
+// (the one its 202's Location names), else the earliest
+// (docs/decisions.md).
+const getCommandSQL = `SELECT aggregate_id, status, command_type, reason, detail, event_ids::text[]
+	FROM command_status
+	WHERE command_id = $1 AND tenant = $2 AND ($3::text IS NULL OR aggregate_id = $3)
+	ORDER BY ingested DESC, created_at, aggregate_id
+	LIMIT 1`
 
 // getCommand answers a command's status. With ?wait=D (a Go duration such
-// as 5s, or seconds) it long-polls: it answers as soon as the outcome is
-// known, or with the pending status after D (capped at MaxWait). It polls
-// the row with a growing interval (10ms to 200ms) rather than holding a
-// connection or listening for notifications, so a waiting client costs a
-// goroutine and a few cheap reads.
+// as 5s, or seconds) it long-polls: it answers as soon as the status is
+// terminal (accepted, rejected or failed), or with the pending status after
+// D (capped at MaxWait). It polls the row with a growing interval (10ms to
+// 200ms) rather than holding a connection or listening for notifications,
+// so a waiting client costs a goroutine and a few cheap reads.
+// ?aggregate_id= chooses among commands of the same id (getCommandSQL).
 func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller caller) *Problem {
 	wait, p := parseWait(r.URL.Query().Get("wait"), s.cfg.MaxWait)
 	if p != nil {
 		return p
+	}
+	var aggregate *string
+	if q := r.URL.Query(); q.Has("aggregate_id") {
+		// Another tenant's aggregate is simply not found (404); only what
+		// cannot be an aggregate id at all (nor a Postgres string) is a 422.
+		a := q.Get("aggregate_id")
+		if _, _, err := pipeline.SplitAggregateID(a); err != nil || !utf8.ValidString(a) || strings.ContainsRune(a, 0) {
+			return invalid(FieldError{"aggregate_id", "must be an aggregate id as this route returns it: tenant/account-id"})
+		}
+		aggregate = &a
 	}
 	id, err := pipeline.ParseID(r.PathValue("id"))
 	if err != nil {
@@ -263,7 +286,7 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 	deadline := time.Now().Add(wait)
 	delay := 10 * time.Millisecond
 	for {
-		c, err := s.loadCommand(r.Context(), id, caller.tenant)
+		c, err := s.loadCommand(r.Context(), id, caller.tenant, aggregate)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Ingest writes the pending row with the command, so a command
 			// of this tenant that exists is always found: no need to wait.
@@ -286,12 +309,12 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 	}
 }
 
-func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, tenant string) (commandStatus, error) {
+func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, tenant string, aggregate *string) (commandStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	c := commandStatus{CommandID: id.String()}
-	err := s.pool.QueryRow(ctx, getCommandSQL, id.String(), tenant).
-		Scan(&c.Status, &c.CommandType, &c.AggregateID, &c.Reason, &c.Detail, &c.EventIDs)
+	err := s.pool.QueryRow(ctx, getCommandSQL, id.String(), tenant, aggregate).
+		Scan(&c.AggregateID, &c.Status, &c.CommandType, &c.Reason, &c.Detail, &c.EventIDs)
 	if c.EventIDs == nil {
 		c.EventIDs = []string{}
 	}
