@@ -53,9 +53,10 @@ type Config struct {
 	JanitorInterval time.Duration
 	// BacklogMetricsTTL is how long a reading of the outbox's backlog (the
 	// onceflow_outbox_backlog_rows family, read from Postgres when
-	// /metrics is scraped) is reused: the read counts the whole outbox, so
-	// it runs at most once per this period whatever the scrape rate.
-	// Default 10s.
+	// /metrics is scraped) and of the pending commands
+	// (onceflow_commands_pending, onceflow_commands_oldest_pending_age_seconds)
+	// is reused: the read counts the whole outbox, so it runs at most once
+	// per this period whatever the scrape rate. Default 10s.
 	BacklogMetricsTTL time.Duration
 }
 

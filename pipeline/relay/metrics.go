@@ -82,17 +82,34 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.D
 // reaches the admin port), so a reading is reused for ttl: at most one
 // count per ttl whatever the scrape rate. Concurrent scrapes of a stale
 // reading wait for one read rather than each starting its own.
+//
+// It also reports the commands waiting for an outcome (status pending in
+// command_status): how many, and how long the oldest has waited. Every
+// command ends accepted, rejected or failed (the DLQ, outbox_dead), so one
+// that stays pending was lost between ingest and the read models. They are
+// here, in the relay, because it already reports the pipeline's backlog
+// from Postgres for the whole deployment; ingest scales with requests, and
+// more replicas would ask the same question more often. Their read walks
+// the pending rows through command_status's partial index (pendingSQL),
+// never the table, once per ttl.
 type backlogCollector struct {
 	pool *pgxpool.Pool
 	ttl  time.Duration
 
-	mu      sync.Mutex
-	readAt  time.Time // zero before the first read
-	shards  []ShardStatus
-	err     error // the backlog read's
-	dead    int64
-	deadErr error
+	mu         sync.Mutex
+	readAt     time.Time // zero before the first read
+	shards     []ShardStatus
+	err        error // the backlog read's
+	dead       int64
+	deadErr    error
+	pending    int64
+	pendingAge float64 // the oldest pending command's, in seconds of the database clock
+	pendingErr error
 }
+
+// pendingSQL uses command_status_status_created_at_idx (sql/00035).
+const pendingSQL = `SELECT count(*), coalesce(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8
+	FROM command_status WHERE status = 'pending'`
 
 var (
 	backlogDesc = prometheus.NewDesc("onceflow_outbox_backlog_rows",
@@ -105,6 +122,10 @@ var (
 		"Age of the row at the head of one outbox shard (0 when empty).", []string{"shard"}, nil)
 	deadDesc = prometheus.NewDesc("onceflow_outbox_dead_rows",
 		"Rows in outbox_dead: rows that cannot be shipped, waiting for an operator.", nil, nil)
+	pendingDesc = prometheus.NewDesc("onceflow_commands_pending",
+		"Commands waiting for an outcome (pending in command_status).", nil, nil)
+	oldestPendingDesc = prometheus.NewDesc("onceflow_commands_oldest_pending_age_seconds",
+		"Age of the oldest command waiting for an outcome (0 when none); alert on this.", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -113,6 +134,8 @@ func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- shardBacklogDesc
 	ch <- shardOldestDesc
 	ch <- deadDesc
+	ch <- pendingDesc
+	ch <- oldestPendingDesc
 }
 
 func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
@@ -138,6 +161,13 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(rows))
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, oldest.Seconds())
 	}
+	if c.pendingErr != nil {
+		ch <- prometheus.NewInvalidMetric(pendingDesc, c.pendingErr)
+		ch <- prometheus.NewInvalidMetric(oldestPendingDesc, c.pendingErr)
+	} else {
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(c.pending))
+		ch <- prometheus.MustNewConstMetric(oldestPendingDesc, prometheus.GaugeValue, c.pendingAge)
+	}
 	if c.deadErr != nil {
 		ch <- prometheus.NewInvalidMetric(deadDesc, c.deadErr)
 		return
@@ -152,5 +182,6 @@ func (c *backlogCollector) read() {
 	defer cancel()
 	c.shards, c.err = readBacklog(ctx, c.pool)
 	c.deadErr = c.pool.QueryRow(ctx, countDeadSQL).Scan(&c.dead)
+	c.pendingErr = c.pool.QueryRow(ctx, pendingSQL).Scan(&c.pending, &c.pendingAge)
 	c.readAt = time.Now()
 }

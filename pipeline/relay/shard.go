@@ -391,7 +391,15 @@ const (
 		ORDER BY o.xid, o.id`
 
 	// moveDeadSQL moves a row the broker refused for good to outbox_dead,
-	// under the same lease condition as a delete.
+	// under the same lease condition as a delete, and marks its command
+	// failed with the same reason, so it is not pending forever (GET
+	// /v1/commands/{id} shows it). The command is the row's command-id
+	// within its tenant and aggregate (the record key), read defensively:
+	// an INVALID_HEADERS row may hold anything, and a command-id that is
+	// not a UUID matches nothing rather than failing the move. A command
+	// that already has an outcome keeps it: a row can be refused after an
+	// earlier copy of it was shipped and decided (shipped, not deleted,
+	// then the topic's size limit lowered).
 	moveDeadSQL = `WITH lease AS (
 			SELECT shard FROM outbox_leases
 			WHERE shard = $1 AND token = $2 AND owner = $3
@@ -403,8 +411,17 @@ const (
 			INSERT INTO outbox_dead (id, shard, topic, key, value, headers, created_at, reason, detail)
 			SELECT id, shard, topic, key, value, headers, created_at, $5, $6 FROM moved
 			RETURNING 1
+		), failed AS (
+			UPDATE command_status AS c SET status = 'failed', reason = $5, detail = $6, updated_at = now()
+			FROM moved AS m
+			WHERE c.command_id = CASE WHEN m.headers->>'command-id' ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+					THEN (m.headers->>'command-id')::uuid END
+				AND c.tenant = m.headers->>'tenant'
+				AND convert_to(c.aggregate_id, 'UTF8') = m.key
+				AND c.status IN ('pending', 'failed')
+			RETURNING 1
 		)
-		SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM ins)`
+		SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM ins), (SELECT count(*) FROM failed)`
 )
 
 // shipBatch ships the next rows of the worker's shard (rows, when the
@@ -760,8 +777,8 @@ func brokerReason(err error) string {
 // moveDead moves a row that cannot be shipped to outbox_dead with a
 // reason (the broker's error code, or INVALID_HEADERS) and the cause.
 func (r *Relay) moveDead(ctx context.Context, w *worker, row outboxRow, reason string, cause error) error {
-	var leased, moved int
-	err := r.pool.QueryRow(ctx, moveDeadSQL, w.shard, w.token, r.owner, row.id, reason, cause.Error()).Scan(&leased, &moved)
+	var leased, moved, failed int
+	err := r.pool.QueryRow(ctx, moveDeadSQL, w.shard, w.token, r.owner, row.id, reason, cause.Error()).Scan(&leased, &moved, &failed)
 	if err != nil {
 		return fmt.Errorf("move outbox row %d to outbox_dead: %w", row.id, err)
 	}
@@ -771,7 +788,8 @@ func (r *Relay) moveDead(ctx context.Context, w *worker, row outboxRow, reason s
 	if moved > 0 {
 		r.metrics.dead.WithLabelValues(reason).Inc()
 		r.logger.Error("outbox row cannot be shipped, moved to outbox_dead",
-			"shard", w.shard, "outbox_id", row.id, "topic", row.topic, "bytes", len(row.value), "reason", reason, "err", cause)
+			"shard", w.shard, "outbox_id", row.id, "topic", row.topic, "bytes", len(row.value), "reason", reason,
+			"command_failed", failed > 0, "err", cause)
 	}
 	return nil
 }
