@@ -108,6 +108,10 @@
 // GET /v1/accounts/{id} and GET /v1/commands/{id} are scoped to the
 // caller's tenant: another tenant's id answers 404, exactly like an id that
 // does not exist. Reads look the API key up on every request. ?wait= on a
-// command long-polls until its outcome is known. The OpenAPI 3.1 document
-// of all routes is served at /openapi.json (package openapi).
+// command long-polls until its status is terminal (accepted, rejected or
+// failed). A command id names a command within its tenant and aggregate:
+// of a tenant's commands sharing an id (its direct Kafka producers made
+// them), the id alone answers the one ingest accepted, else the earliest,
+// and ?aggregate_id= picks one. The OpenAPI 3.1 document of all routes is
+// served at /openapi.json (package openapi).
 package ingest

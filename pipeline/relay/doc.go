@@ -118,6 +118,11 @@
 //     writes one; a hand-written row may): it cannot be shipped as written,
 //     so it goes to outbox_dead with reason INVALID_HEADERS before its
 //     batch is produced, and the rows before it are shipped first.
+//   - Either way, the statement that moves a row to outbox_dead also marks
+//     its command failed in command_status (reason and detail as in
+//     outbox_dead), unless the command already has an outcome, so no
+//     command stays pending forever; a re-queued row's outcome replaces
+//     the failure later.
 //   - Wrong shard count: a relay configured with another count than the
 //     outbox's lease rows refuses to start (ErrShardCount).
 //
