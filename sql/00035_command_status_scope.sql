@@ -19,7 +19,8 @@
 -- GET /v1/commands/{id} without ?aggregate_id= answers ingest's command
 -- (the one its 202 pointed to), else the earliest (docs/decisions.md).
 -- Rows written before this migration say false: each was then the only
--- row of its id, and stays the earliest.
+-- row of its id, and stays the earliest. A rebuild of command_status keeps
+-- it on the rows it copies from the live table (pending, failed) only.
 --
 -- failed is a terminal status like accepted and rejected: the command went
 -- to the DLQ (the projector records the processor's CommandFailed event) or
@@ -29,7 +30,7 @@
 --
 -- The index serves the relay's pending-command gauges (the oldest pending
 -- command, how many) without reading the rest of the table, and a rebuild's
--- copy of the rows only the live table holds. Its name is the one Postgres
+-- copy of the rows only the live table holds (pending, failed). Its name is the one Postgres
 -- gives a copy of it (a rebuild's CREATE TABLE ... (LIKE ... INCLUDING
 -- ALL)), so it survives a rebuild under the same name.
 --

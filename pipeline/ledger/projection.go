@@ -379,28 +379,22 @@ func (CommandStatus) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.E
 }
 
 // BeforeSwap keeps, when a rebuilt command_status replaces the live one,
-// what only ingest and the relay know: the rows of commands whose outcome
-// is not in the events (pending: accepted over HTTP, not decided yet;
-// failed: their outbox row went to outbox_dead), and which row ingest wrote
-// where one tenant has several rows of one command id (the flag that
-// decides what GET /v1/commands/{id} answers by default). The flag is
-// carried only there, not to every command ingest accepted: that would
-// rewrite most of the table while the swap holds its lock. A row that
-// loses it answers by its age instead (docs/decisions.md). The projector
-// calls BeforeSwap inside the swap transaction, with the live table locked
-// against writers.
+// the rows whose status is not in the events: commands accepted over HTTP
+// and not decided yet (pending), and commands whose outbox row went to
+// outbox_dead (failed, with no CommandFailed event). They come with their
+// ingested flag; a decided command's row is the rebuilt one, without it:
+// finding, under the swap's lock, the few ids where the flag decides what
+// GET answers would read the whole table while ingest's writes wait, and
+// the earliest row, GET's other rule, is ingest's anyway unless a producer
+// backdated a record with its id (docs/decisions.md). The projector calls
+// it inside the swap transaction, with the live table locked against
+// writers; the copy reads the live table's partial index on pending and
+// failed rows.
 func (CommandStatus) BeforeSwap(ctx context.Context, tx pgx.Tx, table, live, shadow string) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO `+shadow+` SELECT * FROM `+live+` WHERE status IN ('pending', 'failed')
-		ON CONFLICT (command_id, tenant, aggregate_id) DO NOTHING`); err != nil {
+	_, err := tx.Exec(ctx, `INSERT INTO `+shadow+` SELECT * FROM `+live+` WHERE status IN ('pending', 'failed')
+		ON CONFLICT (command_id, tenant, aggregate_id) DO NOTHING`)
+	if err != nil {
 		return fmt.Errorf("keep pending and failed commands: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE `+shadow+` AS s SET ingested = true
-		FROM `+live+` AS l
-		WHERE l.ingested AND NOT s.ingested
-			AND s.command_id = l.command_id AND s.tenant = l.tenant AND s.aggregate_id = l.aggregate_id
-			AND (s.command_id, s.tenant) IN (
-				SELECT command_id, tenant FROM `+shadow+` GROUP BY command_id, tenant HAVING count(*) > 1)`); err != nil {
-		return fmt.Errorf("keep which command ingest accepted: %w", err)
 	}
 	return nil
 }
