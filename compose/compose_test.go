@@ -130,7 +130,7 @@ func TestComposeConfiguresComponents(t *testing.T) {
 	known := map[string]bool{
 		"KAFKA_BROKERS": true, "DATABASE_URL": true, "SCHEMA_REGISTRY_URL": true, "ONCEFLOW_TOPIC_PREFIX": true,
 		"HTTP_ADDR": true, "ADMIN_ADDR": true, "LOG_LEVEL": true, "LOG_FORMAT": true, "ONCEFLOW_PARTITIONS": true,
-		"ONCEFLOW_INSTANCE_ID": true, "ONCEFLOW_DEV_API_KEY": true,
+		"ONCEFLOW_INSTANCE_ID": true, "ONCEFLOW_DEV_API_KEY": true, "ONCEFLOW_LAG_EXPORT": true,
 	}
 	for _, c := range []string{"ingest", "relay", "processor", "projector"} {
 		s, ok := doc.Services[c]

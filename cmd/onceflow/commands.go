@@ -84,7 +84,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	return stack.RunDev(ctx, stack.DevConfig{
 		RunConfig: stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
-			Processor: pcfg, Relay: rcfg},
+			Processor: pcfg, Relay: rcfg, LagExport: c.LagExport},
 		DataDir:      dataDir,
 		BrokerAddr:   cfg.Kafka.Brokers[0],
 		RegistryAddr: registryAddr,

@@ -3,20 +3,22 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 func init() {
@@ -31,10 +33,11 @@ type lagRow struct {
 }
 
 func runLag(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	var groups, output string
+	var groups, output, serve string
 	c, fs, err := parse("lag", args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&groups, "group", "", "only these groups or consumers, comma separated (default: every group on the cluster and every consumer with offsets in Postgres)")
 		fs.StringVar(&output, "o", "table", "table or json")
+		fs.StringVar(&serve, "serve", "", "serve the lag of every consumer as Prometheus metrics on this address (/metrics, /healthz) until stopped, in place of Kafka Lag Exporter, instead of printing it")
 	})
 	if err != nil {
 		return err
@@ -49,6 +52,17 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
+	if serve != "" {
+		if groups != "" {
+			return fmt.Errorf("-serve exports every consumer; -group does not apply")
+		}
+		logger, err := c.Logger(stdout)
+		if err != nil {
+			return err
+		}
+		cfg.Logger = logger
+		return serveLag(ctx, cfg, c.DatabaseURL, serve)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cl, err := cfg.Kafka.NewClient()
@@ -62,28 +76,15 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 			only[g] = true
 		}
 	}
-	wanted := func(g string) bool { return len(only) == 0 || only[g] }
 
-	// Consumers whose offsets live in Postgres (projectors and rebuilds);
-	// their Kafka commits are a copy for monitoring, so Postgres wins.
-	sources := map[string]kafka.LagSource{}
+	var pool *pgxpool.Pool
 	var parked []projector.ParkedPartition
 	var retrying []projector.RetryingPartition
 	if c.DatabaseURL != "" {
-		pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
-		if err != nil {
+		if pool, err = postgres.Connect(ctx, c.DatabaseURL, 2); err != nil {
 			return err
 		}
 		defer pool.Close()
-		consumers, err := projector.Consumers(ctx, pool, cfg.Topics.Events())
-		if err != nil {
-			return err
-		}
-		for _, name := range consumers {
-			if wanted(name) {
-				sources[name] = projector.LagSource(pool, name, cfg.Topics.Events())
-			}
-		}
 		if parked, err = projector.Parked(ctx, pool); err != nil {
 			return err
 		}
@@ -91,44 +92,21 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 			return err
 		}
 	}
-	// Groups that commit to Kafka, with the topics they committed for.
-	adm := kadm.NewClient(cl)
-	listed, err := adm.ListGroups(ctx)
+	all, err := stack.LagSources(ctx, cl, pool, cfg.Topics)
 	if err != nil {
-		return fmt.Errorf("list groups: %w", err)
+		return err
 	}
-	for _, g := range listed.Groups() {
-		if _, inPostgres := sources[g]; inPostgres || !wanted(g) {
-			continue
-		}
-		offs, err := adm.FetchOffsets(ctx, g)
-		if err != nil {
-			return fmt.Errorf("offsets of group %s: %w", g, err)
-		}
-		var topics []string
-		for t := range offs {
-			topics = append(topics, t)
-		}
-		if len(topics) > 0 {
-			sort.Strings(topics)
-			sources[g] = kafka.LagSource{Group: g, Topics: topics}
+	var sources []kafka.LagSource
+	for _, s := range all {
+		if len(only) == 0 || only[s.Group] {
+			sources = append(sources, s)
+			delete(only, s.Group)
 		}
 	}
 	for g := range only {
-		if _, ok := sources[g]; !ok {
-			return fmt.Errorf("no group or consumer named %q has offsets", g)
-		}
+		return fmt.Errorf("no group or consumer named %q has offsets", g)
 	}
-	names := make([]string, 0, len(sources))
-	for n := range sources {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	list := make([]kafka.LagSource, len(names))
-	for i, n := range names {
-		list[i] = sources[n]
-	}
-	lags, err := kafka.Lag(ctx, cl, list)
+	lags, err := kafka.Lag(ctx, cl, sources)
 	if err != nil {
 		return err
 	}
@@ -153,6 +131,32 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	printLag(stdout, rows, parked, retrying)
 	return nil
+}
+
+// serveLag serves the lag of every consumer of the cluster as Kafka Lag
+// Exporter's metrics until ctx ends: one such process per cluster.
+func serveLag(ctx context.Context, cfg stack.Config, databaseURL, addr string) error {
+	reg := admin.NewRegistry()
+	lag, cl, err := stack.NewLagCollector(cfg, reg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var pool *pgxpool.Pool
+	if databaseURL != "" {
+		if pool, err = postgres.Connect(ctx, databaseURL, 2); err != nil {
+			return err
+		}
+		defer pool.Close()
+	}
+	lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) {
+		return stack.LagSources(ctx, cl, pool, cfg.Topics)
+	})
+	err = admin.New(addr, reg, cfg.Logger.With("component", "lag")).Run(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
 }
 
 func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, retrying []projector.RetryingPartition) {

@@ -25,7 +25,10 @@ const (
 // topics, with its offsets either committed to Kafka (Offsets nil) or kept
 // elsewhere (a projector's, in Postgres) and read by Offsets.
 type LagSource struct {
-	Group  string
+	Group string
+	// Topics the consumer reads; each of their partitions gets a row. Empty
+	// (a group found on the cluster, see Groups): the partitions it has
+	// committed offsets for or that are assigned to one of its members.
 	Topics []string
 	// Offsets returns the consumer's next offsets by topic and partition.
 	// Nil reads the group's offsets committed to Kafka.
@@ -71,45 +74,144 @@ type PartitionLag struct {
 	ClientID string `json:"client_id,omitempty"`
 }
 
-// Lag measures every source's lag against the last stable offset.
+// Groups returns every consumer group on the cluster as a lag source with
+// no topics: Lag then measures the partitions each has committed offsets
+// for or has assigned to a member. A group with neither has no rows.
+func Groups(ctx context.Context, cl *kgo.Client) ([]LagSource, error) {
+	listed, err := kadm.NewClient(cl).ListGroups(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list groups: %w", err)
+	}
+	var out []LagSource
+	for _, g := range listed.Sorted() {
+		out = append(out, LagSource{Group: g.Group})
+	}
+	return out, nil
+}
+
+// Lag measures every source's lag against the last stable offset, once
+// (LagMeter keeps what it read for the next measurement).
 func Lag(ctx context.Context, cl *kgo.Client, sources []LagSource) ([]PartitionLag, error) {
-	adm := kadm.NewClient(cl)
-	topicSet := map[string]bool{}
-	for _, s := range sources {
-		for _, t := range s.Topics {
-			topicSet[t] = true
-		}
-	}
-	if len(topicSet) == 0 {
-		return nil, nil
-	}
-	topics := make([]string, 0, len(topicSet))
-	for t := range topicSet {
-		topics = append(topics, t)
-	}
-	sort.Strings(topics)
-	ends, err := adm.ListEndOffsets(ctx, topics...)
-	if err != nil {
-		return nil, fmt.Errorf("list end offsets: %w", err)
-	}
-	stables, err := adm.ListCommittedOffsets(ctx, topics...)
-	if err != nil {
-		return nil, fmt.Errorf("list last stable offsets: %w", err)
-	}
-	starts, err := adm.ListStartOffsets(ctx, topics...)
-	if err != nil {
-		return nil, fmt.Errorf("list start offsets: %w", err)
-	}
-	var groups []string
+	return NewLagMeter(cl).Lag(ctx, sources)
+}
+
+// LagMeter measures consumer lag again and again with what it costs kept
+// small. Lag in records costs a fixed number of requests whatever the
+// number of groups and partitions: one listing of the groups' offsets per
+// coordinator, one description of the groups, and one request per
+// partition leader for each of the start, end and last stable offsets.
+//
+// Lag in seconds needs the timestamp of the first record each consumer has
+// not read, which only a fetch can tell. The meter remembers it per
+// partition and consumer position: the log below the last stable offset
+// never changes, so a consumer that has not moved since the last
+// measurement costs nothing, consumers at the same position share one
+// fetch, and one fetch answers every position it read past. A fetch asks
+// for at most 64 KiB per partition (a broker still returns a whole first
+// record batch) from the consumer's position on, 64 partitions a request,
+// never the log from its start. Per measurement it therefore costs about
+// one partition fetch per position that moved, plus up to maxLagRounds
+// more where a position sits on transaction markers or aborted records;
+// what it remembers is one entry per distinct lagging position, dropped as
+// soon as no consumer is there any more.
+//
+// Its memory and a measurement's rows grow with groups × partitions. One
+// LagMeter measures one set of sources (a process's collector, the CLI);
+// its methods are safe to call concurrently but run one at a time.
+type LagMeter struct {
+	cl  *kgo.Client
+	adm *kadm.Client
+
+	mu    sync.Mutex
+	gen   uint64
+	first map[position]*firstRecordAt
+}
+
+// maxLagRounds bounds the fetches of one position in one measurement.
+const maxLagRounds = 8
+
+// position is where a consumer will read next in a partition.
+type position struct {
+	topic string
+	part  int32
+	from  int64
+}
+
+// firstRecordAt is what the meter knows of the first record a
+// read_committed consumer reads from a position: found at offset, with
+// its timestamp; or none below scanned yet (only transaction markers and
+// aborted records between the position and scanned).
+type firstRecordAt struct {
+	found   bool
+	offset  int64
+	at      time.Time
+	scanned int64
+	gen     uint64 // of the last measurement that used it
+}
+
+// NewLagMeter returns a meter measuring with cl (any client of the
+// cluster; it is not closed).
+func NewLagMeter(cl *kgo.Client) *LagMeter {
+	return &LagMeter{cl: cl, adm: kadm.NewClient(cl), first: map[position]*firstRecordAt{}}
+}
+
+// Lag measures every source's lag against the last stable offset. Rows are
+// sorted by group, topic and partition. A group that is not there or that
+// this client may not describe has no rows.
+func (m *LagMeter) Lag(ctx context.Context, sources []LagSource) ([]PartitionLag, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gen++
+
+	// Committed offsets: Kafka's in one listing per coordinator.
+	committed := make([]map[string]map[int32]int64, len(sources))
+	var inKafka, groups []string
 	for _, s := range sources {
 		groups = append(groups, s.Group)
+		if s.Offsets == nil {
+			inKafka = append(inKafka, s.Group)
+		}
 	}
+	fetched := m.adm.FetchManyOffsets(ctx, inKafka...)
+	for i, s := range sources {
+		if s.Offsets != nil {
+			offs, err := s.Offsets(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("offsets of %s: %w", s.Group, err)
+			}
+			committed[i] = offs
+			continue
+		}
+		r, ok := fetched[s.Group]
+		if !ok {
+			continue
+		}
+		if r.Err != nil {
+			if skipGroup(r.Err) {
+				continue
+			}
+			return nil, fmt.Errorf("offsets of group %s: %w", s.Group, r.Err)
+		}
+		offs := map[string]map[int32]int64{}
+		r.Fetched.Each(func(o kadm.OffsetResponse) {
+			if o.Err != nil || o.At < 0 {
+				return
+			}
+			if offs[o.Topic] == nil {
+				offs[o.Topic] = map[int32]int64{}
+			}
+			offs[o.Topic][o.Partition] = o.At
+		})
+		committed[i] = offs
+	}
+
+	// Who owns each partition (a projector's Kafka group has its name).
 	owners := map[string]map[string]map[int32]kadm.DescribedGroupMember{} // group -> topic -> partition
-	if described, err := adm.DescribeGroups(ctx, groups...); err == nil || len(described) > 0 {
+	if described, err := m.adm.DescribeGroups(ctx, groups...); err == nil || len(described) > 0 {
 		for g, d := range described {
 			owners[g] = map[string]map[int32]kadm.DescribedGroupMember{}
-			for _, m := range d.Members {
-				c, ok := m.Assigned.AsConsumer()
+			for _, mem := range d.Members {
+				c, ok := mem.Assigned.AsConsumer()
 				if !ok {
 					continue
 				}
@@ -118,146 +220,168 @@ func Lag(ctx context.Context, cl *kgo.Client, sources []LagSource) ([]PartitionL
 						owners[g][t.Topic] = map[int32]kadm.DescribedGroupMember{}
 					}
 					for _, p := range t.Partitions {
-						owners[g][t.Topic][p] = m
+						owners[g][t.Topic][p] = mem
 					}
 				}
 			}
 		}
 	}
 
-	var out []PartitionLag
-	for _, s := range sources {
-		committed, err := s.committed(ctx, adm)
-		if err != nil {
-			return nil, fmt.Errorf("offsets of %s: %w", s.Group, err)
+	// The partitions of each source.
+	type sourceParts struct {
+		explicit bool
+		parts    map[string]map[int32]bool // topic -> partitions; nil map: every partition
+	}
+	want := make([]sourceParts, len(sources))
+	topicSet := map[string]bool{}
+	for i, s := range sources {
+		if len(s.Topics) > 0 {
+			want[i] = sourceParts{explicit: true, parts: map[string]map[int32]bool{}}
+			for _, t := range s.Topics {
+				want[i].parts[t] = nil
+				topicSet[t] = true
+			}
+			continue
 		}
-		for _, t := range s.Topics {
+		parts := map[string]map[int32]bool{}
+		add := func(t string, p int32) {
+			if parts[t] == nil {
+				parts[t] = map[int32]bool{}
+			}
+			parts[t][p] = true
+			topicSet[t] = true
+		}
+		for t, ps := range committed[i] {
+			for p := range ps {
+				add(t, p)
+			}
+		}
+		for t, ps := range owners[s.Group] {
+			for p := range ps {
+				add(t, p)
+			}
+		}
+		want[i] = sourceParts{parts: parts}
+	}
+	if len(topicSet) == 0 {
+		m.sweep()
+		return nil, nil
+	}
+	topics := make([]string, 0, len(topicSet))
+	for t := range topicSet {
+		topics = append(topics, t)
+	}
+	sort.Strings(topics)
+	ends, err := m.adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list end offsets: %w", err)
+	}
+	stables, err := m.adm.ListCommittedOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list last stable offsets: %w", err)
+	}
+	starts, err := m.adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list start offsets: %w", err)
+	}
+
+	var out []PartitionLag
+	for i, s := range sources {
+		for _, t := range sortedKeys(want[i].parts) {
 			var parts []int32
 			ends.Each(func(o kadm.ListedOffset) {
-				if o.Topic == t && o.Err == nil && o.Partition >= 0 {
+				if o.Topic == t && o.Err == nil && o.Partition >= 0 && (want[i].parts[t] == nil || want[i].parts[t][o.Partition]) {
 					parts = append(parts, o.Partition)
 				}
 			})
-			sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+			sort.Slice(parts, func(a, b int) bool { return parts[a] < parts[b] })
 			for _, p := range parts {
-				row := PartitionLag{Group: s.Group, Topic: t, Partition: p, OffsetsIn: s.offsetsIn(), Committed: -1, LagSeconds: 0}
-				if o, ok := committed[t][p]; ok {
+				row := PartitionLag{Group: s.Group, Topic: t, Partition: p, OffsetsIn: s.offsetsIn(), Committed: -1}
+				if o, ok := committed[i][t][p]; ok {
 					row.Committed = o
 				}
 				e, _ := ends.Lookup(t, p)
 				ls, _ := stables.Lookup(t, p)
 				st, _ := starts.Lookup(t, p)
 				row.LogEnd, row.LastStable, row.LogStart = e.Offset, ls.Offset, st.Offset
-				from := row.Committed
-				if from < row.LogStart {
-					from = row.LogStart
-				}
-				row.Lag = max(row.LastStable-from, 0)
-				if m, ok := owners[s.Group][t][p]; ok {
-					row.MemberID, row.Host, row.ClientID = m.MemberID, m.ClientHost, m.ClientID
+				row.Lag = max(row.LastStable-row.from(), 0)
+				if mem, ok := owners[s.Group][t][p]; ok {
+					row.MemberID, row.Host, row.ClientID = mem.MemberID, mem.ClientHost, mem.ClientID
 				}
 				out = append(out, row)
 			}
 		}
 	}
-	lagSeconds(ctx, cl, adm, out)
+	sort.SliceStable(out, func(a, b int) bool {
+		x, y := out[a], out[b]
+		if x.Group != y.Group {
+			return x.Group < y.Group
+		}
+		if x.Topic != y.Topic {
+			return x.Topic < y.Topic
+		}
+		return x.Partition < y.Partition
+	})
+	m.lagSeconds(ctx, out)
+	m.sweep()
 	return out, nil
 }
 
-func (s LagSource) committed(ctx context.Context, adm *kadm.Client) (map[string]map[int32]int64, error) {
-	if s.Offsets != nil {
-		return s.Offsets(ctx)
+// from is where the consumer reads next: its committed offset, or the log
+// start when it has none or retention deleted what it had not read.
+func (r PartitionLag) from() int64 { return max(r.Committed, r.LogStart) }
+
+// skipGroup reports whether a group's offsets error means the group has no
+// rows rather than that the measurement failed: it is gone, or this client
+// may not see it (a cluster-wide view shows what it is allowed to).
+func skipGroup(err error) bool {
+	var ae *kadm.AuthError
+	return errors.Is(err, kerr.GroupIDNotFound) || errors.Is(err, kerr.GroupAuthorizationFailed) || errors.As(err, &ae)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
 	}
-	resp, err := adm.FetchOffsetsForTopics(ctx, s.Group, s.Topics...)
-	if err != nil {
-		var ke *kerr.Error
-		if errors.As(err, &ke) && ke == kerr.GroupIDNotFound {
-			return nil, nil
+	sort.Strings(out)
+	return out
+}
+
+// sweep forgets the positions no consumer was at in this measurement.
+func (m *LagMeter) sweep() {
+	for k, f := range m.first {
+		if f.gen != m.gen {
+			delete(m.first, k)
 		}
-		return nil, err
 	}
-	out := map[string]map[int32]int64{}
-	resp.Each(func(o kadm.OffsetResponse) {
-		if o.Err != nil || o.At < 0 {
-			return
-		}
-		if out[o.Topic] == nil {
-			out[o.Topic] = map[int32]int64{}
-		}
-		out[o.Topic][o.Partition] = o.At
-	})
-	return out, nil
 }
 
 // lagSeconds fills LagSeconds of the rows with lag, from the timestamp of
-// the first record a read_committed consumer would read next: small
-// read_committed fetches from the consumer's offset, one request per
-// partition leader and round. A consumer whose offsets up to the last
-// stable offset hold only transaction markers and aborted records has
-// nothing left to read: its lag is 0 (a consumer that stores "last record
-// + 1" stops in front of the commit marker).
-func lagSeconds(ctx context.Context, cl *kgo.Client, adm *kadm.Client, rows []PartitionLag) {
-	pending := map[fetchKey]int64{} // -> offset to fetch from
-	var topics []string
-	seen := map[string]bool{}
+// the first record a read_committed consumer would read next. A consumer
+// whose offsets up to the last stable offset hold only transaction markers
+// and aborted records has nothing left to read: its lag is 0 (a consumer
+// that stores "last record + 1" stops in front of the commit marker).
+func (m *LagMeter) lagSeconds(ctx context.Context, rows []PartitionLag) {
+	// What each lagging row needs, known or to fetch.
+	pending := map[position]readOn{}
 	for _, r := range rows {
-		if r.Lag > 0 {
-			pending[fetchKey{r.Topic, r.Partition, max(r.Committed, r.LogStart), r.LastStable}] = max(r.Committed, r.LogStart)
-			if !seen[r.Topic] {
-				seen[r.Topic] = true
-				topics = append(topics, r.Topic)
-			}
+		if r.Lag == 0 {
+			continue
+		}
+		k := position{r.Topic, r.Partition, r.from()}
+		f := m.first[k]
+		if f == nil {
+			f = &firstRecordAt{scanned: k.from}
+			m.first[k] = f
+		}
+		f.gen = m.gen
+		if !f.found && f.scanned < r.LastStable {
+			pending[k] = readOn{f.scanned, r.LastStable}
 		}
 	}
-	if len(pending) == 0 {
-		return
-	}
-	details, err := adm.ListTopics(ctx, topics...)
-	if err != nil {
-		markUnknown(rows)
-		return
-	}
-	found := map[fetchKey]time.Time{}
-	nothing := map[fetchKey]bool{} // only markers and aborted records below the last stable offset
-	for round := 0; round < 8 && len(pending) > 0; round++ {
-		byLeader := map[int32]map[fetchKey]int64{}
-		for k, off := range pending {
-			pd, ok := details[k.topic].Partitions[k.part]
-			if !ok {
-				delete(pending, k)
-				continue
-			}
-			if byLeader[pd.Leader] == nil {
-				byLeader[pd.Leader] = map[fetchKey]int64{}
-			}
-			byLeader[pd.Leader][k] = off
-		}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for leader, parts := range byLeader {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				got := fetchFirst(ctx, cl, leader, details, parts)
-				mu.Lock()
-				defer mu.Unlock()
-				for k, res := range got {
-					switch {
-					case res.found && res.at.Offset < k.stable:
-						found[k] = res.at.Timestamp
-						delete(pending, k)
-					case res.found || res.next >= k.stable:
-						nothing[k] = true
-						delete(pending, k)
-					case res.next > pending[k]:
-						pending[k] = res.next // only markers so far: read on
-					default:
-						delete(pending, k)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+	if len(pending) > 0 {
+		m.fetchFirst(ctx, pending)
 	}
 	now := time.Now()
 	for i := range rows {
@@ -265,55 +389,134 @@ func lagSeconds(ctx context.Context, cl *kgo.Client, adm *kadm.Client, rows []Pa
 		if r.Lag == 0 {
 			continue
 		}
-		k := fetchKey{r.Topic, r.Partition, max(r.Committed, r.LogStart), r.LastStable}
+		f := m.first[position{r.Topic, r.Partition, r.from()}]
 		switch {
-		case nothing[k]:
+		case f.found && f.offset < r.LastStable:
+			r.LagSeconds = max(now.Sub(f.at).Seconds(), 0)
+		case f.found || f.scanned >= r.LastStable: // only markers and aborted records to read
 			r.Lag, r.LagSeconds = 0, 0
-		case !found[k].IsZero():
-			r.LagSeconds = max(now.Sub(found[k]).Seconds(), 0)
 		default:
 			r.LagSeconds = -1
 		}
 	}
 }
 
-// fetchKey is one consumer position to read from.
-type fetchKey struct {
-	topic        string
-	part         int32
-	from, stable int64
-}
-
-func markUnknown(rows []PartitionLag) {
-	for i := range rows {
-		if rows[i].Lag > 0 {
-			rows[i].LagSeconds = -1
+// fetchFirst reads, for each pending position, on from its offset until it
+// finds the first committed record or the round limit. Each round fetches
+// the lowest pending offset of every partition, one request per leader and
+// up to 64 partitions; a response answers every pending position of its
+// partition that lies within what it read.
+func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) {
+	var topics []string
+	seen := map[string]bool{}
+	for k := range pending {
+		if !seen[k.topic] {
+			seen[k.topic] = true
+			topics = append(topics, k.topic)
 		}
 	}
-}
-
-type firstRecord struct {
-	found bool
-	at    *kgo.Record
-	next  int64 // where to read on when nothing was found
-}
-
-// fetchFirst fetches, from one leader, the first committed record at or
-// after each offset.
-func fetchFirst(ctx context.Context, cl *kgo.Client, leader int32, details kadm.TopicDetails, parts map[fetchKey]int64) map[fetchKey]firstRecord {
-	out := map[fetchKey]firstRecord{}
-	// One request holds a partition once: keys of the same partition at
-	// other offsets wait for a later round.
+	details, err := m.adm.ListTopics(ctx, topics...)
+	if err != nil {
+		return
+	}
 	type tp struct {
 		topic string
 		part  int32
 	}
-	chosen := map[tp]fetchKey{}
-	for k := range parts {
-		if _, dup := chosen[tp{k.topic, k.part}]; !dup {
-			chosen[tp{k.topic, k.part}] = k
+	for round := 0; round < maxLagRounds && len(pending) > 0; round++ {
+		// The lowest offset to read from in each partition, by leader.
+		lowest := map[tp]int64{}
+		for k, r := range pending {
+			p := tp{k.topic, k.part}
+			if cur, ok := lowest[p]; !ok || r.from < cur {
+				lowest[p] = r.from
+			}
+		}
+		byLeader := map[int32][]fetchFrom{}
+		for p, off := range lowest {
+			pd, ok := details[p.topic].Partitions[p.part]
+			if !ok || pd.Err != nil {
+				for k := range pending {
+					if k.topic == p.topic && k.part == p.part {
+						delete(pending, k)
+					}
+				}
+				continue
+			}
+			byLeader[pd.Leader] = append(byLeader[pd.Leader], fetchFrom{p.topic, p.part, off})
+		}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for leader, froms := range byLeader {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for len(froms) > 0 {
+					n := min(len(froms), 64)
+					got := fetchRecords(ctx, m.cl, leader, details, froms[:n])
+					mu.Lock()
+					for _, g := range got {
+						m.learn(pending, g)
+					}
+					mu.Unlock()
+					froms = froms[n:]
+				}
+			}()
+		}
+		wg.Wait()
+		// A partition that answered nothing (an error, or left out of a
+		// full response) is tried again next round; one that moved on only
+		// over markers and aborted records is read on from there.
+	}
+}
+
+// readOn is where a pending position is read on from, and the last stable
+// offset it is read up to.
+type readOn struct {
+	from, stable int64
+}
+
+// fetchFrom is one partition of a fetch request.
+type fetchFrom struct {
+	topic string
+	part  int32
+	from  int64
+}
+
+// fetched is a partition's answer: the committed records it returned from
+// the requested offset on, and the offset after everything it read.
+type fetched struct {
+	fetchFrom
+	records []*kgo.Record
+	next    int64
+}
+
+// learn applies a partition's answer to every pending position it covers
+// (read from at or before the position, read past it).
+func (m *LagMeter) learn(pending map[position]readOn, g fetched) {
+	for k, r := range pending {
+		if k.topic != g.topic || k.part != g.part || r.from < g.from || r.from >= g.next {
+			continue
+		}
+		f := m.first[k]
+		i := sort.Search(len(g.records), func(i int) bool { return g.records[i].Offset >= r.from })
+		switch {
+		case i < len(g.records):
+			f.found, f.offset, f.at = true, g.records[i].Offset, g.records[i].Timestamp
+			delete(pending, k)
+		case g.next >= r.stable: // only markers and aborted records left
+			f.scanned = g.next
+			delete(pending, k)
+		default:
+			f.scanned = g.next
+			pending[k] = readOn{g.next, r.stable}
 		}
 	}
+}
+
+// fetchRecords fetches, from one leader, read_committed, the records of
+// each partition from its offset on.
+func fetchRecords(ctx context.Context, cl *kgo.Client, leader int32, details kadm.TopicDetails, froms []fetchFrom) []fetched {
 	req := kmsg.NewPtrFetchRequest()
 	req.ReplicaID = -1
 	req.MaxWaitMillis = 0
@@ -322,19 +525,19 @@ func fetchFirst(ctx context.Context, cl *kgo.Client, leader int32, details kadm.
 	req.IsolationLevel = 1 // read_committed: lag is what a read_committed consumer has left
 	req.SessionEpoch = -1
 	byTopic := map[string]int{}
-	for p, k := range chosen {
-		i, ok := byTopic[p.topic]
+	for _, f := range froms {
+		i, ok := byTopic[f.topic]
 		if !ok {
 			t := kmsg.NewFetchRequestTopic()
-			t.Topic = p.topic
-			t.TopicID = details[p.topic].ID
+			t.Topic = f.topic
+			t.TopicID = details[f.topic].ID
 			req.Topics = append(req.Topics, t)
 			i = len(req.Topics) - 1
-			byTopic[p.topic] = i
+			byTopic[f.topic] = i
 		}
 		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition = p.part
-		rp.FetchOffset = parts[k]
+		rp.Partition = f.part
+		rp.FetchOffset = f.from
 		rp.CurrentLeaderEpoch = -1
 		rp.LogStartOffset = -1
 		rp.PartitionMaxBytes = 64 << 10 // the broker still returns a whole first batch
@@ -342,9 +545,17 @@ func fetchFirst(ctx context.Context, cl *kgo.Client, leader int32, details kadm.
 	}
 	kresp, err := cl.Broker(int(leader)).RetriableRequest(ctx, req)
 	if err != nil {
-		return out
+		return nil
 	}
 	resp := kresp.(*kmsg.FetchResponse)
+	asked := map[string]map[int32]int64{}
+	for _, f := range froms {
+		if asked[f.topic] == nil {
+			asked[f.topic] = map[int32]int64{}
+		}
+		asked[f.topic][f.part] = f.from
+	}
+	var out []fetched
 	for i := range resp.Topics {
 		rt := &resp.Topics[i]
 		topic := rt.Topic
@@ -357,22 +568,23 @@ func fetchFirst(ctx context.Context, cl *kgo.Client, leader int32, details kadm.
 		}
 		for j := range rt.Partitions {
 			rp := &rt.Partitions[j]
-			k, ok := chosen[tp{topic, rp.Partition}]
+			from, ok := asked[topic][rp.Partition]
 			if !ok || rp.ErrorCode != 0 {
 				continue
 			}
-			off := parts[k]
 			fp, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
-				Offset: off, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: rp.Partition,
+				Offset: from, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: rp.Partition,
 			}, rp, kgo.DefaultDecompressor(), nil)
-			res := firstRecord{next: next}
+			if fp.Err != nil && len(fp.Records) == 0 || next <= from {
+				continue // nothing learned: try again next round
+			}
+			g := fetched{fetchFrom: fetchFrom{topic, rp.Partition, from}, next: next}
 			for _, r := range fp.Records {
-				if r.Offset >= off {
-					res.found, res.at = true, r
-					break
+				if r.Offset >= from {
+					g.records = append(g.records, r)
 				}
 			}
-			out[k] = res
+			out = append(out, g)
 		}
 	}
 	return out

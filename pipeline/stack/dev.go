@@ -57,7 +57,9 @@ const DevAdminAddr = "127.0.0.1:9090"
 
 // RunDev runs the embedded default: a Kafka-compatible broker and a schema
 // registry in process, Postgres (DATABASE_URL or a private cluster), the
-// demo tenant, and all four components, until ctx ends.
+// demo tenant, and all four components, until ctx ends. It exports the lag
+// of every consumer of the cluster unless RunConfig.LagExport says
+// otherwise.
 func RunDev(ctx context.Context, dc DevConfig) error {
 	dc.setDefaults()
 	logger := dc.Logger.With("component", "dev")
@@ -143,6 +145,9 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	rc.Config = dc.Config
 	rc.Components = All
 	rc.Registry = reg
+	if rc.LagExport == "" {
+		rc.LagExport = LagExportCluster // one process: every group once
+	}
 	rc.Started = func(a Addrs) {
 		fmt.Fprintf(dc.Out, `onceflow dev is running
   kafka      %s   (data %s)

@@ -2,30 +2,71 @@ package stack
 
 import (
 	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
-// lagMetrics is the process's consumer lag collector
-// (kafka_consumergroup_group_lag and _seconds) with the client it measures
-// with; each consumer component adds itself.
+// Which consumers' lag a process exports (RunConfig.LagExport,
+// ONCEFLOW_LAG_EXPORT).
+const (
+	// LagExportOwn: the consumers the process runs (its processor group,
+	// its projector), the default of the component binaries. Replicas of a
+	// component export the same series (dashboards take the max).
+	LagExportOwn = "own"
+	// LagExportCluster: every consumer group on the cluster and every
+	// consumer with offsets in Postgres, what `onceflow lag` shows; the
+	// default of `onceflow dev` and of `onceflow lag -serve`. Run it in
+	// one process per cluster, as one would run Kafka Lag Exporter: sums
+	// over a group's partitions count each exporter once.
+	LagExportCluster = "cluster"
+	// LagExportOff: no lag metrics.
+	LagExportOff = "off"
+)
+
+func validLagExport(s string) error {
+	switch s {
+	case "", LagExportOwn, LagExportCluster, LagExportOff:
+		return nil
+	}
+	return fmt.Errorf("ONCEFLOW_LAG_EXPORT %q: want own, cluster or off", s)
+}
+
+// lagMetrics is the process's consumer lag collector (Kafka Lag Exporter's
+// metrics, see kafka.LagCollector) with the client it measures with; each
+// consumer component adds itself, or a finder adds every consumer.
 type lagMetrics struct {
 	*kafka.LagCollector
 	cl *kgo.Client
 }
 
-func newLagMetrics(cfg Config, reg prometheus.Registerer) (*lagMetrics, error) {
+// NewLagCollector returns a lag collector registered on reg and the client
+// it measures with, to close after use.
+func NewLagCollector(cfg Config, reg prometheus.Registerer) (*kafka.LagCollector, *kgo.Client, error) {
 	cl, err := cfg.Kafka.NewClient()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c := kafka.NewLagCollector(cl, cfg.Logger)
 	if err := reg.Register(c); err != nil {
 		cl.Close()
+		return nil, nil, err
+	}
+	return c, cl, nil
+}
+
+func newLagMetrics(cfg Config, reg prometheus.Registerer) (*lagMetrics, error) {
+	c, cl, err := NewLagCollector(cfg, reg)
+	if err != nil {
 		return nil, err
 	}
 	return &lagMetrics{LagCollector: c, cl: cl}, nil
@@ -37,4 +78,35 @@ func (l *lagMetrics) close() { l.cl.Close() }
 // Kafka in its transactions.
 func processorLag(cfg Config, pcfg processor.Config) kafka.LagSource {
 	return kafka.LagSource{Group: cmp.Or(pcfg.Group, processor.DefaultGroup), Topics: []string{cfg.Topics.Commands()}}
+}
+
+// LagSources returns every consumer to measure: each consumer group on the
+// cluster and, with a pool, each consumer with offsets in Postgres for the
+// events topic (projectors and rebuilds). A consumer's Postgres offsets
+// replace its Kafka group's, which are a copy for monitoring that trails
+// after a crash. Sorted by name.
+func LagSources(ctx context.Context, cl *kgo.Client, pool *pgxpool.Pool, topics kafka.Topics) ([]kafka.LagSource, error) {
+	var out []kafka.LagSource
+	inPostgres := map[string]bool{}
+	if pool != nil {
+		consumers, err := projector.Consumers(ctx, pool, topics.Events())
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range consumers {
+			inPostgres[name] = true
+			out = append(out, projector.LagSource(pool, name, topics.Events()))
+		}
+	}
+	groups, err := kafka.Groups(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range groups {
+		if !inPostgres[g.Group] {
+			out = append(out, g)
+		}
+	}
+	slices.SortFunc(out, func(a, b kafka.LagSource) int { return strings.Compare(a.Group, b.Group) })
+	return out, nil
 }

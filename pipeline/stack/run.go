@@ -7,12 +7,14 @@ import (
 	"net"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/relay"
@@ -49,6 +51,10 @@ type RunConfig struct {
 	// Admin, if set, also receives the process's routes (the dev stack
 	// adds the schema registry).
 	AdminRoutes func(*admin.Server)
+	// LagExport is which consumers' lag the process exports
+	// (ONCEFLOW_LAG_EXPORT): LagExportOwn, LagExportCluster or
+	// LagExportOff. Default LagExportOwn.
+	LagExport string
 
 	Ingest    ingest.Config
 	Relay     relay.Config
@@ -77,6 +83,9 @@ func Run(ctx context.Context, rc RunConfig) error {
 	}
 	if rc.ShutdownTimeout == 0 {
 		rc.ShutdownTimeout = 20 * time.Second
+	}
+	if err := validLagExport(rc.LagExport); err != nil {
+		return err
 	}
 	logger := rc.Logger
 	metrics := rc.Metrics
@@ -117,20 +126,35 @@ func Run(ctx context.Context, rc RunConfig) error {
 	defer cancel()
 	g, gctx := errgroup.WithContext(runCtx)
 	addrs := Addrs{Admin: adminLn.Addr().String()}
-	lag, err := newLagMetrics(rc.Config, metrics)
-	if err != nil {
-		return err
+	// own: each consumer component adds its source below.
+	lag := &lagMetrics{}
+	if rc.LagExport != LagExportOff {
+		if lag, err = newLagMetrics(rc.Config, metrics); err != nil {
+			return err
+		}
+		defer lag.close()
 	}
-	defer lag.close()
+	ownLag := func(s kafka.LagSource) {
+		if rc.LagExport == "" || rc.LagExport == LagExportOwn {
+			lag.Add(s)
+		}
+	}
 
-	if c.Ingest || c.Relay || c.Projector {
-		pool, err := OpenDatabase(ctx, rc.Config, 0)
-		if err != nil {
+	// A cluster-wide lag export reads projectors' offsets from Postgres,
+	// even in a process that runs none of the components using it.
+	var pool *pgxpool.Pool
+	if c.Ingest || c.Relay || c.Projector || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
+		if pool, err = OpenDatabase(ctx, rc.Config, 0); err != nil {
 			return err
 		}
 		defer pool.Close()
 		adm.AddCheck("postgres", func(ctx context.Context) error { return pool.Ping(ctx) })
+	}
+	if rc.LagExport == LagExportCluster {
+		lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) { return LagSources(ctx, lag.cl, pool, rc.Topics) })
+	}
 
+	if c.Ingest || c.Relay || c.Projector {
 		var rel *relay.Relay
 		if c.Relay {
 			r, err := NewRelay(rc.Config, rc.Relay, pool, metrics)
@@ -162,7 +186,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 				return err
 			}
 			adm.AddCheck("projector", readyCheck(proj.Ready()))
-			lag.Add(proj.LagSource())
+			ownLag(proj.LagSource())
 			g.Go(func() error { return proj.Run(gctx) })
 		}
 	}
@@ -172,7 +196,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 			return err
 		}
 		adm.AddCheck("processor", readyCheck(proc.Ready()))
-		lag.Add(processorLag(rc.Config, rc.Processor))
+		ownLag(processorLag(rc.Config, rc.Processor))
 		g.Go(func() error { return proc.Run(gctx) })
 	}
 	g.Go(func() error { return adm.Serve(gctx, adminLn) })

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -199,7 +200,8 @@ func (p *Proc) Tail(n int) string {
 }
 
 // Metric reads one sample of a metric (name with its labels as printed,
-// e.g. `onceflow_command_dedup_total`) from the process's /metrics.
+// e.g. `onceflow_command_dedup_total`, or with some of its labels) from the
+// process's /metrics.
 func (p *Proc) Metric(ctx context.Context, series string) (float64, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.Admin+"/metrics", nil)
 	resp, err := http.DefaultClient.Do(req)
@@ -213,6 +215,9 @@ func (p *Proc) Metric(ctx context.Context, series string) (float64, error) {
 		line := sc.Text()
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+		if v, ok := seriesValue(line, series); ok {
+			return strconv.ParseFloat(v, 64)
 		}
 	}
 	return 0, fmt.Errorf("metric %s not found", series)
@@ -253,6 +258,33 @@ lines:
 		return 0, fmt.Errorf("metric %s %v not found", name, labels)
 	}
 	return sum, nil
+}
+
+var labelPair = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+
+// seriesValue returns the value of an exposition line whose metric is
+// series's and whose labels include all of series's (a series named by
+// some of its labels: kafka_consumergroup_group_lag has member labels a
+// test cannot know).
+func seriesValue(line, series string) (string, bool) {
+	name, labels, ok := strings.Cut(series, "{")
+	if !ok || !strings.HasPrefix(line, name+"{") {
+		return "", false
+	}
+	end := strings.LastIndexByte(line, '}')
+	if end < 0 {
+		return "", false
+	}
+	have := map[string]string{}
+	for _, m := range labelPair.FindAllStringSubmatch(line[len(name)+1:end], -1) {
+		have[m[1]] = m[2]
+	}
+	for _, m := range labelPair.FindAllStringSubmatch(labels, -1) {
+		if v, ok := have[m[1]]; !ok || v != m[2] {
+			return "", false
+		}
+	}
+	return strings.TrimSpace(line[end+1:]), true
 }
 
 // Pipeline is a whole onceflow deployment of separate processes.

@@ -65,6 +65,8 @@ type Common struct {
 	// The relay's (the lease a string until Relay parses it).
 	RelayLease     string
 	RelayBatchSize int
+	// LagExport is ONCEFLOW_LAG_EXPORT (stack.RunConfig.LagExport).
+	LagExport string
 
 	envErrs []error // malformed numeric or boolean variables, reported by Stack
 }
@@ -134,6 +136,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.IntVar(&c.RelayBatchSize, "relay-batch-size", batch, "outbox rows per relay Kafka transaction (ONCEFLOW_RELAY_BATCH_SIZE)")
 	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
+	fs.StringVar(&c.LagExport, "lag-export", env("ONCEFLOW_LAG_EXPORT", ""), "which consumers' lag to export on /metrics: own (this process's; the components' default), cluster (every group and Postgres consumer, once per cluster; onceflow dev's default) or off (ONCEFLOW_LAG_EXPORT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
 	secretVar(fs, &c.SchemaRegistryURL, "schema-registry-url", "SCHEMA_REGISTRY_URL", getenv, "Confluent-compatible schema registry `URL`, with user:password@ for basic auth if you like; empty uses the embedded registry")
@@ -290,7 +293,7 @@ func RunComponent(ctx context.Context, name string, components stack.Components,
 		return err
 	}
 	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
-		AdminToken: c.AdminToken, Processor: pcfg, Projector: prcfg, Relay: rcfg})
+		AdminToken: c.AdminToken, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport})
 }
 
 // projector returns the projector's settings. It also installs the
