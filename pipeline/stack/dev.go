@@ -148,7 +148,14 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if rc.LagExport == "" {
 		rc.LagExport = LagExportCluster // one process: every group once
 	}
+	started := rc.Started
 	rc.Started = func(a Addrs) {
+		defer func() {
+			if started != nil {
+				a.Kafka, a.RegistryURL = broker.Addrs()[0], registryURL
+				started(a)
+			}
+		}()
 		fmt.Fprintf(dc.Out, `onceflow dev is running
   kafka      %s   (data %s)
   registry   %s

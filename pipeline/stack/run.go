@@ -72,6 +72,9 @@ type RunConfig struct {
 // Addrs are the addresses a running process listens on.
 type Addrs struct {
 	HTTP, Admin string
+	// Kafka and RegistryURL are the dev stack's broker address and schema
+	// registry URL (RunDev).
+	Kafka, RegistryURL string
 }
 
 // Run builds and runs the selected components until ctx ends, then shuts
