@@ -110,10 +110,11 @@ func Lag(ctx context.Context, cl *kgo.Client, sources []LagSource) ([]PartitionL
 // for at most 64 KiB per partition (a broker still returns a whole first
 // record batch) from the consumer's position on, 64 partitions a request,
 // never the log from its start. Per measurement it therefore costs about
-// one partition fetch per position that moved, plus up to maxLagRounds
-// more where a position sits on transaction markers or aborted records;
-// what it remembers is one entry per distinct lagging position, dropped as
-// soon as no consumer is there any more.
+// one partition fetch per region of 64 KiB holding positions that moved,
+// plus up to maxMarkerReads more where a position sits on transaction
+// markers or aborted records, and never more than maxLagFetches partition
+// fetches; what it remembers is one entry per distinct lagging position,
+// dropped as soon as no consumer is there any more.
 //
 // Its memory and a measurement's rows grow with groups × partitions. One
 // LagMeter measures one set of sources (a process's collector, the CLI);
@@ -127,8 +128,15 @@ type LagMeter struct {
 	first map[position]*firstRecordAt
 }
 
-// maxLagRounds bounds the fetches of one position in one measurement.
-const maxLagRounds = 8
+// Bounds of one measurement's fetches: of one position that finds only
+// transaction markers and aborted records (it goes on from there in the
+// next measurement), and of all partition fetches (64 KiB each); positions
+// left over have no lag in seconds this time and are read first next time,
+// the others being remembered.
+const (
+	maxMarkerReads = 8
+	maxLagFetches  = 1024
+)
 
 // position is where a consumer will read next in a partition.
 type position struct {
@@ -377,7 +385,7 @@ func (m *LagMeter) lagSeconds(ctx context.Context, rows []PartitionLag) {
 		}
 		f.gen = m.gen
 		if !f.found && f.scanned < r.LastStable {
-			pending[k] = readOn{f.scanned, r.LastStable}
+			pending[k] = readOn{from: f.scanned, stable: r.LastStable}
 		}
 	}
 	if len(pending) > 0 {
@@ -402,10 +410,12 @@ func (m *LagMeter) lagSeconds(ctx context.Context, rows []PartitionLag) {
 }
 
 // fetchFirst reads, for each pending position, on from its offset until it
-// finds the first committed record or the round limit. Each round fetches
-// the lowest pending offset of every partition, one request per leader and
-// up to 64 partitions; a response answers every pending position of its
-// partition that lies within what it read.
+// finds the first committed record, within the bounds of a measurement.
+// Each round fetches the lowest pending offset of every partition, one
+// request per leader and up to 64 partitions; a response answers every
+// pending position of its partition that lies within what it read, so
+// consumers close to each other share a fetch and only positions far
+// apart take rounds of their own.
 func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) {
 	var topics []string
 	seen := map[string]bool{}
@@ -423,7 +433,16 @@ func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) 
 		topic string
 		part  int32
 	}
-	for round := 0; round < maxLagRounds && len(pending) > 0; round++ {
+	drop := func(p tp) {
+		for k := range pending {
+			if k.topic == p.topic && k.part == p.part {
+				delete(pending, k)
+			}
+		}
+	}
+	budget := maxLagFetches
+	silent := map[tp]int{} // rounds a partition answered nothing
+	for len(pending) > 0 && budget > 0 && ctx.Err() == nil {
 		// The lowest offset to read from in each partition, by leader.
 		lowest := map[tp]int64{}
 		for k, r := range pending {
@@ -433,18 +452,19 @@ func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) 
 			}
 		}
 		byLeader := map[int32][]fetchFrom{}
+		asked := map[tp]bool{}
 		for p, off := range lowest {
 			pd, ok := details[p.topic].Partitions[p.part]
-			if !ok || pd.Err != nil {
-				for k := range pending {
-					if k.topic == p.topic && k.part == p.part {
-						delete(pending, k)
-					}
-				}
-				continue
+			switch {
+			case !ok || pd.Err != nil:
+				drop(p)
+			case budget > 0:
+				budget--
+				asked[p] = true
+				byLeader[pd.Leader] = append(byLeader[pd.Leader], fetchFrom{p.topic, p.part, off})
 			}
-			byLeader[pd.Leader] = append(byLeader[pd.Leader], fetchFrom{p.topic, p.part, off})
 		}
+		answered := map[tp]bool{}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for leader, froms := range byLeader {
@@ -456,6 +476,7 @@ func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) 
 					got := fetchRecords(ctx, m.cl, leader, details, froms[:n])
 					mu.Lock()
 					for _, g := range got {
+						answered[tp{g.topic, g.part}] = true
 						m.learn(pending, g)
 					}
 					mu.Unlock()
@@ -465,15 +486,23 @@ func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) 
 		}
 		wg.Wait()
 		// A partition that answered nothing (an error, or left out of a
-		// full response) is tried again next round; one that moved on only
-		// over markers and aborted records is read on from there.
+		// full response) is tried again, once.
+		for p := range asked {
+			if !answered[p] {
+				if silent[p]++; silent[p] > 1 {
+					drop(p)
+				}
+			}
+		}
 	}
 }
 
-// readOn is where a pending position is read on from, and the last stable
-// offset it is read up to.
+// readOn is where a pending position is read on from, the last stable
+// offset it is read up to, and how often it was read on over markers and
+// aborted records in this measurement.
 type readOn struct {
 	from, stable int64
+	reads        int
 }
 
 // fetchFrom is one partition of a fetch request.
@@ -507,9 +536,12 @@ func (m *LagMeter) learn(pending map[position]readOn, g fetched) {
 		case g.next >= r.stable: // only markers and aborted records left
 			f.scanned = g.next
 			delete(pending, k)
+		case r.reads+1 >= maxMarkerReads:
+			f.scanned = g.next
+			delete(pending, k)
 		default:
 			f.scanned = g.next
-			pending[k] = readOn{g.next, r.stable}
+			pending[k] = readOn{g.next, r.stable, r.reads + 1}
 		}
 	}
 }
