@@ -26,6 +26,11 @@ type Topics struct {
 	CommandsRetention time.Duration
 	// DLQRetention is the retention of {prefix}.commands.dlq. Default 30 days.
 	DLQRetention time.Duration
+	// DedupRetention is the retention of {prefix}.dedup, the processor's
+	// dedup changelog: at least its dedup window, which the processor
+	// checks at start. Default 8 days (the default window, 7 days, and a
+	// day for the clocks of processors and brokers to disagree).
+	DedupRetention time.Duration
 }
 
 func (t Topics) withDefaults() Topics {
@@ -44,6 +49,9 @@ func (t Topics) withDefaults() Topics {
 	if t.DLQRetention == 0 {
 		t.DLQRetention = 30 * 24 * time.Hour
 	}
+	if t.DedupRetention == 0 {
+		t.DedupRetention = 8 * 24 * time.Hour
+	}
 	return t
 }
 
@@ -59,6 +67,10 @@ func (t Topics) State() string { return t.withDefaults().Prefix + ".state" }
 // DLQ is "{prefix}.commands.dlq", poison commands with reason headers.
 func (t Topics) DLQ() string { return t.withDefaults().Prefix + ".commands.dlq" }
 
+// Dedup is "{prefix}.dedup", the changelog of the processor's dedup
+// memory: the ids of the commands each transaction handled.
+func (t Topics) Dedup() string { return t.withDefaults().Prefix + ".dedup" }
+
 // TopicSpec is one topic's wanted shape.
 type TopicSpec struct {
 	Name       string
@@ -68,7 +80,7 @@ type TopicSpec struct {
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
-// Specs returns the four topics with their cleanup policy and retention.
+// Specs returns the topics with their cleanup policy and retention.
 func (t Topics) Specs() []TopicSpec {
 	t = t.withDefaults()
 	return []TopicSpec{
@@ -80,6 +92,10 @@ func (t Topics) Specs() []TopicSpec {
 		// (and would drop the snapshot of an account idle for 7 days).
 		{t.State(), t.Partitions, map[string]string{"cleanup.policy": "compact", "retention.ms": "-1"}},
 		{t.DLQ(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": ms(t.DLQRetention)}},
+		// Time retention, in segments of an hour so expired ids leave the
+		// log within the hour rather than a whole default segment (7 days)
+		// later: a restore reads what is left.
+		{t.Dedup(), t.Partitions, map[string]string{"cleanup.policy": "delete", "retention.ms": ms(t.DedupRetention), "segment.ms": ms(time.Hour)}},
 	}
 }
 
@@ -131,9 +147,11 @@ func Check(ctx context.Context, adm *kadm.Client, t Topics) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if c, s := len(details[t.Commands()].Partitions), len(details[t.State()].Partitions); c != s {
-		return fmt.Errorf("topic %s has %d partitions but %s has %d: they must be equal (state is co-partitioned with commands)",
-			t.Commands(), c, t.State(), s)
+	for _, co := range []string{t.State(), t.Dedup()} {
+		if c, s := len(details[t.Commands()].Partitions), len(details[co].Partitions); c != s {
+			return fmt.Errorf("topic %s has %d partitions but %s has %d: they must be equal (the processor's state is co-partitioned with commands)",
+				t.Commands(), c, co, s)
+		}
 	}
 	cfgs, err := adm.DescribeTopicConfigs(ctx, names...)
 	if err != nil {

@@ -111,3 +111,66 @@ func EventTypes() map[string]any {
 		Namespace + ".CommandFailed":    pipeline.CommandFailed{},
 	}
 }
+
+// Validate implements pipeline.Validator: the rules ingest applies to the
+// same fields of an HTTP request, so a command produced straight to Kafka
+// that breaks them goes to the DLQ rather than being decided.
+func (c OpenAccount) Validate() error {
+	return check(currencyField("currency", c.Currency))
+}
+
+// Validate implements pipeline.Validator.
+func (c Deposit) Validate() error { return check(amountField("amount", c.Amount)) }
+
+// Validate implements pipeline.Validator.
+func (c Withdraw) Validate() error { return check(amountField("amount", c.Amount)) }
+
+// Validate implements pipeline.Validator.
+func (c RequestTransfer) Validate() error {
+	return check(idField("transfer_id", c.TransferID), idField("to", c.To), amountField("amount", c.Amount))
+}
+
+// Validate implements pipeline.Validator.
+func (c CreditTransfer) Validate() error {
+	return check(idField("transfer_id", c.TransferID), idField("from", c.From), amountField("amount", c.Amount),
+		currencyField("currency", c.Currency))
+}
+
+// Validate implements pipeline.Validator.
+func (c RefundTransfer) Validate() error {
+	return check(idField("transfer_id", c.TransferID), idField("to", c.To), amountField("amount", c.Amount))
+}
+
+func check(errs ...*pipeline.FieldError) error {
+	var out pipeline.InvalidFields
+	for _, e := range errs {
+		if e != nil {
+			out = append(out, *e)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func idField(name, v string) *pipeline.FieldError {
+	if err := pipeline.ValidateLocalID(v); err != nil {
+		return &pipeline.FieldError{Field: name, Message: err.Error()}
+	}
+	return nil
+}
+
+func amountField(name string, v int64) *pipeline.FieldError {
+	if v <= 0 {
+		return &pipeline.FieldError{Field: name, Message: "must be greater than zero"}
+	}
+	return nil
+}
+
+func currencyField(name, v string) *pipeline.FieldError {
+	if !ValidCurrency(v) {
+		return &pipeline.FieldError{Field: name, Message: "must be a three-letter ISO 4217 code in upper case"}
+	}
+	return nil
+}

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -30,6 +33,9 @@ const (
 	ReasonDeciderError        = "decider-error"
 	ReasonEncode              = "unencodable-decision"
 	ReasonOutputRefused       = "output-refused"
+	ReasonInvalidField        = "invalid-field"
+	ReasonFutureTimestamp     = "future-timestamp"
+	ReasonTooLarge            = "too-large"
 )
 
 // HeaderDLQDetail carries the human-readable detail of a DLQ reason.
@@ -47,8 +53,8 @@ type staged[S any] struct {
 	snap      Snapshot[S]
 	partition int32
 	dirty     bool
-	last      pipeline.ID // the batch's last command that changed it, blamed for its snapshot
-	entry     []byte      // after snapshot(): the table entry (id and encoded snapshot)
+	last      digest // the batch's last command that changed it, blamed for its snapshot
+	entry     []byte // after snapshot(): the table entry (id and encoded snapshot)
 }
 
 // aggregateKey names an aggregate within a partition. An aggregate's
@@ -69,10 +75,20 @@ type batch[S any] struct {
 	overlay map[aggregateKey]*staged[S]
 	buf     []byte // scratch for snapshot encoding
 
+	// now is the batch's time on the processor's clock (unix ms): the time
+	// the ids it handles are remembered at, and what a command's time is
+	// checked against.
+	now int64
+	// fresh holds the ids this batch handled, by partition, in order: they
+	// go to the dedup changelog in the transaction and into the
+	// partition's idStore once it commits; freshSet finds them meanwhile.
+	fresh    map[int32][]digest
+	freshSet map[partDigest]struct{}
+
 	accepted, rejected, dedup int
 	dlq                       map[string]int
-	failed                    error         // a transient failure: the batch aborts
-	setAside                  []pipeline.ID // refused commands this batch sent to the DLQ
+	failed                    error    // a transient failure: the batch aborts
+	setAside                  []digest // refused commands this batch sent to the DLQ
 
 	// refused holds the records the broker refused for good (too large,
 	// invalid), each with the command whose decision it is; the produce
@@ -83,17 +99,27 @@ type batch[S any] struct {
 
 // refusal is a record the broker refused for good.
 type refusal struct {
-	cmd      pipeline.ID
+	cmd      digest
+	part     int32
 	size     int
 	snapshot bool // a snapshot, blamed on the last command that changed the aggregate
 	err      error
 }
 
+// partDigest is a command remembered in one partition.
+type partDigest struct {
+	partition int32
+	d         digest
+}
+
 func newBatch[S any](p *Processor[S], ctx context.Context, cl *kgo.Client, promise *kgo.FirstErrPromise) *batch[S] {
 	return &batch[S]{
 		p: p, ctx: ctx, cl: cl, promise: promise,
-		overlay: make(map[aggregateKey]*staged[S]),
-		dlq:     make(map[string]int),
+		now:      p.now().UnixMilli(),
+		overlay:  make(map[aggregateKey]*staged[S]),
+		fresh:    make(map[int32][]digest),
+		freshSet: make(map[partDigest]struct{}),
+		dlq:      make(map[string]int),
 	}
 }
 
@@ -102,14 +128,14 @@ func (b *batch[S]) produce(r *kgo.Record) { b.cl.Produce(b.ctx, r, b.promise.Pro
 // produceFor produces a record of cmd's decision. If the broker refuses it
 // for good, it is noted with cmd: the transaction aborts, and the batch is
 // decided again with cmd sent to the DLQ instead (Processor.learnRefused).
-func (b *batch[S]) produceFor(r *kgo.Record, cmd pipeline.ID) {
+func (b *batch[S]) produceFor(r *kgo.Record, cmd digest) {
 	promise := b.promise.Promise()
 	snapshot := r.Topic == b.p.state
 	b.cl.Produce(b.ctx, r, func(r *kgo.Record, err error) {
 		if err != nil && kafka.RefusedForGood(err) {
 			size := len(r.Key) + len(r.Value)
 			b.refusedMu.Lock()
-			b.refused = append(b.refused, refusal{cmd, size, snapshot, fmt.Errorf("%s record of %d bytes: %w", r.Topic, size, err)})
+			b.refused = append(b.refused, refusal{cmd, r.Partition, size, snapshot, fmt.Errorf("%s record of %d bytes: %w", r.Topic, size, err)})
 			b.refusedMu.Unlock()
 		}
 		promise(r, err)
@@ -147,7 +173,7 @@ func (b *batch[S]) handle(r *kgo.Record) {
 		return
 	}
 	if perr != nil {
-		b.deadLetter(r, perr)
+		b.deadLetter(r, cmd, perr)
 		return
 	}
 	agg, err := b.load(r.Partition, cmd.AggregateID)
@@ -155,18 +181,19 @@ func (b *batch[S]) handle(r *kgo.Record) {
 		b.fail(err)
 		return
 	}
-	if agg.snap.seen(cmd.ID) {
+	d := dedupDigest(cmd.AggregateID, cmd.ID)
+	if b.remembered(r.Partition, d) {
 		b.dedup++
 		return
 	}
-	if err, ok := b.p.refused[cmd.ID]; ok {
-		b.deadLetter(r, &poison{ReasonOutputRefused, fmt.Errorf("the broker refused its decision for good: %w", err)})
-		b.setAside = append(b.setAside, cmd.ID)
+	if err, ok := b.p.refusedFor(d); ok {
+		b.deadLetter(r, cmd, &poison{ReasonOutputRefused, fmt.Errorf("the broker refused its decision for good: %w", err)})
+		b.setAside = append(b.setAside, d)
 		return
 	}
 	out, perr := b.decide(agg, cmd)
 	if perr != nil {
-		b.deadLetter(r, perr)
+		b.deadLetter(r, cmd, perr)
 		return
 	}
 	// Encode everything before producing anything, so a command either
@@ -175,7 +202,7 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	for _, ev := range out.events {
 		rec, err := b.eventRecord(ev)
 		if err != nil {
-			b.deadLetter(r, &poison{ReasonEncode, err})
+			b.deadLetter(r, cmd, &poison{ReasonEncode, err})
 			return
 		}
 		recs = append(recs, rec)
@@ -183,13 +210,13 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	for _, ef := range out.effects {
 		rec, err := b.commandRecord(cmd, ef)
 		if err != nil {
-			b.deadLetter(r, &poison{ReasonEncode, err})
+			b.deadLetter(r, cmd, &poison{ReasonEncode, err})
 			return
 		}
 		recs = append(recs, rec)
 	}
 	for _, rec := range recs {
-		b.produceFor(rec, cmd.ID)
+		b.produceFor(rec, d)
 	}
 	if out.rejected {
 		b.rejected++
@@ -197,71 +224,145 @@ func (b *batch[S]) handle(r *kgo.Record) {
 		b.accepted++
 	}
 	agg.snap.State, agg.snap.Version = out.state, out.version
-	agg.snap.remember(cmd.ID, cmd.Time, b.p.cfg.DedupWindow)
-	agg.dirty, agg.last = true, cmd.ID
+	agg.snap.forget(b.now - b.p.cfg.DedupWindow.Milliseconds())
+	agg.dirty, agg.last = true, d
+	b.remember(r.Partition, d)
 }
 
-// parse checks a command record's headers and decodes its value. A
+// remembered reports whether the partition has handled the command d
+// names within the dedup window: in a committed transaction or earlier in
+// this batch.
+func (b *batch[S]) remembered(part int32, d digest) bool {
+	if _, ok := b.freshSet[partDigest{part, d}]; ok {
+		return true
+	}
+	ids := b.p.idStore(part)
+	return ids != nil && ids.contains(d)
+}
+
+// remember notes that the batch handled the command d names.
+func (b *batch[S]) remember(part int32, d digest) {
+	b.fresh[part] = append(b.fresh[part], d)
+	b.freshSet[partDigest{part, d}] = struct{}{}
+}
+
+// parse checks a command record's key, headers and size, decodes its
+// value and checks its fields, as ingest checks an HTTP request: a command
+// produced straight to Kafka gets no more trust than one sent over HTTP. A
 // poison record is the record's fault (it goes to the DLQ); an error is
 // not (the registry is unreachable): the batch aborts and is decided again
-// after a pause.
+// after a pause. The returned command carries whatever identity was valid
+// before the record turned out poison (Command.ID, Tenant and AggregateID
+// once key and headers checked out): the processor then records the
+// failure on the aggregate (deadLetter).
 func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
-	var idHdr, tenant, cmdType, traceparent string
-	var haveID bool
+	var idHdr, tenant, cmdType, traceparent []byte
+	var haveID, haveTenant bool
 	for _, h := range r.Headers {
 		switch h.Key {
 		case pipeline.HeaderCommandID:
-			idHdr, haveID = string(h.Value), true
+			idHdr, haveID = h.Value, true
 		case pipeline.HeaderTenant:
-			tenant = string(h.Value)
+			tenant, haveTenant = h.Value, true
 		case pipeline.HeaderCommandType:
-			cmdType = string(h.Value)
+			cmdType = h.Value
 		case pipeline.HeaderTraceparent:
-			traceparent = string(h.Value)
+			traceparent = h.Value
 		}
 	}
-	if !haveID || idHdr == "" {
-		return pipeline.Command{}, poisoned(ReasonMissingCommandID, "record has no %s header", pipeline.HeaderCommandID), nil
+	var cmd pipeline.Command
+	if !haveID || len(idHdr) == 0 {
+		return cmd, poisoned(ReasonMissingCommandID, "record has no %s header", pipeline.HeaderCommandID), nil
 	}
-	id, err := pipeline.ParseID(idHdr)
+	id, err := pipeline.ParseID(string(idHdr))
 	if err != nil {
-		return pipeline.Command{}, poisoned(ReasonInvalidCommandID, "%s %q: %v", pipeline.HeaderCommandID, idHdr, err), nil
+		return cmd, poisoned(ReasonInvalidCommandID, "%s %s: %v", pipeline.HeaderCommandID, quote(idHdr), err), nil
 	}
-	if tenant == "" {
-		return pipeline.Command{}, poisoned(ReasonMissingTenant, "record has no %s header", pipeline.HeaderTenant), nil
+	if !haveTenant || len(tenant) == 0 {
+		return cmd, poisoned(ReasonMissingTenant, "record has no %s header", pipeline.HeaderTenant), nil
 	}
-	aggTenant, _, err := pipeline.SplitAggregateID(string(r.Key))
+	aggTenant, local, err := pipeline.SplitAggregateID(string(r.Key))
 	if err != nil {
-		return pipeline.Command{}, poisoned(ReasonInvalidKey, "%v", err), nil
+		return cmd, poisoned(ReasonInvalidKey, "key %s: want tenant/local-id", quote(r.Key)), nil
 	}
-	if aggTenant != tenant {
-		return pipeline.Command{}, poisoned(ReasonTenantMismatch, "aggregate %q belongs to tenant %q, not %q", r.Key, aggTenant, tenant), nil
+	if pipeline.ValidateLocalID(aggTenant) != nil || pipeline.ValidateLocalID(local) != nil {
+		return cmd, poisoned(ReasonInvalidKey, "key %s: tenant and local id %v", quote(r.Key), pipeline.ErrInvalidLocalID), nil
+	}
+	if aggTenant != string(tenant) {
+		return cmd, poisoned(ReasonTenantMismatch, "aggregate %s belongs to tenant %q, not %s", quote(r.Key), aggTenant, quote(tenant)), nil
+	}
+	// From here on the record names a valid command of a valid aggregate.
+	cmd = pipeline.Command{ID: id, Tenant: aggTenant, AggregateID: string(r.Key), Time: r.Timestamp}
+	if validTraceparent(traceparent) {
+		cmd.Traceparent = string(traceparent) // an invalid one is dropped, as W3C Trace Context says
+	}
+	if n := len(r.Value); n > b.p.cfg.MaxCommandBytes {
+		return cmd, poisoned(ReasonTooLarge, "value of %d bytes, over the limit of %d", n, b.p.cfg.MaxCommandBytes), nil
+	}
+	if skew := r.Timestamp.UnixMilli() - b.now; skew > b.p.cfg.MaxClockSkew.Milliseconds() {
+		return cmd, poisoned(ReasonFutureTimestamp, "record time %s is %s ahead of the processor's clock (the limit is %s)",
+			r.Timestamp.UTC().Format(time.RFC3339Nano), time.Duration(skew)*time.Millisecond, b.p.cfg.MaxClockSkew), nil
 	}
 	v, err := b.p.serdes.Commands.Decode(b.ctx, r.Value)
 	switch {
 	case errors.Is(err, pipeline.ErrUnknownSchema):
-		return pipeline.Command{}, &poison{ReasonUnknownSchema, err}, nil
+		return cmd, &poison{ReasonUnknownSchema, err}, nil
 	case errors.Is(err, pipeline.ErrIncompatible):
-		return pipeline.Command{}, &poison{ReasonUnknownType, err}, nil
+		return cmd, &poison{ReasonUnknownType, err}, nil
 	case errors.Is(err, pipeline.ErrUndecodable):
-		return pipeline.Command{}, &poison{ReasonUndecodable, err}, nil
+		return cmd, &poison{ReasonUndecodable, err}, nil
 	case err != nil:
-		return pipeline.Command{}, nil, err
+		return cmd, nil, err
 	}
 	msg, ok := v.(pipeline.Message)
 	if !ok {
-		return pipeline.Command{}, poisoned(ReasonUnknownType, "decoded a %T, which is not a command", v), nil
+		return cmd, poisoned(ReasonUnknownType, "decoded a %T, which is not a command", v), nil
 	}
-	if cmdType != "" && cmdType != msg.MessageType() {
-		return pipeline.Command{}, poisoned(ReasonCommandTypeMismatch, "header says %q, value is %q", cmdType, msg.MessageType()), nil
+	if len(cmdType) > 0 && string(cmdType) != msg.MessageType() {
+		return cmd, poisoned(ReasonCommandTypeMismatch, "header says %s, value is %q", quote(cmdType), msg.MessageType()), nil
 	}
 	if h, ok := b.p.decider.(handlesTypes); ok && !h.Handles(msg.MessageType()) {
-		return pipeline.Command{}, poisoned(ReasonUnknownType, "no decider is registered for command type %s", msg.MessageType()), nil
+		return cmd, poisoned(ReasonUnknownType, "no decider is registered for command type %s", msg.MessageType()), nil
 	}
-	return pipeline.Command{
-		ID: id, Tenant: tenant, AggregateID: string(r.Key), Time: r.Timestamp,
-		Traceparent: traceparent, Payload: msg,
-	}, nil, nil
+	cmd.Payload = msg
+	if err := pipeline.ValidateMessage(msg, b.p.cfg.MaxStringBytes); err != nil {
+		return cmd, &poison{ReasonInvalidField, err}, nil
+	}
+	return cmd, nil, nil
+}
+
+// quote prints bytes from a record for a DLQ detail or a log: Go-quoted
+// (invalid UTF-8 and control characters escaped) and cut at 200 bytes.
+func quote(b []byte) string {
+	const max = 200
+	if len(b) > max {
+		return strconv.Quote(string(b[:max])) + fmt.Sprintf("... (%d bytes)", len(b))
+	}
+	return strconv.Quote(string(b))
+}
+
+// validTraceparent reports whether v is a W3C traceparent of version 00:
+// "00-" 32 hex "-" 16 hex "-" 2 hex, trace and parent ids not all zero.
+func validTraceparent(v []byte) bool {
+	if len(v) != 55 || v[0] != '0' || v[1] != '0' || v[2] != '-' || v[35] != '-' || v[52] != '-' {
+		return false
+	}
+	hex := func(s []byte) (allZero, ok bool) {
+		allZero = true
+		for _, c := range s {
+			switch {
+			case '0' <= c && c <= '9', 'a' <= c && c <= 'f':
+			default:
+				return false, false
+			}
+			allZero = allZero && c == '0'
+		}
+		return allZero, true
+	}
+	z1, ok1 := hex(v[3:35])
+	z2, ok2 := hex(v[36:52])
+	_, ok3 := hex(v[53:55])
+	return ok1 && ok2 && ok3 && !z1 && !z2
 }
 
 // load returns the batch's copy of an aggregate, decoding its committed
@@ -366,10 +467,71 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
-func (b *batch[S]) deadLetter(r *kgo.Record, p *poison) {
+// When the record names a valid command of a valid aggregate (cmd.ID is
+// set), the failure is also recorded on the aggregate as a CommandFailed
+// event, so the command's status is failed instead of pending forever. A
+// failure is not remembered for dedup: a redrive of the record is decided.
+func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	b.p.dlqLog.log(b.p.logger, "poison command to dlq", "partition", r.Partition, "offset", r.Offset, "reason", p.reason, "err", p.err)
-	b.produce(deadLetterRecord(b.p.dlq, r, p.reason, p.err.Error()))
+	detail := truncate(p.err.Error(), maxDetailBytes)
+	b.produce(deadLetterRecord(b.p.dlq, r, p.reason, detail))
 	b.dlq[p.reason]++
+	if cmd.ID.IsZero() {
+		return
+	}
+	agg, err := b.load(r.Partition, cmd.AggregateID)
+	if err != nil {
+		b.fail(err)
+		return
+	}
+	cmdType := ""
+	if cmd.Payload != nil {
+		cmdType = cmd.Type()
+	} else if t := headerValue(r, pipeline.HeaderCommandType); utf8.ValidString(t) && !strings.ContainsRune(t, 0) {
+		cmdType = truncate(t, 128)
+	}
+	at := cmd.Time
+	if at.UnixMilli() > b.now { // a future-dated record's failure is dated now
+		at = time.UnixMilli(b.now)
+	}
+	ev := pipeline.Event{
+		ID: pipeline.FailureEventID(cmd.AggregateID, cmd.ID, r.Partition, r.Offset), CommandID: cmd.ID,
+		Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Version: agg.snap.Version, Time: at, Traceparent: cmd.Traceparent,
+		Payload: pipeline.CommandFailed{CommandType: cmdType, Reason: p.reason, Detail: detail},
+	}
+	rec, err := b.eventRecord(ev)
+	if err != nil {
+		// The events schema has no CommandFailed (a domain's schema from
+		// before it existed): the DLQ record alone tells.
+		b.p.dlqLog.log(b.p.logger, "cannot record a command's failure on its aggregate", "aggregate_id", cmd.AggregateID, "err", err)
+		return
+	}
+	b.produce(rec)
+}
+
+// maxDetailBytes bounds a DLQ detail (a header and an event field).
+const maxDetailBytes = 1024
+
+// truncate cuts s to at most n bytes, at a rune boundary, and makes it
+// valid UTF-8.
+func truncate(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\ufffd")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}
+
+func headerValue(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // deadLetterRecord is r as it goes to the DLQ: key, value, timestamp and
@@ -385,8 +547,9 @@ func deadLetterRecord(topic string, r *kgo.Record, reason, detail string) *kgo.R
 	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: headers, Timestamp: r.Timestamp}
 }
 
-// snapshot produces the changed aggregates' snapshots to the state topic,
-// at the command's partition number.
+// snapshot produces the changed aggregates' snapshots to the state topic
+// and the ids the batch handled to the dedup changelog, each at the
+// command's partition number.
 func (b *batch[S]) snapshot() {
 	for k, a := range b.overlay {
 		if !a.dirty {
@@ -405,14 +568,23 @@ func (b *batch[S]) snapshot() {
 			return
 		}
 		a.entry = e
-		b.produceFor(&kgo.Record{Topic: b.p.state, Partition: a.partition, Key: e[valueAt-len(id) : valueAt], Value: e[valueAt:], Timestamp: a.snap.lastAt()}, a.last)
+		b.p.metrics.snapshotBytes.Observe(float64(len(e) - valueAt))
+		b.produceFor(&kgo.Record{Topic: b.p.state, Partition: a.partition, Key: e[valueAt-len(id) : valueAt], Value: e[valueAt:], Timestamp: time.UnixMilli(b.now)}, a.last)
+	}
+	for part, ds := range b.fresh {
+		for len(ds) > 0 {
+			n := min(len(ds), maxDigestsPerRecord)
+			b.produce(&kgo.Record{Topic: b.p.dedupTopic, Partition: part, Value: dedupRecordValue(ds[:n]), Timestamp: time.UnixMilli(b.now)})
+			ds = ds[n:]
+		}
 	}
 }
 
-// commit installs the batch's snapshots after its transaction committed,
-// and counts what it did.
+// commit installs the batch's snapshots and remembered ids after its
+// transaction committed, and counts what it did.
 func (b *batch[S]) commit() {
 	p := b.p
+	cutoff := b.now - p.cfg.DedupWindow.Milliseconds()
 	p.mu.Lock()
 	for _, a := range b.overlay {
 		if !a.dirty {
@@ -422,11 +594,17 @@ func (b *batch[S]) commit() {
 			tab.put(string(a.entry))
 		}
 	}
-	p.metrics.aggregates.Set(float64(p.countLocked()))
-	p.mu.Unlock()
-	for _, id := range b.setAside {
-		delete(p.refused, id)
+	for part, ds := range b.fresh {
+		if ids, owned := p.ids[part]; owned {
+			ids.add(ds, b.now)
+			ids.expire(cutoff)
+		}
 	}
+	for _, d := range b.setAside {
+		delete(p.refused, d)
+	}
+	p.updateGaugesLocked()
+	p.mu.Unlock()
 	p.metrics.commands.WithLabelValues("accepted").Add(float64(b.accepted))
 	p.metrics.commands.WithLabelValues("rejected").Add(float64(b.rejected))
 	p.metrics.dedup.Add(float64(b.dedup))

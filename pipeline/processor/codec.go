@@ -120,7 +120,8 @@ func (c *snapshotCodec[S]) check(ctx context.Context, b []byte, scratch *Snapsho
 		scratch.Processed = scratch.Processed[:0]
 		return decodeSnapshot(b[5:], scratch)
 	}
-	_, err := c.decode(ctx, b)
+	snap, err := c.decode(ctx, b)
+	*scratch = snap
 	return err
 }
 

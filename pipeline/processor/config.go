@@ -24,10 +24,24 @@ type Config struct {
 	// aborted), so give every instance a stable, unique id. Default: the
 	// host name.
 	InstanceID string
-	// DedupWindow is how long an aggregate remembers a command id, measured
-	// in command time. It must be at least the commands topic's retention
-	// so a re-delivered command is always recognized. Default 7 days.
+	// DedupWindow is how long an aggregate remembers a command id, from
+	// when the processor handled it. It must be at least the commands
+	// topic's retention so a re-delivered command is always recognized,
+	// and at most the dedup changelog's retention (checked at start).
+	// Default 7 days.
 	DedupWindow time.Duration
+	// MaxClockSkew is how far ahead of the processor's clock a command's
+	// record time may be; a record dated further ahead goes to the DLQ
+	// (future-timestamp). Default 1 hour, the limit Kafka 4 brokers put on
+	// record times by default (message.timestamp.after.max.ms).
+	MaxClockSkew time.Duration
+	// MaxCommandBytes bounds a command record's value; a larger one goes
+	// to the DLQ (too-large). Default 1 MiB, ingest's request body limit.
+	MaxCommandBytes int
+	// MaxStringBytes bounds every string field of a command; a longer one
+	// goes to the DLQ (invalid-field), as does one that is not UTF-8 or
+	// holds a NUL. Default 4096.
+	MaxStringBytes int
 	// MaxPollRecords bounds a batch (one transaction). Default 5000.
 	MaxPollRecords int
 	// SessionTimeout is the group session timeout. Default 10s.
@@ -40,6 +54,9 @@ type Config struct {
 	// atLeastOnce runs batches without transactions: the baseline of the
 	// throughput benchmark (set in export_test.go), not a mode.
 	atLeastOnce bool
+	// now is the processor's clock; nil is time.Now (tests set it in
+	// export_test.go to move time past a dedup window).
+	now func() time.Time
 }
 
 func (c *Config) setDefaults() error {
@@ -53,11 +70,24 @@ func (c *Config) setDefaults() error {
 		}
 		c.InstanceID = h
 	}
-	if c.DedupWindow < 0 || c.MaxPollRecords < 0 || c.SessionTimeout < 0 || c.TransactionTimeout < 0 {
-		return errors.New("processor: negative DedupWindow, MaxPollRecords, SessionTimeout or TransactionTimeout")
+	if c.DedupWindow < 0 || c.MaxPollRecords < 0 || c.SessionTimeout < 0 || c.TransactionTimeout < 0 ||
+		c.MaxClockSkew < 0 || c.MaxCommandBytes < 0 || c.MaxStringBytes < 0 {
+		return errors.New("processor: negative DedupWindow, MaxPollRecords, SessionTimeout, TransactionTimeout, MaxClockSkew, MaxCommandBytes or MaxStringBytes")
+	}
+	if c.MaxClockSkew == 0 {
+		c.MaxClockSkew = time.Hour
+	}
+	if c.MaxCommandBytes == 0 {
+		c.MaxCommandBytes = 1 << 20
+	}
+	if c.MaxStringBytes == 0 {
+		c.MaxStringBytes = 4096
 	}
 	if c.DedupWindow == 0 {
 		c.DedupWindow = 7 * 24 * time.Hour
+	}
+	if c.now == nil {
+		c.now = time.Now
 	}
 	if c.MaxPollRecords == 0 {
 		c.MaxPollRecords = 5000

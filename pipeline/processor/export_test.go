@@ -2,12 +2,16 @@ package processor
 
 import (
 	"context"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // AtLeastOnce turns cfg into the benchmark's at-least-once baseline.
 func AtLeastOnce(cfg *Config) { cfg.atLeastOnce = true }
+
+// SetClock gives the processor configured by cfg the clock now.
+func SetClock(cfg *Config, now func() time.Time) { cfg.now = now }
 
 // Restore restores the given partitions into p without joining a group,
 // as a session does on assignment.

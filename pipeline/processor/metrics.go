@@ -12,6 +12,10 @@ type metrics struct {
 	restore      prometheus.Histogram
 	aggregates   prometheus.Gauge
 	sessions     prometheus.Counter
+
+	rememberedIDs prometheus.Gauge
+	dedupBytes    prometheus.Gauge
+	snapshotBytes prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -58,7 +62,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "onceflow_processor_session_restarts_total",
 			Help: "Sessions restarted after a transaction of unknown outcome or a fenced producer (a zombie that woke up).",
 		}),
+		rememberedIDs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_processor_remembered_ids",
+			Help: "Command ids remembered for dedup (within the dedup window) over the assigned partitions.",
+		}),
+		dedupBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_processor_dedup_memory_bytes",
+			Help: "Memory held by the dedup memory of the assigned partitions: the remembered ids and their index.",
+		}),
+		snapshotBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_processor_snapshot_size_bytes",
+			Help:    "Size of the aggregate snapshots written to the state topic.",
+			Buckets: prometheus.ExponentialBuckets(16, 4, 10),
+		}),
 	}
-	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.aggregates, m.sessions)
+	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.aggregates, m.sessions,
+		m.rememberedIDs, m.dedupBytes, m.snapshotBytes)
 	return m
 }

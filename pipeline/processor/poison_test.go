@@ -243,8 +243,11 @@ func TestRefusedDecisionGoesToTheDLQ(t *testing.T) {
 		t.Errorf("balance %d, want 20: the good deposits, none of the refused", got)
 	}
 	for _, ev := range evs {
-		if ev.CommandID == big.id || ev.CommandID == huge.id {
-			t.Errorf("refused command %s has a committed event %s", ev.CommandID, ev.Type())
+		if ev.CommandID != big.id && ev.CommandID != huge.id {
+			continue
+		}
+		if f, ok := ev.Payload.(pipeline.CommandFailed); !ok || f.Reason != processor.ReasonOutputRefused {
+			t.Errorf("refused command %s has a committed event %s, want only its CommandFailed", ev.CommandID, ev.Type())
 		}
 	}
 	p.waitState(t, acc, func(s processor.AggregateState[ledger.Account]) error {

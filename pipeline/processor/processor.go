@@ -44,7 +44,9 @@ type Processor[S any] struct {
 	metrics *metrics
 	dlqLog  rateLimited
 	// topic names, made once: every record a batch writes names one.
-	commands, events, state, dlq string
+	commands, events, state, dlq, dedupTopic string
+	// now is the processor's clock (time.Now; tests move it).
+	now func() time.Time
 
 	// parts holds the state of each assigned partition. Rebalances are
 	// blocked while a batch runs, so a partition's state never changes
@@ -53,13 +55,14 @@ type Processor[S any] struct {
 	// may be running, and readers outside the loop (State, metrics).
 	mu    sync.Mutex
 	parts map[int32]*table
+	ids   map[int32]*idStore // each partition's dedup memory
 
 	// refused holds the commands whose decision the broker refused for
 	// good in an aborted batch (a snapshot or an event over its size
 	// limit), each with the broker's error: deciding them again would be
 	// refused again, so the next batch sends them to the DLQ instead.
-	// The loop goroutine alone uses it.
-	refused map[pipeline.ID]error
+	// Entries go when the command is set aside or its partition leaves.
+	refused map[digest]refusedCommand
 
 	ready chan struct{}
 	once  sync.Once
@@ -87,10 +90,12 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 	return &Processor[S]{
 		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
 		commands: cfg.Topics.Commands(), events: cfg.Topics.Events(), state: cfg.Topics.State(), dlq: cfg.Topics.DLQ(),
+		dedupTopic: cfg.Topics.Dedup(), now: cfg.now,
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
 		parts:   make(map[int32]*table),
-		refused: make(map[pipeline.ID]error),
+		ids:     make(map[int32]*idStore),
+		refused: make(map[digest]refusedCommand),
 		ready:   make(chan struct{}),
 	}, nil
 }
@@ -125,7 +130,9 @@ func (p *Processor[S]) Run(ctx context.Context) error {
 		return err
 	}
 	defer restoreCl.Close()
-	p.checkRetention(ctx, restoreCl)
+	if err := p.checkTopics(ctx, restoreCl); err != nil {
+		return err
+	}
 
 	var failingSince time.Time
 	backoff := 250 * time.Millisecond
@@ -171,7 +178,7 @@ func (p *Processor[S]) consumerOpts(restoreCl *kgo.Client) ([]kgo.Opt, error) {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.BlockRebalanceOnPoll(),
-		kgo.RecordPartitioner(statePartitioner{state: t.State(), keyed: kgo.StickyKeyPartitioner(nil)}),
+		kgo.RecordPartitioner(statePartitioner{state: t.State(), dedup: t.Dedup(), keyed: kgo.StickyKeyPartitioner(nil)}),
 		// Offsets are fetched with RequireStable, which waits for the
 		// previous owner's transaction; only then is the state read, so it
 		// includes everything those offsets cover.
@@ -334,9 +341,34 @@ func (p *Processor[S]) learnRefused(b *batch[S]) bool {
 	}
 	worst := slices.MaxFunc(suspects, func(x, y refusal) int { return cmp.Compare(x.size, y.size) })
 	p.logger.Warn("the broker refused a command's decision for good; the command goes to the DLQ",
-		"command_id", worst.cmd, "err", worst.err)
-	p.refused[worst.cmd] = worst.err
+		"partition", worst.part, "err", worst.err)
+	p.mu.Lock()
+	p.refused[worst.cmd] = refusedCommand{worst.part, worst.err}
+	p.mu.Unlock()
 	return true
+}
+
+// refusedCommand is a command whose decision the broker refused for good.
+type refusedCommand struct {
+	partition int32
+	err       error
+}
+
+// refusedFor returns the broker's error if the command d names is one
+// whose decision it refused for good.
+func (p *Processor[S]) refusedFor(d digest) (error, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.refused[d]
+	return r.err, ok
+}
+
+// idStore returns the dedup memory of an assigned partition, nil if it has
+// none.
+func (p *Processor[S]) idStore(part int32) *idStore {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ids[part]
 }
 
 // table returns the state of an assigned partition, nil if it has none.
@@ -352,8 +384,14 @@ func (p *Processor[S]) drop(parts []int32) {
 	defer p.mu.Unlock()
 	for _, part := range parts {
 		delete(p.parts, part)
+		delete(p.ids, part)
 	}
-	p.metrics.aggregates.Set(float64(p.countLocked()))
+	for d, r := range p.refused {
+		if slices.Contains(parts, r.partition) {
+			delete(p.refused, d)
+		}
+	}
+	p.updateGaugesLocked()
 	if len(parts) > 0 {
 		p.logger.Info("partitions revoked", "partitions", parts)
 	}
@@ -364,15 +402,24 @@ func (p *Processor[S]) dropAll() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	clear(p.parts)
-	p.metrics.aggregates.Set(0)
+	clear(p.ids)
+	clear(p.refused)
+	p.updateGaugesLocked()
 }
 
-func (p *Processor[S]) countLocked() int {
-	n := 0
+// updateGaugesLocked sets the gauges of what the processor holds.
+func (p *Processor[S]) updateGaugesLocked() {
+	aggs, ids, idBytes := 0, 0, 0
 	for _, tab := range p.parts {
-		n += tab.len()
+		aggs += tab.len()
 	}
-	return n
+	for _, st := range p.ids {
+		ids += st.len()
+		idBytes += st.bytes()
+	}
+	p.metrics.aggregates.Set(float64(aggs))
+	p.metrics.rememberedIDs.Set(float64(ids))
+	p.metrics.dedupBytes.Set(float64(idBytes))
 }
 
 // State returns the state of every aggregate held in memory, by aggregate
@@ -380,7 +427,11 @@ func (p *Processor[S]) countLocked() int {
 func (p *Processor[S]) State(ctx context.Context) (map[string]AggregateState[S], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]AggregateState[S], p.countLocked())
+	n := 0
+	for _, tab := range p.parts {
+		n += tab.len()
+	}
+	out := make(map[string]AggregateState[S], n)
 	var err error
 	for _, tab := range p.parts {
 		tab.each(func(id, value string) {
@@ -388,17 +439,28 @@ func (p *Processor[S]) State(ctx context.Context) (map[string]AggregateState[S],
 			if derr != nil {
 				err = fmt.Errorf("decode state of %s: %w", id, derr)
 			}
-			out[id] = AggregateState[S]{State: snap.State, Version: snap.Version, Processed: len(snap.Processed)}
+			out[id] = AggregateState[S]{State: snap.State, Version: snap.Version}
 		})
 	}
 	return out, err
 }
 
+// Remembered returns how many command ids the processor remembers for
+// dedup, over its assigned partitions.
+func (p *Processor[S]) Remembered() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, st := range p.ids {
+		n += st.len()
+	}
+	return n
+}
+
 // AggregateState is one aggregate as the processor holds it.
 type AggregateState[S any] struct {
-	State     S
-	Version   int64
-	Processed int // command ids remembered for dedup
+	State   S
+	Version int64
 }
 
 // statePartitioner sends snapshots to the partition the caller chose (the
@@ -406,12 +468,12 @@ type AggregateState[S any] struct {
 // partitioner the command's producer used) and everything else by key
 // (murmur2, Kafka's default, so every client agrees).
 type statePartitioner struct {
-	state string
-	keyed kgo.Partitioner
+	state, dedup string
+	keyed        kgo.Partitioner
 }
 
 func (s statePartitioner) ForTopic(topic string) kgo.TopicPartitioner {
-	if topic == s.state {
+	if topic == s.state || topic == s.dedup {
 		return manual{}
 	}
 	return s.keyed.ForTopic(topic)

@@ -14,69 +14,50 @@ import (
 )
 
 // Snapshot is the value written to {prefix}.state for one aggregate
-// (schemas/state.avsc): its state, its version, and the command ids it
-// handled within the dedup window.
+// (schemas/state.avsc): its state and its version. Processed is what
+// snapshots of earlier versions remembered for dedup (the command ids the
+// aggregate handled within the window); the dedup memory now lives in the
+// partition's idStore and its changelog ({prefix}.dedup), so new
+// snapshots only carry such ids forward, dropping each once it leaves the
+// window, and a snapshot's size no longer depends on its aggregate's
+// traffic.
 type Snapshot[S any] struct {
 	Version   int64              `avro:"version"`
 	Processed []ProcessedCommand `avro:"processed"`
 	State     S                  `avro:"state"`
 }
 
-// ProcessedCommand is one remembered command id with its command time.
+// ProcessedCommand is one remembered command id with the time it was
+// remembered at.
 type ProcessedCommand struct {
 	CommandID pipeline.ID `avro:"command_id"`
 	AtMs      int64       `avro:"at_ms"`
 }
 
-// seen reports whether the aggregate has handled command id.
-func (s *Snapshot[S]) seen(id pipeline.ID) bool {
-	for i := range s.Processed {
-		if s.Processed[i].CommandID == id {
-			return true
-		}
+// forget drops the carried-forward ids remembered before cutoff (unix ms).
+func (s *Snapshot[S]) forget(cutoff int64) {
+	if len(s.Processed) > 0 {
+		s.Processed = slices.DeleteFunc(s.Processed, func(p ProcessedCommand) bool { return p.AtMs < cutoff })
 	}
-	return false
 }
 
-// remember records id and forgets ids older than window before at. Time
-// is the commands' own, so deciding again forgets the same ids. An id is
-// remembered at its command's time or at the newest remembered one,
-// whichever is later: a command older than the aggregate's newest (a DLQ
-// record redriven days later, with its original time) is then remembered
-// for a full window from now on, not forgotten by the next command.
-func (s *Snapshot[S]) remember(id pipeline.ID, at time.Time, window time.Duration) {
-	ms := at.UnixMilli()
-	if n := len(s.Processed); n > 0 {
-		ms = max(ms, s.Processed[n-1].AtMs)
-	}
-	cutoff := ms - window.Milliseconds()
-	s.Processed = slices.DeleteFunc(s.Processed, func(p ProcessedCommand) bool { return p.AtMs < cutoff })
-	s.Processed = append(s.Processed, ProcessedCommand{CommandID: id, AtMs: ms})
-}
-
-// lastAt is the command time of the newest remembered command, the
-// snapshot record's timestamp.
-func (s *Snapshot[S]) lastAt() time.Time {
-	if n := len(s.Processed); n > 0 {
-		return time.UnixMilli(s.Processed[n-1].AtMs)
-	}
-	return time.UnixMilli(0)
-}
-
-// restore loads the aggregates of partition part from the state topic,
-// reading read_committed up to the last stable offset (with raw fetches: a
-// consumer cannot tell "caught up" from "slow" when the log ends in
-// transaction markers), and installs them.
-// Every snapshot is decoded once to check it: state that cannot be read
-// must stop the processor here, not surface later as a fresh aggregate
-// that handles commands twice.
+// restore loads partition part's aggregates from the state topic and its
+// dedup memory from the dedup changelog, reading both read_committed up
+// to the last stable offset (with raw fetches: a consumer cannot tell
+// "caught up" from "slow" when the log ends in transaction markers), and
+// installs them. Every snapshot is decoded once to check it: state that
+// cannot be read must stop the processor here, not surface later as a
+// fresh aggregate that handles commands twice. Changelog records older
+// than the window are skipped without being read.
 func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) error {
 	start := time.Now()
-	topic := p.cfg.Topics.State()
+	cutoff := p.now().UnixMilli() - p.cfg.DedupWindow.Milliseconds()
 	tab := newTable()
-	var records int
+	ids := newIDStore(p.cfg.DedupWindow)
+	var records, legacy int
 	var scratch Snapshot[S]
-	err := kafka.ReadPartition(ctx, cl, topic, part, true, func(r *kgo.Record) error {
+	var ds []digest
+	err := kafka.ReadPartition(ctx, cl, p.cfg.Topics.State(), part, true, func(r *kgo.Record) error {
 		records++
 		if r.Value == nil { // tombstone
 			tab.delete(string(r.Key))
@@ -86,17 +67,47 @@ func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) 
 			return fmt.Errorf("snapshot of %s at offset %d: %w", r.Key, r.Offset, err)
 		}
 		tab.put(entry(string(r.Key), r.Value))
+		// A snapshot written before the dedup changelog existed carries
+		// its aggregate's ids. A later snapshot of the same aggregate
+		// carries those still in the window, so remembering an id twice
+		// here is harmless.
+		for _, pc := range scratch.Processed {
+			if pc.AtMs >= cutoff {
+				ids.restored([]digest{dedupDigest(string(r.Key), pc.CommandID)}, pc.AtMs)
+				legacy++
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	var changelog int
+	err = kafka.ReadPartition(ctx, cl, p.cfg.Topics.Dedup(), part, true, func(r *kgo.Record) error {
+		at := r.Timestamp.UnixMilli()
+		if at < cutoff {
+			return nil
+		}
+		var err error
+		if ds, err = appendDedupRecord(ds[:0], r.Value); err != nil {
+			return fmt.Errorf("dedup record at offset %d: %w", r.Offset, err)
+		}
+		ids.restored(ds, at)
+		changelog++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	ids.restoreDone()
 	p.mu.Lock()
 	p.parts[part] = tab
-	p.metrics.aggregates.Set(float64(p.countLocked()))
+	p.ids[part] = ids
+	p.updateGaugesLocked()
 	p.mu.Unlock()
 	p.metrics.restore.Observe(time.Since(start).Seconds())
-	p.logger.Info("partition restored", "partition", part, "aggregates", tab.len(), "records", records, "duration", time.Since(start))
+	p.logger.Info("partition restored", "partition", part, "aggregates", tab.len(), "records", records,
+		"remembered_ids", ids.len(), "dedup_records", changelog, "ids_from_snapshots", legacy, "duration", time.Since(start))
 	return nil
 }
 

@@ -126,7 +126,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 		}
 		return b
 	}
-	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id, in command time; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
+	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id after handling it; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
 	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
 	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
 	parallelism := envInt("ONCEFLOW_PROJECTOR_PARALLELISM", 2)
@@ -222,7 +222,7 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 	}
 	return stack.Config{
 		Kafka:       k,
-		Topics:      kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions)},
+		Topics:      kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions), DedupRetention: c.dedupRetention()},
 		DatabaseURL: c.DatabaseURL,
 		SchemaRegistry: avro.ClientConfig{
 			URL: c.SchemaRegistryURL, User: c.SchemaRegistryUser, Password: c.SchemaRegistryPassword, CAFile: c.SchemaRegistryCAFile,
@@ -234,6 +234,17 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 		IdempotencyRetention: retention,
 		TenantRateLimit:      rate,
 	}, nil
+}
+
+// dedupRetention is the retention of the processor's dedup changelog: the
+// dedup window and a day for clocks that disagree (0, the default, when
+// the window does not parse: Processor reports that).
+func (c *Common) dedupRetention() time.Duration {
+	window, err := time.ParseDuration(c.DedupWindow)
+	if err != nil || window <= 0 {
+		return 0
+	}
+	return window + 24*time.Hour
 }
 
 // Processor returns the processor settings.
