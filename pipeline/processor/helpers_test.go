@@ -359,10 +359,13 @@ func checkEventLog(t testing.TB, evs []event) (balances map[string]int64) {
 		version[ev.AggregateID] = ev.Version
 	}
 	for cid, group := range byCommand {
-		for i, ev := range group {
+		index := map[string]int{} // a command id is one command per aggregate
+		for _, ev := range group {
 			if _, failed := ev.Payload.(pipeline.CommandFailed); failed {
 				continue // its id names the DLQ'd delivery (pipeline.FailureEventID)
 			}
+			i := index[ev.AggregateID]
+			index[ev.AggregateID]++
 			if ev.ID != pipeline.EventID(ev.AggregateID, cid, i) {
 				t.Errorf("command %s: event %d has id %s, want %s", cid, i, ev.ID, pipeline.EventID(ev.AggregateID, cid, i))
 			}
