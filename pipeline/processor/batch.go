@@ -412,7 +412,7 @@ func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S],
 	}()
 	state, version := agg.snap.State, agg.snap.Version
 	d, err := b.p.decider.Decide(state, cmd)
-	base := pipeline.Event{CommandID: cmd.ID, Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
+	base := pipeline.Event{CommandID: cmd.ID, Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: b.notAfterNow(cmd.Time), Traceparent: cmd.Traceparent}
 	out = outcome[S]{effects: d.Commands, state: state, version: version}
 	if rej, ok := pipeline.AsRejection(err); ok {
 		ev := base
@@ -463,7 +463,7 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	return CommandRecord(b.p.commands, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	return CommandRecord(b.p.commands, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, b.notAfterNow(cause.Time), cause.Traceparent)
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
@@ -474,7 +474,7 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	b.p.dlqLog.log(b.p.logger, "poison command to dlq", "partition", r.Partition, "offset", r.Offset, "reason", p.reason, "err", p.err)
 	detail := truncate(p.err.Error(), maxDetailBytes)
-	b.produce(deadLetterRecord(b.p.dlq, r, p.reason, detail))
+	b.produce(deadLetterRecord(b.p.dlq, r, p.reason, detail, b.notAfterNow(r.Timestamp)))
 	b.dlq[p.reason]++
 	if cmd.ID.IsZero() {
 		return
@@ -490,10 +490,7 @@ func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	} else if t := headerValue(r, pipeline.HeaderCommandType); utf8.ValidString(t) && !strings.ContainsRune(t, 0) {
 		cmdType = truncate(t, 128)
 	}
-	at := cmd.Time
-	if at.UnixMilli() > b.now { // a future-dated record's failure is dated now
-		at = time.UnixMilli(b.now)
-	}
+	at := b.notAfterNow(cmd.Time)
 	ev := pipeline.Event{
 		ID: pipeline.FailureEventID(cmd.AggregateID, cmd.ID, r.Partition, r.Offset), CommandID: cmd.ID,
 		Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Version: agg.snap.Version, Time: at, Traceparent: cmd.Traceparent,
@@ -507,6 +504,19 @@ func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 		return
 	}
 	b.produce(rec)
+}
+
+// notAfterNow is t, or the batch's time if t is later. Every record the
+// processor writes is dated no later than its own clock: a command dated
+// ahead of it (by at most MaxClockSkew, or it is poison) has its events
+// dated when it was handled, so no broker refuses them for a timestamp
+// ahead of its own (Kafka 4 refuses records more than an hour ahead by
+// default), which would fail the whole batch they are in.
+func (b *batch[S]) notAfterNow(t time.Time) time.Time {
+	if t.UnixMilli() > b.now {
+		return time.UnixMilli(b.now)
+	}
+	return t
 }
 
 // maxDetailBytes bounds a DLQ detail (a header and an event field).
@@ -534,9 +544,10 @@ func headerValue(r *kgo.Record, key string) string {
 	return ""
 }
 
-// deadLetterRecord is r as it goes to the DLQ: key, value, timestamp and
-// headers as they came, plus the reason headers.
-func deadLetterRecord(topic string, r *kgo.Record, reason, detail string) *kgo.Record {
+// deadLetterRecord is r as it goes to the DLQ: key, value and headers as
+// they came, plus the reason headers, at time at (r's, unless that was
+// ahead of the processor's clock).
+func deadLetterRecord(topic string, r *kgo.Record, reason, detail string, at time.Time) *kgo.Record {
 	headers := append(append([]kgo.RecordHeader(nil), r.Headers...),
 		kgo.RecordHeader{Key: pipeline.HeaderDLQReason, Value: []byte(reason)},
 		kgo.RecordHeader{Key: HeaderDLQDetail, Value: []byte(detail)},
@@ -544,7 +555,7 @@ func deadLetterRecord(topic string, r *kgo.Record, reason, detail string) *kgo.R
 		kgo.RecordHeader{Key: pipeline.HeaderDLQSourcePartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
 		kgo.RecordHeader{Key: pipeline.HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
-	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: headers, Timestamp: r.Timestamp}
+	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: headers, Timestamp: at}
 }
 
 // snapshot produces the changed aggregates' snapshots to the state topic
@@ -573,7 +584,7 @@ func (b *batch[S]) snapshot() {
 	}
 	for part, ds := range b.fresh {
 		for len(ds) > 0 {
-			n := min(len(ds), maxDigestsPerRecord)
+			n := min(len(ds), b.p.digestsPerRecord)
 			b.produce(&kgo.Record{Topic: b.p.dedupTopic, Partition: part, Value: dedupRecordValue(ds[:n]), Timestamp: time.UnixMilli(b.now)})
 			ds = ds[n:]
 		}

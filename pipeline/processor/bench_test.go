@@ -58,7 +58,7 @@ func BenchmarkThroughput(b *testing.B) {
 	for range b.N {
 		var eos, alo, eosCPU, aloCPU, eosCommit, aloCommit, eosBatch []float64
 		for i, atLeastOnce := range order {
-			cps, cpu, commitMs, batchMs := throughputRun(b, broker, atLeastOnce, fmt.Sprintf("run-%d", i), n, accounts)
+			cps, cpu, commitMs, batchMs := throughputRun(b, broker, atLeastOnce, fmt.Sprintf("run-%d", i), n, accounts, 0)
 			if atLeastOnce {
 				alo, aloCPU, aloCommit = append(alo, cps), append(aloCPU, cpu), append(aloCommit, commitMs)
 			} else {
@@ -98,16 +98,22 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// throughputRun preloads n commands on fresh topics and returns the
-// commands per second a processor handles them at, from ready to the last
-// commit, and the CPU microseconds the process spent per command.
-func throughputRun(b *testing.B, broker *kafka.Broker, atLeastOnce bool, instance string, n, accounts int) (cmdsPerSec, cpuPerCmd, commitMs, batchMs float64) {
+// throughputRun preloads n commands to accounts accounts on fresh topics
+// and returns the commands per second a processor handles them at, from
+// ready to the last commit, and the CPU microseconds the process spent per
+// command. With remembered > 0, the first account's partition starts out
+// remembering that many command ids of that account (written to the dedup
+// changelog as a processor would have), inside the window.
+func throughputRun(b *testing.B, broker *kafka.Broker, atLeastOnce bool, instance string, n, accounts, remembered int) (cmdsPerSec, cpuPerCmd, commitMs, batchMs float64) {
 	b.Helper()
 	ctx := context.Background()
 	e := benchEnv(b, broker, 8)
 	cl := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	acc := func(i int) string { return fmt.Sprintf("acme/acc-%06d", i%accounts) }
 	t0 := time.Now()
+	if remembered > 0 {
+		preloadRemembered(b, e, cl, partitionOfKey(acc(0), e.topics.Partitions), acc(0), remembered, t0)
+	}
 	promise := kgo.AbortingFirstErrPromise(cl)
 	values := map[pipeline.Message][]byte{} // few distinct payloads: encode each once
 	for i := range n {
@@ -203,9 +209,9 @@ func benchEnv(b *testing.B, broker *kafka.Broker, partitions int32) *env {
 		cl: pipelinetest.Client(b, broker.Addrs()), t0: time.Now().UnixMilli()}
 }
 
-// BenchmarkRestore writes one snapshot for each of 1,000,000 accounts (each
-// remembering two command ids, an open and a deposit, inside the dedup
-// window) to an 8-partition state topic, then measures:
+// BenchmarkRestore writes one snapshot for each of 1,000,000 accounts to an
+// 8-partition state topic (the ids they remember are in the dedup
+// changelog, measured by BenchmarkRestoreRemembered), then measures:
 //
 //   - read_s: reading every state partition to its end, read_committed,
 //     as the restore does, doing nothing with the records (the baseline:
@@ -233,9 +239,8 @@ func BenchmarkRestore(b *testing.B) {
 	var payload int
 	for i := range n {
 		snap := processor.Snapshot[ledger.Account]{
-			Version:   2,
-			Processed: []processor.ProcessedCommand{{CommandID: pipeline.NewCommandID(), AtMs: now - 2000}, {CommandID: pipeline.NewCommandID(), AtMs: now - 1000}},
-			State:     ledger.Account{Open: true, Currency: "EUR", Balance: int64(i)},
+			Version: 2,
+			State:   ledger.Account{Open: true, Currency: "EUR", Balance: int64(i)},
 		}
 		value, err := p.EncodeSnapshot(ctx, snap)
 		if err != nil {
@@ -294,5 +299,131 @@ func BenchmarkRestore(b *testing.B) {
 		b.ReportMetric(perAgg, "B/aggregate")
 		b.ReportMetric(float64(payload)/float64(n), "snapshot_B")
 		b.Logf("%d aggregates, 8 partitions: read %.2fs, restore %.2fs (%.2fs CPU), %.0f B/aggregate in memory (%.0f B of key and snapshot)", n, readS, restoreS, restoreCPU, perAgg, float64(payload)/float64(n))
+	}
+}
+
+// BenchmarkHotAggregate runs the same number of commands (exactly-once)
+// to one aggregate whose partition starts out remembering 1,000,000 of
+// its command ids inside the window, and, as the baseline, to 10,000
+// aggregates over 8 partitions remembering none (the cold workload of
+// BenchmarkThroughput), in ABBA order, and reports each one's median rate
+// and hot/cold. Scaled by ONCEFLOW_BENCH_COMMANDS and
+// ONCEFLOW_BENCH_REMEMBERED (default 1000000).
+func BenchmarkHotAggregate(b *testing.B) {
+	n := benchSize(b, "ONCEFLOW_BENCH_COMMANDS", 200_000)
+	remembered := benchSize(b, "ONCEFLOW_BENCH_REMEMBERED", 1_000_000)
+	broker := pipelinetest.Broker(b)
+	for range b.N {
+		var hot, cold, hotCPU, coldCPU []float64
+		for i, isHot := range []bool{true, false, false, true} {
+			if isHot {
+				cps, cpu, _, _ := throughputRun(b, broker, false, fmt.Sprintf("hot-%d", i), n, 1, remembered)
+				hot, hotCPU = append(hot, cps), append(hotCPU, cpu)
+			} else {
+				cps, cpu, _, _ := throughputRun(b, broker, false, fmt.Sprintf("cold-%d", i), n, 10_000, 0)
+				cold, coldCPU = append(cold, cps), append(coldCPU, cpu)
+			}
+		}
+		h, c := median(hot), median(cold)
+		b.ReportMetric(h, "hot_cmds/s")
+		b.ReportMetric(c, "cold_cmds/s")
+		b.ReportMetric(h/c, "hot/cold")
+		b.ReportMetric(median(hotCPU), "hot_cpu_us/cmd")
+		b.ReportMetric(median(coldCPU), "cold_cpu_us/cmd")
+		b.Logf("%d commands: to one aggregate remembering %d ids %.0f cmds/s (%.1f µs CPU/cmd); to 10,000 aggregates %.0f cmds/s (%.1f µs CPU/cmd)",
+			n, remembered, h, median(hotCPU), c, median(coldCPU))
+	}
+}
+
+// partitionOfKey is the partition Kafka's default partitioner (murmur2)
+// gives key.
+func partitionOfKey(key string, partitions int32) int32 {
+	r := &kgo.Record{Key: []byte(key)}
+	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(r, int(partitions)))
+}
+
+// preloadRemembered writes n remembered command ids of aggregate to the
+// dedup changelog's partition part, as committed transactions of a
+// processor would have at time at, in records of the size it writes.
+func preloadRemembered(b *testing.B, e *env, cl *kgo.Client, part int32, aggregate string, n int, at time.Time) {
+	b.Helper()
+	ctx := context.Background()
+	promise := kgo.AbortingFirstErrPromise(cl)
+	for done := 0; done < n; {
+		k := min(n-done, processor.MaxDigestsPerRecord)
+		ids := make([]pipeline.ID, k)
+		for i := range ids {
+			ids[i] = pipeline.NewCommandID()
+		}
+		cl.Produce(ctx, &kgo.Record{Topic: e.topics.Dedup(), Partition: part, Value: processor.DedupRecord(aggregate, ids), Timestamp: at},
+			promise.Promise())
+		done += k
+	}
+	if err := promise.Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkRestoreRemembered writes 10,000,000 remembered command ids to
+// one partition of the dedup changelog (of 1,000 aggregates, in records of
+// the size the processor writes), then measures:
+//
+//   - read_s: reading the partition to its end, read_committed, doing
+//     nothing with the records (the baseline: what the broker and the
+//     client cost);
+//   - restore_s: the processor's restore of that partition (read, index
+//     every id), with restore_cpu_s;
+//   - B/id: the Go heap the restored ids occupy (after GC, held, minus
+//     after GC, dropped), next to 16, the bytes of one id on the topic.
+//
+// Scaled by ONCEFLOW_BENCH_REMEMBERED_RESTORE (default 10000000).
+func BenchmarkRestoreRemembered(b *testing.B) {
+	n := benchSize(b, "ONCEFLOW_BENCH_REMEMBERED_RESTORE", 10_000_000)
+	ctx := context.Background()
+	broker := pipelinetest.Broker(b)
+	e := benchEnv(b, broker, 8)
+	p, err := processor.New(processor.Config{Topics: e.topics, InstanceID: "bench"}, e.kcfg, ledger.NewDecider(), e.serdes.processor(), nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<16),
+		kgo.ProducerBatchMaxBytes(1<<20), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	const part = 3
+	now := time.Now()
+	per := n / 1000
+	for a := range 1000 {
+		preloadRemembered(b, e, cl, part, fmt.Sprintf("acme/acc-%04d", a), per, now)
+	}
+	rcl := pipelinetest.Client(b, broker.Addrs())
+	for range b.N {
+		start := time.Now()
+		var bytes int
+		if err := kafka.ReadPartition(ctx, rcl, e.topics.Dedup(), part, true, func(r *kgo.Record) error { bytes += len(r.Value); return nil }); err != nil {
+			b.Fatal(err)
+		}
+		readS := time.Since(start).Seconds()
+
+		p.Drop()
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		start, cpu0 := time.Now(), cpuTime()
+		if err := p.Restore(ctx, rcl, []int32{part}); err != nil {
+			b.Fatal(err)
+		}
+		restoreS, restoreCPU := time.Since(start).Seconds(), (cpuTime() - cpu0).Seconds()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if got := p.Remembered(); got != per*1000 {
+			b.Fatalf("restored %d remembered ids, want %d", got, per*1000)
+		}
+		perID := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(per*1000)
+		runtime.KeepAlive(p)
+		b.ReportMetric(readS, "read_s")
+		b.ReportMetric(restoreS, "restore_s")
+		b.ReportMetric(restoreCPU, "restore_cpu_s")
+		b.ReportMetric(perID, "B/id")
+		b.Logf("%d remembered ids in one partition (%d MB on the topic): read %.2fs, restore %.2fs (%.2fs CPU), %.1f B/id in memory",
+			per*1000, bytes>>20, readS, restoreS, restoreCPU, perID)
 	}
 }

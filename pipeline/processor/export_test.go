@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 // AtLeastOnce turns cfg into the benchmark's at-least-once baseline.
@@ -44,3 +46,17 @@ func DecodeSnapshotPayload[S any](b []byte) (Snapshot[S], error) {
 
 // Config returns the processor's configuration with defaults applied.
 func (p *Processor[S]) Config() Config { return p.cfg }
+
+// MaxDigestsPerRecord is how many remembered ids a dedup changelog record
+// holds at most.
+const MaxDigestsPerRecord = maxDigestsPerRecord
+
+// DedupRecord is the dedup changelog record value remembering ids of
+// aggregate.
+func DedupRecord(aggregate string, ids []pipeline.ID) []byte {
+	ds := make([]digest, len(ids))
+	for i, id := range ids {
+		ds[i] = dedupDigest(aggregate, id)
+	}
+	return dedupRecordValue(ds)
+}

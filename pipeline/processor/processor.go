@@ -47,6 +47,11 @@ type Processor[S any] struct {
 	commands, events, state, dlq, dedupTopic string
 	// now is the processor's clock (time.Now; tests move it).
 	now func() time.Time
+	// batchMaxBytes bounds the producer's batches, digestsPerRecord the
+	// ids in a dedup changelog record: both fit the smallest
+	// max.message.bytes of the topics written (checkTopics).
+	batchMaxBytes    int32
+	digestsPerRecord int
 
 	// parts holds the state of each assigned partition. Rebalances are
 	// blocked while a batch runs, so a partition's state never changes
@@ -91,6 +96,7 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
 		commands: cfg.Topics.Commands(), events: cfg.Topics.Events(), state: cfg.Topics.State(), dlq: cfg.Topics.DLQ(),
 		dedupTopic: cfg.Topics.Dedup(), now: cfg.now,
+		batchMaxBytes: defaultBatchMaxBytes, digestsPerRecord: maxDigestsPerRecord,
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
 		parts:   make(map[int32]*table),
@@ -178,6 +184,7 @@ func (p *Processor[S]) consumerOpts(restoreCl *kgo.Client) ([]kgo.Opt, error) {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.BlockRebalanceOnPoll(),
+		kgo.ProducerBatchMaxBytes(p.batchMaxBytes),
 		kgo.RecordPartitioner(statePartitioner{state: t.State(), dedup: t.Dedup(), keyed: kgo.StickyKeyPartitioner(nil)}),
 		// Offsets are fetched with RequireStable, which waits for the
 		// previous owner's transaction; only then is the state read, so it

@@ -10,12 +10,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// checkTopics compares the dedup window with the topics' configuration.
+// checkTopics compares the processor's settings with the configuration of
+// the topics it reads and writes, and sizes what it produces to fit them.
 //
-// The dedup changelog must keep records at least as long as the window,
-// and take records as large as the processor writes: otherwise a restore
-// forgets ids inside the window (a duplicate is then handled twice) or
-// every transaction fails. Either refuses the start.
+// The dedup changelog must keep records at least as long as the window:
+// otherwise a restore forgets ids inside the window and a duplicate is
+// handled twice. That refuses the start.
+//
+// The producer's batches are kept within the smallest max.message.bytes
+// of the topics the processor writes (Kafka's default is 1 MiB). A broker
+// refuses a record batch as a whole; with batches that fit every topic, a
+// record is refused for its size only when it alone is too large, which
+// the client finds before sending, so the command it belongs to is the one
+// blamed (learnRefused) and never a neighbour in its batch. Dedup
+// changelog records are sized to fit too.
 //
 // A commands topic that keeps records longer than the window only draws a
 // warning: a command re-delivered after its id was forgotten (a consumer
@@ -24,8 +32,9 @@ import (
 func (p *Processor[S]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	commands, dedup := p.cfg.Topics.Commands(), p.cfg.Topics.Dedup()
-	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, commands, dedup)
+	t := p.cfg.Topics
+	written := []string{t.Events(), t.State(), t.DLQ(), t.Dedup(), t.Commands()}
+	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, written...)
 	if err != nil {
 		// The session's own errors will say more; the topics were
 		// checked by the component's start (kafka.Provision).
@@ -49,22 +58,37 @@ func (p *Processor[S]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 		return out
 	}
 	window := p.cfg.DedupWindow
-	if ms, ok := configs(commands)["retention.ms"]; ok && (ms < 0 || time.Duration(ms)*time.Millisecond > window) {
+	if ms, ok := configs(t.Commands())["retention.ms"]; ok && (ms < 0 || time.Duration(ms)*time.Millisecond > window) {
 		p.logger.Warn("the dedup window is shorter than the commands topic's retention: a command re-delivered after the window is handled again",
-			"dedup_window", window, "topic", commands, "retention_ms", ms)
+			"dedup_window", window, "topic", t.Commands(), "retention_ms", ms)
 	}
-	dc := configs(dedup)
-	if ms, ok := dc["retention.ms"]; ok && ms >= 0 && time.Duration(ms)*time.Millisecond < window {
+	if ms, ok := configs(t.Dedup())["retention.ms"]; ok && ms >= 0 && time.Duration(ms)*time.Millisecond < window {
 		return fmt.Errorf("topic %s keeps records %s, less than the dedup window (%s): a restore would forget command ids inside the window; raise its retention.ms",
-			dedup, time.Duration(ms)*time.Millisecond, window)
+			t.Dedup(), time.Duration(ms)*time.Millisecond, window)
 	}
-	if max, ok := dc["max.message.bytes"]; ok && max < dedupRecordMaxBytes {
-		return fmt.Errorf("topic %s takes records of at most %d bytes, the processor writes up to %d: raise its max.message.bytes",
-			dedup, max, dedupRecordMaxBytes)
+	limit, smallest := int64(defaultBatchMaxBytes), ""
+	for _, topic := range written {
+		if max, ok := configs(topic)["max.message.bytes"]; ok && max < limit {
+			limit, smallest = max, topic
+		}
 	}
+	if limit < minBatchMaxBytes {
+		return fmt.Errorf("topic %s takes records of at most %d bytes; the processor needs at least %d: raise its max.message.bytes",
+			smallest, limit, minBatchMaxBytes)
+	}
+	p.batchMaxBytes = int32(limit)
+	p.digestsPerRecord = min(maxDigestsPerRecord, int(limit-batchOverhead)/16)
 	return nil
 }
 
-// dedupRecordMaxBytes is the largest dedup changelog record batch the
-// processor writes, with room for Kafka's record and batch overhead.
-const dedupRecordMaxBytes = 1 + 16*maxDigestsPerRecord + 1024
+const (
+	// defaultBatchMaxBytes is franz-go's default producer batch limit,
+	// which matches Kafka's default message.max.bytes.
+	defaultBatchMaxBytes = 1 << 20
+	// minBatchMaxBytes is the smallest topic limit the processor runs
+	// with: an event, a snapshot or a command of an ordinary domain.
+	minBatchMaxBytes = 16 << 10
+	// batchOverhead is room for Kafka's record and batch headers around
+	// a dedup changelog record.
+	batchOverhead = 1024
+)
