@@ -412,7 +412,7 @@ func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S],
 	}()
 	state, version := agg.snap.State, agg.snap.Version
 	d, err := b.p.decider.Decide(state, cmd)
-	base := pipeline.Event{CommandID: cmd.ID, Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: b.notAfterNow(cmd.Time), Traceparent: cmd.Traceparent}
+	base := pipeline.Event{CommandID: cmd.ID, Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
 	out = outcome[S]{effects: d.Commands, state: state, version: version}
 	if rej, ok := pipeline.AsRejection(err); ok {
 		ev := base
@@ -463,7 +463,7 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	return CommandRecord(b.p.commands, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, b.notAfterNow(cause.Time), cause.Traceparent)
+	return CommandRecord(b.p.commands, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
@@ -506,12 +506,13 @@ func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	b.produce(rec)
 }
 
-// notAfterNow is t, or the batch's time if t is later. Every record the
-// processor writes is dated no later than its own clock: a command dated
-// ahead of it (by at most MaxClockSkew, or it is poison) has its events
-// dated when it was handled, so no broker refuses them for a timestamp
-// ahead of its own (Kafka 4 refuses records more than an hour ahead by
-// default), which would fail the whole batch they are in.
+// notAfterNow is t, or the batch's time if t is later. A command dated
+// further ahead of the processor's clock than MaxClockSkew is poison: its
+// DLQ record and its failure are dated when it was handled, so no broker
+// refuses them for a timestamp ahead of its own (Kafka 4 refuses records
+// more than an hour ahead by default), which would fail the whole batch
+// they are in. A command inside the skew keeps its time in its events:
+// MaxClockSkew stays well below the brokers' limit.
 func (b *batch[S]) notAfterNow(t time.Time) time.Time {
 	if t.UnixMilli() > b.now {
 		return time.UnixMilli(b.now)

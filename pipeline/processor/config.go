@@ -32,8 +32,10 @@ type Config struct {
 	DedupWindow time.Duration
 	// MaxClockSkew is how far ahead of the processor's clock a command's
 	// record time may be; a record dated further ahead goes to the DLQ
-	// (future-timestamp). Default 1 hour, the limit Kafka 4 brokers put on
-	// record times by default (message.timestamp.after.max.ms).
+	// (future-timestamp). A command's events carry its time, so keep it
+	// well below the limit brokers put on record times
+	// (message.timestamp.after.max.ms, an hour by default in Kafka 4).
+	// Default 15 minutes.
 	MaxClockSkew time.Duration
 	// MaxCommandBytes bounds a command record's value; a larger one goes
 	// to the DLQ (too-large). Default 1 MiB, ingest's request body limit.
@@ -75,7 +77,7 @@ func (c *Config) setDefaults() error {
 		return errors.New("processor: negative DedupWindow, MaxPollRecords, SessionTimeout, TransactionTimeout, MaxClockSkew, MaxCommandBytes or MaxStringBytes")
 	}
 	if c.MaxClockSkew == 0 {
-		c.MaxClockSkew = time.Hour
+		c.MaxClockSkew = 15 * time.Minute
 	}
 	if c.MaxCommandBytes == 0 {
 		c.MaxCommandBytes = 1 << 20
