@@ -11,17 +11,25 @@
 // instance ({group}-{instance id}). For each poll batch it opens one
 // transaction and, for every command in order:
 //
-//   - checks the headers and decodes the value; a poison record (missing or
-//     bad command-id or tenant, a key that is no aggregate id or names
-//     another tenant's aggregate, undecodable bytes, an unknown schema id,
-//     a type no decider is registered for, a decider that panics or fails
-//     with an error that is no rejection) is produced to
-//     {prefix}.commands.dlq with the dlq-* reason headers, in the same
-//     transaction, and the partition moves on;
-//   - skips a command id its aggregate has already handled within the
-//     dedup window (counted in onceflow_command_dedup_total): relay
-//     re-publishes, producer retries, a redriven DLQ record that was handled
-//     meanwhile;
+//   - checks the key, the headers and the size, decodes the value and
+//     checks its fields as ingest checks an HTTP request (every string
+//     UTF-8, without NUL, bounded; the command's own rules,
+//     pipeline.Validator); a poison record (missing or bad command-id or
+//     tenant, a key that is no valid aggregate id or names another
+//     tenant's aggregate, a field that breaks a rule, a value over
+//     MaxCommandBytes, a time further ahead than MaxClockSkew, undecodable
+//     bytes, an unknown schema id, a type no decider is registered for, a
+//     decider that panics or fails with an error that is no rejection) is
+//     produced to {prefix}.commands.dlq with the dlq-* reason headers, in
+//     the same transaction, and the partition moves on. When the record
+//     names a valid command of a valid aggregate, a CommandFailed event
+//     records the failure on the aggregate too, so the command's status is
+//     failed, never pending forever;
+//   - skips a command its aggregate has already handled within the dedup
+//     window (counted in onceflow_command_dedup_total): relay re-publishes,
+//     producer retries, a redriven DLQ record that was handled meanwhile.
+//     A command is its id within its aggregate: the same id on another
+//     aggregate, or in another tenant, is another command;
 //   - runs the decider on the aggregate's state: its events (ids derived
 //     from the command id and their index, versions counting on from the
 //     aggregate's) or, for a *pipeline.Rejection, one CommandRejected event
@@ -30,9 +38,10 @@
 //     aggregate id.
 //
 // Then it writes a snapshot of every aggregate the batch changed to
-// {prefix}.state, at the command's partition number, and ends the
-// transaction, which commits the input offsets with everything produced:
-// events, commands to other aggregates, DLQ records, snapshots. Money
+// {prefix}.state and the ids of the commands it handled to {prefix}.dedup,
+// both at the command's partition number, and ends the transaction, which
+// commits the input offsets with everything produced: events, commands to
+// other aggregates, DLQ records, snapshots, remembered ids. Money
 // moved by a transfer is therefore either debited and in flight as a
 // committed credit command, or not moved at all.
 //
@@ -40,23 +49,27 @@
 // message size limit) aborts the transaction; the batch is decided again
 // at once with the command whose refused record was the largest sent to
 // the DLQ (reason output-refused) rather than decided, so one oversized
-// decision never stalls its partition.
+// decision never stalls its partition. The producer's batches fit the
+// smallest max.message.bytes of the topics written, so a record refused
+// for its size is refused alone (by the client, before sending) and the
+// command blamed is the one at fault, never a neighbour in its batch.
 //
 // # State
 //
 // State lives in memory per assigned partition, as the snapshot values the
 // committed transactions wrote (table.go): exactly what a restore reads
-// back, about 100 bytes an account. A batch decodes an aggregate when it
+// back, about 80 bytes an account. A batch decodes an aggregate when it
 // first touches it and stages its changes in an overlay; the overlay
 // becomes the state only when the transaction commits. A state type that
 // implements AvroState is encoded and decoded without reflection.
 //
 // On assignment, once the group's offsets are fetched (with RequireStable,
 // which waits for the previous owner's transaction to end), the
-// partition's state is restored from {prefix}.state, read_committed up to
-// its last stable offset, before any of its commands is handled; the
-// snapshots there cover exactly the commands below the committed offset,
-// because both were written by the same transactions. On revocation or loss
+// partition's state is restored from {prefix}.state and its dedup memory
+// from {prefix}.dedup, each read_committed up to its last stable offset,
+// before any of its commands is handled; the snapshots and ids there cover
+// exactly the commands below the committed offset, because all were
+// written by the same transactions. On revocation or loss
 // the partition's state is dropped. Rebalances are blocked while a batch is
 // in flight.
 //
@@ -84,11 +97,20 @@
 // restart fences it (same instance id) or the transaction timeout aborts it;
 // the partitions' next owner waits for that in its offset fetch.
 //
-// # Limits
+// # Dedup memory
 //
-// The dedup memory is per aggregate: an aggregate that handles many
-// commands within the window carries all their ids in every snapshot
-// (22 bytes each) and checks them one by one. That suits aggregates with
-// up to a few thousand commands per window, not one hot aggregate taking
-// millions.
+// Each partition remembers the commands its aggregates handled within the
+// dedup window (an idStore, dedup.go: a 16-byte digest of aggregate id and
+// command id per command, 22 to 25 bytes of memory with its index), from
+// when the processor handled them, by its own clock. It forgets a whole
+// chunk of ids once its newest left the window, so an id is remembered for
+// the window and at most a sixteenth of it longer, never shorter, at any
+// rate and for the oldest id of the window too. Snapshots carry no ids, so
+// their size depends on the state alone, not on the traffic. The window's
+// ids are restored from {prefix}.dedup, whose records (one per partition
+// and transaction, the ids that transaction added) are kept for the
+// window and a day (checked at start); records older than the window are
+// skipped. Snapshots written before the changelog existed still carry
+// their aggregate's ids: a restore remembers them, and a new snapshot of
+// the aggregate carries forward those still in the window.
 package processor
