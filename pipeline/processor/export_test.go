@@ -60,3 +60,15 @@ func DedupRecord(aggregate string, ids []pipeline.ID) []byte {
 	}
 	return dedupRecordValue(ds)
 }
+
+// Parse checks and decodes a command record as a batch at time now does:
+// the command, and the DLQ reason and detail if it is poison.
+func (p *Processor[S]) Parse(ctx context.Context, r *kgo.Record, now time.Time) (cmd pipeline.Command, reason, detail string, err error) {
+	b := newBatch(p, ctx, nil, nil)
+	b.now = now.UnixMilli()
+	cmd, perr, err := b.parse(r)
+	if perr != nil {
+		reason, detail = perr.reason, truncate(perr.err.Error(), maxDetailBytes)
+	}
+	return cmd, reason, detail, err
+}
