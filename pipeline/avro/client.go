@@ -112,11 +112,18 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Register implements Registry with one POST /subjects/{subject}/versions,
-// which registers the schema unless the subject already has it. When the
-// registry does not let this client register (401, 403, or read-only mode)
-// it looks the schema up instead, so a schema registered by a deployment
-// step still resolves.
+// Register implements Registry. It asks the registry first whether the
+// schema may follow the subject's latest version (POST
+// /compatibility/subjects/{subject}/versions/latest, under the level the
+// registry has for the subject) and returns an *IncompatibleError with the
+// registry's reasons when it may not, so a binary whose schema the
+// registry refuses stops at start, saying why. An earlier version of the
+// subject passes (a binary older than the latest version, during a rolling
+// upgrade: readers of the latest read its records). Then it registers with
+// one POST /subjects/{subject}/versions, which adds a version unless the
+// subject already has the schema. When the registry does not let this
+// client register (401, 403, or read-only mode) it looks the schema up
+// instead, so a schema registered by a deployment step still resolves.
 // A schema the registry rejects as invalid returns an error wrapping
 // ErrInvalidSchema.
 func (c *Client) Register(ctx context.Context, subject, schema string) (int, error) {
@@ -128,6 +135,9 @@ func (c *Client) Register(ctx context.Context, subject, schema string) (int, err
 		return id, nil
 	}
 	s := sr.Schema{Schema: schema, Type: sr.TypeAvro}
+	if err := c.checkCompatible(ctx, subject, s); err != nil {
+		return 0, err
+	}
 	id, err := c.cl.RegisterSchema(ctx, subject, s, -1, -1)
 	var re *sr.ResponseError
 	if errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden || re.ErrorCode == codeNotPermitted) {
@@ -140,8 +150,13 @@ func (c *Client) Register(ctx context.Context, subject, schema string) (int, err
 		id, err = ss.ID, nil
 	}
 	if err != nil {
-		if errors.As(err, &re) && re.ErrorCode == codeInvalidSchema {
+		switch {
+		case errors.As(err, &re) && re.ErrorCode == codeInvalidSchema:
 			return 0, fmt.Errorf("register schema under %s: %w: %v", subject, ErrInvalidSchema, err)
+		case errors.As(err, &re) && re.StatusCode == http.StatusConflict:
+			// Checked against more versions than the latest (a transitive
+			// level), or another version registered meanwhile.
+			return 0, &IncompatibleError{Subject: subject, Problems: []string{re.Message}}
 		}
 		return 0, fmt.Errorf("register schema under %s: %w", subject, err)
 	}
@@ -152,6 +167,38 @@ func (c *Client) Register(ctx context.Context, subject, schema string) (int, err
 	c.ids[key] = id
 	c.mu.Unlock()
 	return id, nil
+}
+
+// checkCompatible asks the registry whether s may follow subject's latest
+// version. The first question is not verbose: asked verbosely, Confluent's
+// registry calls an invalid schema incompatible instead of invalid.
+func (c *Client) checkCompatible(ctx context.Context, subject string, s sr.Schema) error {
+	res, err := c.cl.CheckCompatibility(ctx, subject, -1, s)
+	var re *sr.ResponseError
+	switch {
+	case err == nil && res.Is:
+		return nil
+	case err == nil:
+		if ss, lerr := c.cl.LookupSchema(ctx, subject, s); lerr == nil && ss.ID > 0 {
+			return nil // an earlier version: registering it adds nothing
+		}
+		res, err = c.cl.CheckCompatibility(sr.WithParams(ctx, sr.Verbose), subject, -1, s)
+		if err == nil && res.Is { // a version registered meanwhile made room
+			return nil
+		}
+		ie := &IncompatibleError{Subject: subject, Problems: res.Messages}
+		if err != nil {
+			ie.Problems = []string{"the registry says so (asked why: " + err.Error() + ")"}
+		}
+		return ie
+	case errors.As(err, &re) && (re.ErrorCode == codeSubjectNotFound || re.ErrorCode == codeVersionNotFound):
+		return nil // no version yet: Confluent registries before 6.1 answer 404 for "latest"
+	case errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden):
+		return nil // may not ask: registering (or looking up) is checked by the registry itself
+	case errors.As(err, &re) && re.ErrorCode == codeInvalidSchema:
+		return fmt.Errorf("register schema under %s: %w: %v", subject, ErrInvalidSchema, err)
+	}
+	return fmt.Errorf("check compatibility of the schema under %s: %w", subject, err)
 }
 
 // SchemaByID implements Registry with GET /schemas/ids/{id}.

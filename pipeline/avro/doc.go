@@ -65,14 +65,29 @@
 //
 // Registry is the small interface Serde needs: Register (id of a schema
 // under a subject, registering it if new) and SchemaByID. Embedded keeps
-// schemas in memory (`onceflow dev`, tests); its ids start at 1 and are
-// global across subjects, and it compares schemas in a normalized JSON
-// form (whitespace and key order do not matter; docs, defaults and logical
-// types do). Embedded.Handler serves it over HTTP as the subset of
-// Confluent's REST API that clients use (schemas by id, subjects,
-// versions, register, lookup, config), so franz-go's sr client, kcat -s
-// avro and Confluent serializers work against the dev stack. Client is a
-// Registry over a real Confluent-compatible registry (SCHEMA_REGISTRY_URL)
-// through franz-go's sr package, caching ids and schemas forever (they are
-// immutable).
+// schemas in memory (`onceflow dev`, tests), or in a file with
+// OpenEmbedded, so ids survive a restart of what holds the records; its
+// ids start at 1 and are global across subjects, and it compares schemas
+// in a normalized JSON form (whitespace and key order do not matter; docs,
+// defaults and logical types do). Embedded.Handler serves it over HTTP as
+// the subset of Confluent's REST API that clients use (schemas by id,
+// subjects, versions, register, lookup, compatibility, config), so
+// franz-go's sr client, kcat -s avro and Confluent serializers work against
+// the dev stack. Client is a Registry over a real Confluent-compatible
+// registry (SCHEMA_REGISTRY_URL) through franz-go's sr package, caching ids
+// and schemas forever (they are immutable).
+//
+// # Compatibility
+//
+// A schema new to a subject must be compatible with its earlier versions
+// under the subject's compatibility level, with Confluent's meanings:
+// BACKWARD by default (the new version reads records written with the
+// latest: fields added with defaults, no union branch removed, promotions
+// only), FORWARD, FULL, their _TRANSITIVE forms, or NONE. Embedded checks
+// it itself by the resolution rules above (compat.go) and refuses with an
+// *IncompatibleError (ErrIncompatibleSchema) naming each record and field
+// at fault; Client asks the registry's compatibility endpoint before it
+// registers and refuses the same way with the registry's reasons. A
+// schema the subject already has (an older binary during a rolling
+// upgrade) is never refused.
 package avro

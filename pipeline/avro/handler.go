@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/twmb/franz-go/pkg/sr"
 )
 
 // Confluent Schema Registry error codes.
@@ -14,8 +16,11 @@ const (
 	codeSubjectNotFound = 40401
 	codeVersionNotFound = 40402
 	codeSchemaNotFound  = 40403
+	codeNoSubjectLevel  = 40408
+	codeIncompatible    = 40901
 	codeInvalidSchema   = 42201
 	codeInvalidVersion  = 42202
+	codeInvalidLevel    = 42203
 	codeNotPermitted    = 42205
 )
 
@@ -37,12 +42,19 @@ const maxRequestBody = 1 << 20
 //	GET  /subjects/{subject}/versions           [1, 2]
 //	GET  /subjects/{subject}/versions/{version} {"subject","version","id","schema"}; version may be "latest"
 //	GET  /subjects/{subject}/versions/{version}/schema
-//	POST /subjects/{subject}/versions           {"schema": "...", "schemaType"?: "AVRO"} -> {"id": N}
+//	POST /subjects/{subject}/versions           {"schema": "...", "schemaType"?: "AVRO"} -> {"id": N}; 409 if incompatible
 //	POST /subjects/{subject}                    lookup: {"subject","version","id","schema"}
-//	GET  /config, /config/{subject}             {"compatibilityLevel": "BACKWARD"}
-//	PUT  /config, /config/{subject}             echoes the body; nothing is enforced
+//	POST /compatibility/subjects/{subject}/versions/{version}  {"is_compatible": bool, "messages"?: [...]}
+//	POST /compatibility/subjects/{subject}/versions            against the versions the level checks
+//	GET  /config, /config/{subject}             {"compatibilityLevel": "BACKWARD"}; ?defaultToGlobal=true
+//	PUT  /config, /config/{subject}             {"compatibility": "NONE"}: sets the level
+//	DELETE /config/{subject}                    the subject follows the default again; answers the level it had
 //	GET  /mode                                  {"mode": "READWRITE"}
 //
+// Compatibility behaves as in Confluent's registry: a subject's own level,
+// else the default (BACKWARD); ?verbose=true adds the reasons to a
+// compatibility answer; a subject without versions is compatible with
+// anything at "latest".
 // Errors have Confluent's body {"error_code": 40401, "message": "..."}.
 // Deleting, schema references and types other than AVRO are not supported.
 func (e *Embedded) Handler() http.Handler {
@@ -59,13 +71,13 @@ func (e *Embedded) Handler() http.Handler {
 	mux.HandleFunc("GET /subjects/{subject}/versions/{version}/schema", e.serveVersion)
 	mux.HandleFunc("POST /subjects/{subject}/versions", e.serveRegister)
 	mux.HandleFunc("POST /subjects/{subject}", e.serveLookup)
-	compat := func(w http.ResponseWriter, r *http.Request) {
-		reply(w, map[string]string{"compatibilityLevel": "BACKWARD"})
-	}
-	mux.HandleFunc("GET /config", compat)
-	mux.HandleFunc("GET /config/{subject}", compat)
-	mux.HandleFunc("PUT /config", serveEcho)
-	mux.HandleFunc("PUT /config/{subject}", serveEcho)
+	mux.HandleFunc("POST /compatibility/subjects/{subject}/versions/{version}", e.serveCompatibility)
+	mux.HandleFunc("POST /compatibility/subjects/{subject}/versions", e.serveCompatibility)
+	mux.HandleFunc("GET /config", e.serveConfig)
+	mux.HandleFunc("GET /config/{subject}", e.serveConfig)
+	mux.HandleFunc("PUT /config", e.serveSetConfig)
+	mux.HandleFunc("PUT /config/{subject}", e.serveSetConfig)
+	mux.HandleFunc("DELETE /config/{subject}", e.serveDeleteConfig)
 	mux.HandleFunc("GET /mode", func(w http.ResponseWriter, r *http.Request) { reply(w, map[string]string{"mode": "READWRITE"}) })
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		replyError(w, http.StatusNotFound, http.StatusNotFound, "HTTP 404 Not Found")
@@ -212,14 +224,86 @@ func (e *Embedded) serveLookup(w http.ResponseWriter, r *http.Request) {
 	reply(w, sv)
 }
 
-func serveEcho(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
-	if err != nil || !json.Valid(body) {
-		replyError(w, http.StatusUnprocessableEntity, 42203, "Invalid compatibility level")
+// serveCompatibility answers whether a schema may follow a version of a
+// subject (or, without a version, the versions its level checks).
+func (e *Embedded) serveCompatibility(w http.ResponseWriter, r *http.Request) {
+	v := 0
+	if raw := r.PathValue("version"); raw != "" {
+		var ok bool
+		if v, ok = parseVersion(raw); !ok {
+			replyError(w, http.StatusUnprocessableEntity, codeInvalidVersion,
+				"The specified version '"+raw+"' is not a valid version id. Allowed values are between [1, 2^31-1] and the string \"latest\"")
+			return
+		}
+	}
+	req, ok := readSchemaRequest(w, r)
+	if !ok {
 		return
 	}
-	w.Header().Set("Content-Type", contentType)
-	w.Write(body)
+	verbose := r.URL.Query().Get("verbose") == "true"
+	problems, err := e.checkCompatibility(r.PathValue("subject"), req.Schema, v)
+	if errors.Is(err, ErrInvalidSchema) && verbose {
+		problems, err = []string{err.Error()}, nil // as Confluent's registry answers it
+	}
+	if err != nil {
+		replyRegistryError(w, r, err)
+		return
+	}
+	res := map[string]any{"is_compatible": len(problems) == 0}
+	if verbose {
+		res["messages"] = append([]string{}, problems...)
+	}
+	reply(w, res)
+}
+
+func (e *Embedded) serveConfig(w http.ResponseWriter, r *http.Request) {
+	subject := r.PathValue("subject")
+	level, ok := e.subjectLevel(subject)
+	if !ok {
+		if subject != "" && r.URL.Query().Get("defaultToGlobal") != "true" {
+			replyError(w, http.StatusNotFound, codeNoSubjectLevel, "Subject '"+subject+"' does not have subject-level compatibility configured")
+			return
+		}
+		level = e.Compatibility(subject)
+	}
+	reply(w, map[string]string{"compatibilityLevel": level.String()})
+}
+
+func (e *Embedded) serveSetConfig(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Compatibility string `json:"compatibility"`
+	}
+	var level sr.CompatibilityLevel
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err == nil {
+		err = level.UnmarshalText([]byte(req.Compatibility))
+	}
+	if err != nil {
+		replyError(w, http.StatusUnprocessableEntity, codeInvalidLevel, "Invalid compatibility level")
+		return
+	}
+	if err := e.SetCompatibility(r.PathValue("subject"), level); err != nil {
+		replyError(w, http.StatusInternalServerError, 50001, err.Error())
+		return
+	}
+	reply(w, map[string]string{"compatibility": level.String()})
+}
+
+func (e *Embedded) serveDeleteConfig(w http.ResponseWriter, r *http.Request) {
+	subject := r.PathValue("subject")
+	level, err := e.resetCompatibility(subject)
+	if errors.Is(err, errNoSubjectLevel) { // Confluent's registry answers so
+		replyError(w, http.StatusNotFound, codeSubjectNotFound, "Subject '"+subject+"' not found.")
+		return
+	}
+	if err != nil {
+		replyError(w, http.StatusInternalServerError, 50001, err.Error())
+		return
+	}
+	reply(w, map[string]string{"compatibilityLevel": level.String()})
 }
 
 // parseVersion parses a version path segment: 1..2^31-1, "latest" or -1.
@@ -241,6 +325,7 @@ func isRaw(r *http.Request) bool {
 
 func replyRegistryError(w http.ResponseWriter, r *http.Request, err error) {
 	subject := r.PathValue("subject")
+	var incompatible *IncompatibleError
 	switch {
 	case errors.Is(err, errSubjectNotFound):
 		replyError(w, http.StatusNotFound, codeSubjectNotFound, "Subject '"+subject+"' not found.")
@@ -250,6 +335,10 @@ func replyRegistryError(w http.ResponseWriter, r *http.Request, err error) {
 		replyError(w, http.StatusNotFound, codeSchemaNotFound, "Schema not found")
 	case errors.Is(err, ErrInvalidSchema):
 		replyError(w, http.StatusUnprocessableEntity, codeInvalidSchema, err.Error())
+	case errors.As(err, &incompatible):
+		b, _ := json.Marshal(incompatible.Problems)
+		replyError(w, http.StatusConflict, codeIncompatible,
+			"Schema being registered is incompatible with an earlier schema for subject \""+subject+"\", details: "+string(b))
 	default:
 		replyError(w, http.StatusInternalServerError, 50001, err.Error())
 	}

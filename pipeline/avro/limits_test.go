@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -149,11 +150,11 @@ func TestHostileWriterSchemas(t *testing.T) {
 	ctx := context.Background()
 	reg := avro.NewEmbedded()
 	s := newSerde(t, reg, avro.ValueSubject("ledger.events"), ledgerSchema(t, schemas.Events), eventTypes())
-	for _, ws := range []string{
+	for i, ws := range []string{
 		`{"type":"record","name":"L","namespace":"onceflow.ledger","fields":[{"name":"next","type":["null","L"]}]}`,
 		`{"type":"record","name":"Deposited","namespace":"onceflow.ledger","fields":[{"name":"amount","type":"long"},{"name":"pad","type":{"type":"array","items":"null"}}]}`,
 	} {
-		id, err := reg.Register(ctx, "other-value", ws)
+		id, err := reg.Register(ctx, fmt.Sprintf("other-%d-value", i), ws)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -66,8 +68,8 @@ func testRegistry(t *testing.T, newReg func(t *testing.T) avro.Registry) {
 	t.Run("ids start at 1 in registration order", func(t *testing.T) {
 		t.Parallel()
 		r := newReg(t)
-		for i, s := range []string{schemaA, schemaB, schemaA2} {
-			if got := register(t, r, "s-value", s); got != i+1 {
+		for i, s := range []struct{ subject, schema string }{{"s-value", schemaA}, {"b-value", schemaB}, {"s-value", schemaA2}} {
+			if got := register(t, r, s.subject, s.schema); got != i+1 {
 				t.Errorf("schema %d: got id %d, want %d", i, got, i+1)
 			}
 		}
@@ -98,7 +100,7 @@ func testRegistry(t *testing.T, newReg func(t *testing.T) avro.Registry) {
 		if a != b {
 			t.Errorf("got ids %d and %d, want one id", a, b)
 		}
-		if c := register(t, r, "two-value", schemaB); c == a {
+		if c := register(t, r, "three-value", schemaB); c == a {
 			t.Errorf("a different schema got the same id %d", c)
 		}
 	})
@@ -182,11 +184,11 @@ func testRegistry(t *testing.T, newReg func(t *testing.T) avro.Registry) {
 		errs := make([]error, len(ids))
 		for i := range ids {
 			wg.Go(func() {
-				schema := schemaA
+				subject, schema := "a-value", schemaA
 				if i%2 == 1 {
-					schema = schemaB
+					subject, schema = "b-value", schemaB
 				}
-				ids[i], errs[i] = r.Register(ctx, "s-value", schema)
+				ids[i], errs[i] = r.Register(ctx, subject, schema)
 			})
 		}
 		wg.Wait()
@@ -202,7 +204,50 @@ func testRegistry(t *testing.T, newReg func(t *testing.T) avro.Registry) {
 			t.Errorf("got ids %d and %d, want 1 and 2", ids[0], ids[1])
 		}
 	})
+
+	t.Run("an incompatible version is refused, naming the field", func(t *testing.T) {
+		t.Parallel()
+		r := newReg(t)
+		v1 := register(t, r, "s-value", schemaA)
+		_, err := r.Register(ctx, "s-value", schemaANoDefault)
+		var ie *avro.IncompatibleError
+		if !errors.Is(err, avro.ErrIncompatibleSchema) || !errors.As(err, &ie) {
+			t.Fatalf("got %v, want an *IncompatibleError", err)
+		}
+		if ie.Subject != "s-value" || !strings.Contains(err.Error(), "record t.A, field y") {
+			t.Errorf("got %v, want the subject and the record and field at fault", err)
+		}
+		if _, err := r.Register(ctx, "s-value", schemaB); !errors.Is(err, avro.ErrIncompatibleSchema) || !strings.Contains(err.Error(), "t.B") {
+			t.Errorf("another record: got %v, want ErrIncompatibleSchema naming t.B", err)
+		}
+		// Nothing was registered: the next schema gets the next id.
+		if got := register(t, r, "s-value", schemaA2); got != v1+1 {
+			t.Errorf("a compatible version: got id %d, want %d", got, v1+1)
+		}
+		// Another subject has versions of its own.
+		register(t, r, "other-value", schemaANoDefault)
+	})
+
+	t.Run("an earlier version registers again", func(t *testing.T) {
+		t.Parallel()
+		// A binary older than the latest version, during a rolling
+		// upgrade: the latest reads its records, the reverse need not hold
+		// (it lacks the union branch the latest added).
+		r := newReg(t)
+		v1 := register(t, r, "u-value", unionV1)
+		register(t, r, "u-value", unionV2)
+		if got := register(t, r, "u-value", unionV1); got != v1 {
+			t.Errorf("got id %d, want %d", got, v1)
+		}
+	})
 }
+
+const (
+	schemaANoDefault = `{"type":"record","name":"A","namespace":"t","fields":[{"name":"x","type":"long"},{"name":"y","type":"string"}]}`
+	schemaAZ         = `{"type":"record","name":"A","namespace":"t","fields":[{"name":"x","type":"long"},{"name":"z","type":"int"}]}`
+	unionV1          = `[` + schemaA + `]`
+	unionV2          = `[` + schemaA + `,` + schemaB + `]`
+)
 
 // TestHandlerWithFranzGoClient checks that franz-go's sr client, as other
 // tools would, can use the embedded registry over HTTP.
@@ -286,10 +331,43 @@ func TestHandlerWithFranzGoClient(t *testing.T) {
 	if err != nil || !slices.Equal(types, []sr.SchemaType{sr.TypeAvro}) {
 		t.Errorf("SupportedTypes: got (%v, %v), want [AVRO]", types, err)
 	}
-	for _, res := range cl.Compatibility(ctx, "", "ledger.events-value") {
+	for _, res := range cl.Compatibility(sr.WithParams(ctx, sr.DefaultToGlobal), "", "ledger.events-value") {
 		if res.Err != nil || res.Level != sr.CompatBackward {
 			t.Errorf("Compatibility(%q): got (%v, %v), want BACKWARD", res.Subject, res.Level, res.Err)
 		}
+	}
+	res := cl.Compatibility(ctx, "ledger.events-value")[0]
+	wantCode(t, "Compatibility of a subject without a level of its own", res.Err, 404, 40408)
+
+	// Compatibility as Confluent's registry checks it.
+	check, err := cl.CheckCompatibility(ctx, "ledger.events-value", -1, sr.Schema{Schema: schemaB})
+	if err != nil || check.Is {
+		t.Errorf("CheckCompatibility of another record: got (%+v, %v), want incompatible", check, err)
+	}
+	check, err = cl.CheckCompatibility(sr.WithParams(ctx, sr.Verbose), "ledger.events-value", -1, sr.Schema{Schema: schemaB})
+	if err != nil || check.Is || len(check.Messages) == 0 || !strings.Contains(check.Messages[0], "t.B") {
+		t.Errorf("CheckCompatibility, verbose: got (%+v, %v), want the reason", check, err)
+	}
+	check, err = cl.CheckCompatibility(ctx, "nope-value", -1, sr.Schema{Schema: schemaB})
+	if err != nil || !check.Is {
+		t.Errorf("CheckCompatibility with a new subject: got (%+v, %v), want compatible", check, err)
+	}
+	_, err = cl.CheckCompatibility(ctx, "ledger.events-value", 9, sr.Schema{Schema: schemaA})
+	wantCode(t, "CheckCompatibility with version 9", err, 404, 40402)
+	_, err = cl.CreateSchema(ctx, "ledger.events-value", sr.Schema{Schema: schemaB})
+	wantCode(t, "CreateSchema of an incompatible schema", err, 409, 40901)
+	set := cl.SetCompatibility(ctx, sr.SetCompatibility{Level: sr.CompatNone}, "ledger.events-value")[0]
+	if set.Err != nil || set.Level != sr.CompatNone {
+		t.Fatalf("SetCompatibility(NONE): got (%v, %v)", set.Level, set.Err)
+	}
+	if _, err := cl.CreateSchema(ctx, "ledger.events-value", sr.Schema{Schema: schemaB}); err != nil {
+		t.Errorf("CreateSchema under NONE: %v", err)
+	}
+	if res := cl.ResetCompatibility(ctx, "ledger.events-value")[0]; res.Err != nil {
+		t.Errorf("ResetCompatibility: %v", res.Err)
+	}
+	if res := cl.Compatibility(sr.WithParams(ctx, sr.DefaultToGlobal), "ledger.events-value")[0]; res.Level != sr.CompatBackward {
+		t.Errorf("after the reset: got %v, want BACKWARD", res.Level)
 	}
 }
 
@@ -333,16 +411,33 @@ func TestHandlerHTTP(t *testing.T) {
 		{"GET", "/subjects/s-value/versions/0", "", 422, "42202"},
 		{"GET", "/subjects/s-value/versions/2", "", 404, "40402"},
 		{"GET", "/subjects/nope/versions/1", "", 404, "40401"},
-		{"POST", "/subjects/s-value/versions", `{"schema":` + jsonString(schemaB) + `}`, 200, `{"id":2}`},
-		{"POST", "/subjects/s-value/versions", `{"schema":` + jsonString(schemaB) + `,"schemaType":"AVRO"}`, 200, `{"id":2}`},
+		{"POST", "/subjects/s-value/versions", `{"schema":` + jsonString(schemaA2) + `}`, 200, `{"id":2}`},
+		{"POST", "/subjects/s-value/versions", `{"schema":` + jsonString(schemaA2) + `,"schemaType":"AVRO"}`, 200, `{"id":2}`},
+		{"POST", "/subjects/s-value/versions", `{"schema":` + jsonString(schemaB) + `}`, 409, "40901"},
+		{"POST", "/compatibility/subjects/s-value/versions/latest", `{"schema":` + jsonString(schemaB) + `}`, 200, `{"is_compatible":false}`},
+		{"POST", "/compatibility/subjects/s-value/versions/1?verbose=true", `{"schema":` + jsonString(schemaA2) + `}`, 200, `{"is_compatible":true,"messages":[]}`},
+		{"POST", "/compatibility/subjects/s-value/versions?verbose=true", `{"schema":` + jsonString(schemaAZ) + `}`, 200,
+			`{"is_compatible":false,"messages":["record t.A, field z: the new schema has no default for it and version 2 lacks the field, so its records could not be read"]}`},
+		{"POST", "/compatibility/subjects/nope-value/versions/latest", `{"schema":` + jsonString(schemaB) + `}`, 200, `{"is_compatible":true}`},
+		{"POST", "/compatibility/subjects/s-value/versions/7", `{"schema":` + jsonString(schemaB) + `}`, 404, "40402"},
+		{"POST", "/compatibility/subjects/s-value/versions/x", `{"schema":` + jsonString(schemaB) + `}`, 422, "42202"},
+		{"POST", "/compatibility/subjects/s-value/versions/latest", `{"schema":"{\"type\":\"nope\"}"}`, 422, "42201"},
 		{"POST", "/subjects/s-value/versions", `{"schema":"{\"type\":\"nope\"}"}`, 422, "42201"},
 		{"POST", "/subjects/s-value/versions", `{"schema":` + jsonString(schemaB) + `,"references":[{"name":"x","subject":"y","version":1}]}`, 422, "42201"},
 		{"POST", "/subjects/s-value/versions", `{`, 422, "42201"},
 		{"POST", "/subjects/s-value", `{"schema":` + jsonString(schemaA) + `}`, 200, `{"subject":"s-value","version":1,"id":1,"schema":` + jsonString(schemaA) + `}`},
-		{"POST", "/subjects/s-value", `{"schema":` + jsonString(schemaA2) + `}`, 404, "40403"},
+		{"POST", "/subjects/s-value", `{"schema":` + jsonString(schemaB) + `}`, 404, "40403"},
 		{"GET", "/config", "", 200, `{"compatibilityLevel":"BACKWARD"}`},
-		{"GET", "/config/s-value", "", 200, `{"compatibilityLevel":"BACKWARD"}`},
+		{"GET", "/config/s-value", "", 404, "40408"},
+		{"GET", "/config/s-value?defaultToGlobal=true", "", 200, `{"compatibilityLevel":"BACKWARD"}`},
 		{"PUT", "/config/s-value", `{"compatibility":"NONE"}`, 200, `{"compatibility":"NONE"}`},
+		{"GET", "/config/s-value", "", 200, `{"compatibilityLevel":"NONE"}`},
+		{"POST", "/subjects/s-value/versions", `{"schema":` + jsonString(schemaB) + `}`, 200, `{"id":3}`},
+		{"PUT", "/config/s-value", `{"compatibility":"SIDEWAYS"}`, 422, "42203"},
+		{"DELETE", "/config/s-value", "", 200, `{"compatibilityLevel":"NONE"}`},
+		{"DELETE", "/config/s-value", "", 404, "40401"},
+		{"PUT", "/config", `{"compatibility":"FULL"}`, 200, `{"compatibility":"FULL"}`},
+		{"GET", "/config", "", 200, `{"compatibilityLevel":"FULL"}`},
 		{"GET", "/nothing/here", "", 404, "404"},
 	} {
 		req, err := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
@@ -414,7 +509,71 @@ func TestClientReadOnlyRegistry(t *testing.T) {
 	if err != nil || got != id {
 		t.Errorf("registered schema: got (%d, %v), want %d", got, err, id)
 	}
-	if _, err := c.Register(ctx, "s-value", schemaB); err == nil || !strings.Contains(err.Error(), "User cannot access") {
+	if _, err := c.Register(ctx, "s-value", schemaA2); err == nil || !strings.Contains(err.Error(), "User cannot access") {
 		t.Errorf("unregistered schema: got %v, want the registry's refusal", err)
+	}
+}
+
+// An embedded registry opened on a file comes back with every id, version
+// and compatibility level it had: an edited schema registered after a
+// restart gets a new id, never the id records of the version before it
+// carry.
+func TestOpenEmbeddedRemembers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "registry", "schemas.json")
+	reg, err := avro.OpenEmbedded(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []struct{ subject, schema string }{{"s-value", schemaA}, {"b-value", schemaB}, {"s-value", schemaA2}} {
+		if _, err := reg.Register(ctx, s.subject, s.schema); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := reg.SetCompatibility("b-value", sr.CompatNone); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Register(ctx, "s-value", schemaAZ); !errors.Is(err, avro.ErrIncompatibleSchema) {
+		t.Fatalf("incompatible version: got %v", err)
+	}
+
+	again, err := avro.OpenEmbedded(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[int]string{1: schemaA, 2: schemaB, 3: schemaA2} {
+		if got, err := again.SchemaByID(ctx, id); err != nil || got != want {
+			t.Errorf("after reopening, schema %d: got (%s, %v), want %s", id, got, err, want)
+		}
+	}
+	if _, err := again.SchemaByID(ctx, 4); !errors.Is(err, avro.ErrUnknownSchema) {
+		t.Errorf("schema 4: got %v, want unknown: the refused version was not kept", err)
+	}
+	// The binary's schemas registered again at start: the same ids.
+	if id, err := again.Register(ctx, "s-value", schemaA2); err != nil || id != 3 {
+		t.Errorf("latest version again: got (%d, %v), want 3", id, err)
+	}
+	edited := strings.Replace(schemaA2, `"default":""`, `"default":"none"`, 1)
+	if id, err := again.Register(ctx, "s-value", edited); err != nil || id != 4 {
+		t.Errorf("an edited schema: got (%d, %v), want a new id, 4", id, err)
+	}
+	if got := again.Compatibility("b-value"); got != sr.CompatNone {
+		t.Errorf("b-value's level: got %v, want NONE", got)
+	}
+	if got := again.Compatibility("s-value"); got != sr.CompatBackward {
+		t.Errorf("s-value's level: got %v, want BACKWARD", got)
+	}
+	if third, err := avro.OpenEmbedded(path); err != nil {
+		t.Fatal(err)
+	} else if got, err := third.SchemaByID(ctx, 4); err != nil || got != edited {
+		t.Errorf("after a second reopening, schema 4: got (%s, %v)", got, err)
+	}
+
+	if err := os.WriteFile(path, []byte(`{"registrations":[{"subject":"s-value","schema":"nope"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := avro.OpenEmbedded(path); err == nil {
+		t.Error("a damaged file: opened, want an error")
 	}
 }
