@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
@@ -23,7 +24,8 @@ import (
 // DevConfig configures `onceflow dev`.
 type DevConfig struct {
 	RunConfig
-	// DataDir holds the broker's data (DataDir/kafka) and, when
+	// DataDir holds the broker's data (DataDir/kafka), the schema
+	// registry's (DataDir/registry.json) and, when
 	// DATABASE_URL does not answer, the private Postgres cluster
 	// (DataDir/postgres). Default ".data".
 	DataDir string
@@ -94,9 +96,13 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	}()
 
 	// The dev stack always serves its own registry, so other clients
-	// (kcat, other processes) can use the same ids.
-	reg, err := EmbeddedRegistry(ctx, dc.Topics)
+	// (kcat, other processes) can use the same ids. It keeps them next to
+	// the broker's data: records there carry them.
+	reg, err := avro.OpenEmbedded(filepath.Join(dc.DataDir, "registry.json"))
 	if err != nil {
+		return err
+	}
+	if err := RegisterSchemas(ctx, reg, dc.Topics); err != nil {
 		return err
 	}
 	registryLn, err := net.Listen("tcp", dc.RegistryAddr)

@@ -68,16 +68,32 @@ func Registry(ctx context.Context, cfg Config) (avro.Registry, error) {
 // every process.
 func EmbeddedRegistry(ctx context.Context, topics kafka.Topics) (*avro.Embedded, error) {
 	reg := avro.NewEmbedded()
+	return reg, RegisterSchemas(ctx, reg, topics)
+}
+
+// RegisterSchemas registers the ledger's schemas for topics in reg, in the
+// order commands, events, state. A schema the registry refuses as
+// incompatible with an earlier version stops the start.
+func RegisterSchemas(ctx context.Context, reg avro.Registry, topics kafka.Topics) error {
 	for _, suffix := range []string{schemas.Commands, schemas.Events, schemas.State} {
 		schema, err := schemas.FS.ReadFile(schemas.File(suffix))
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := reg.Register(ctx, avro.ValueSubject(topicOf(topics, suffix)), string(schema)); err != nil {
-			return nil, fmt.Errorf("register %s schema: %w", suffix, err)
+			return registerError(suffix, err)
 		}
 	}
-	return reg, nil
+	return nil
+}
+
+// registerError says which schema a registry refused, and where to read
+// how schemas evolve when it refused it as incompatible.
+func registerError(suffix string, err error) error {
+	if errors.Is(err, avro.ErrIncompatibleSchema) {
+		return fmt.Errorf("register %s schema: %w (docs/schemas.md#evolving-schemas)", suffix, err)
+	}
+	return fmt.Errorf("register %s schema: %w", suffix, err)
 }
 
 func topicOf(t kafka.Topics, suffix string) string {
@@ -107,7 +123,7 @@ func NewSerdes(ctx context.Context, reg avro.Registry, topics kafka.Topics) (Ser
 			return nil, fmt.Errorf("%s serde: %w", suffix, err)
 		}
 		if _, err := s.Register(ctx); err != nil {
-			return nil, fmt.Errorf("register %s schema: %w", suffix, err)
+			return nil, registerError(suffix, err)
 		}
 		return s, nil
 	}
