@@ -5,9 +5,12 @@
 // the topic carries; the record name is the command-type / event-type
 // header.
 //
-// Evolve them compatibly: add fields with defaults, add union branches at
-// the end, never rename or reorder. Readers decode with the writer's schema
-// (by id) and fill what it lacks from these defaults.
+// Evolve them compatibly (docs/schemas.md#evolving-schemas): add fields
+// with defaults, add union branches at the end, never rename or remove a
+// record. Readers decode with the writer's schema (by id) and fill what it
+// lacks from these defaults. A registry checks each new version when a
+// component registers it at start (BACKWARD unless the subject says
+// otherwise) and the component refuses to start if it is incompatible.
 package schemas
 
 import "embed"
