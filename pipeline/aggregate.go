@@ -12,12 +12,13 @@ import (
 // unknown-command-type) instead.
 var ErrUnhandledCommand = errors.New("no decide function registered for command type")
 
-// Aggregate is one aggregate type assembled the way DESIGN §2 describes it:
-// a pure decide function per command type it accepts, and one pure evolve
-// function that folds any of its events into the state. It implements
-// Decider, so the processor runs it like any other; the processor also
-// asks Handles, so a command of a type nobody registered is poison (it goes
-// to the DLQ) rather than a domain rejection.
+// Aggregate is one aggregate type assembled as
+// docs/architecture.md#identity-at-each-boundary describes it: a pure decide
+// function per command type it accepts, and one pure evolve function that folds
+// any of its events into the state. It implements Decider, so the processor
+// runs it like any other; the processor also asks Handles, so a command of a
+// type nobody registered is poison (it goes to the DLQ) rather than a domain
+// rejection.
 //
 // Register the decide functions with Handle before the processor starts;
 // an Aggregate is read-only afterwards and safe for concurrent use.

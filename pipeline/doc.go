@@ -9,7 +9,7 @@
 // subpackages named after what they wrap (kafka, postgres, avro) and role
 // packages (ingest, relay, processor, projector) build the runtime from them.
 //
-// Identity at each boundary (DESIGN §2):
+// Identity at each boundary (docs/architecture.md#identity-at-each-boundary):
 //
 //   - a command id is a UUIDv7 minted when ingest first accepts an
 //     Idempotency-Key, or a stable id a direct Kafka producer sends in the

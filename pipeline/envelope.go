@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// Kafka header names (DESIGN §5). Commands carry command-id, tenant and
-// command-type; events carry event-id, event-type, command-id (causation),
-// aggregate-version and tenant; DLQ records add the dlq-* headers.
+// Kafka header names (docs/architecture.md#topics-keys-and-headers). Commands
+// carry command-id, tenant and command-type; events carry event-id, event-type,
+// command-id (causation), aggregate-version and tenant; DLQ records add the
+// dlq-* headers.
 const (
 	HeaderCommandID          = "command-id"
 	HeaderTenant             = "tenant"

@@ -1,4 +1,4 @@
--- The tables of DESIGN §6 that the first end-to-end slice needs.
+-- The tables the first end-to-end slice needs (docs/architecture.md#postgres-tables).
 
 -- +goose Up
 
@@ -18,7 +18,7 @@ CREATE INDEX api_keys_tenant ON api_keys (tenant);
 -- a retry gets the same response. Retention is by dropping daily partitions.
 -- Postgres cannot enforce a unique (tenant, key) across range partitions;
 -- ingest guards it with a transaction-level advisory lock on hash(tenant,
--- key) plus a lookup over the live partitions (DESIGN §6).
+-- key) plus a lookup over the live partitions (docs/ingest.md#idempotency-key).
 CREATE TABLE idempotency_keys (
     tenant           text        NOT NULL,
     key              text        NOT NULL,

@@ -1,4 +1,4 @@
-// Command ingest is onceflow's HTTP ingest: it accepts commands with Idempotency-Key into the Postgres outbox (DESIGN §7).
+// Command ingest is onceflow's HTTP ingest: it accepts commands with Idempotency-Key into the Postgres outbox (docs/ingest.md).
 //
 // Configuration is by environment variable or flag (`ingest -h`):
 // KAFKA_BROKERS, DATABASE_URL, SCHEMA_REGISTRY_URL, ONCEFLOW_TOPIC_PREFIX,

@@ -1,7 +1,7 @@
-// Package apiclient is a small Go client of onceflow's HTTP API (DESIGN
-// §7), used by the demo, the end-to-end tests and the chaos harness. It
-// does not retry by itself: callers choose when to resend with the same
-// Idempotency-Key (a retry) or a new one (a new operation).
+// Package apiclient is a small Go client of onceflow's HTTP API
+// (docs/ingest.md), used by the demo, the end-to-end tests and the chaos
+// harness. It does not retry by itself: callers choose when to resend with the
+// same Idempotency-Key (a retry) or a new one (a new operation).
 package apiclient
 
 import (

@@ -4,11 +4,11 @@
 //
 // # Wire format
 //
-// Every record value is framed as Confluent's serializers frame it (DESIGN
-// §5): byte 0 is the magic 0, bytes 1..4 the schema id (big-endian), then
-// the Avro binary encoding of one datum. AppendHeader and ParseHeader
-// handle the frame; Serde does the rest. Subjects follow TopicNameStrategy
-// ("{topic}-value", see ValueSubject).
+// Every record value is framed as Confluent's serializers frame it
+// (docs/consumers.md#values-wire-format-subjects-and-schema-ids): byte 0 is the
+// magic 0, bytes 1..4 the schema id (big-endian), then the Avro binary encoding
+// of one datum. AppendHeader and ParseHeader handle the frame; Serde does the
+// rest. Subjects follow TopicNameStrategy ("{topic}-value", see ValueSubject).
 //
 // # Schema resolution
 //

@@ -1,6 +1,6 @@
-// Package ingest is onceflow's HTTP boundary (DESIGN §7): it authenticates a
-// tenant by API key, validates a command, and accepts it exactly once per
-// (tenant, Idempotency-Key).
+// Package ingest is onceflow's HTTP boundary (docs/ingest.md): it
+// authenticates a tenant by API key, validates a command, and accepts it
+// exactly once per (tenant, Idempotency-Key).
 //
 // # A request's way in
 //

@@ -292,7 +292,7 @@ func parseClose(r *http.Request, body []byte) (command, *Problem) {
 
 // parseTransfer is POST /v1/transfers {"transfer_id","from","to","amount"}:
 // a RequestTransfer on the source account, which debits it and credits
-// the target (DESIGN §4).
+// the target (docs/architecture.md#the-reference-domain-the-ledger).
 func parseTransfer(_ *http.Request, body []byte) (command, *Problem) {
 	obj, errs, p := decodeObject(body, "transfer_id", "from", "to", "amount")
 	if p != nil {

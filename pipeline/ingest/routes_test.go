@@ -17,8 +17,8 @@ import (
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
-// Every command route of DESIGN §7 puts the right command, on the right
-// aggregate, in the outbox.
+// Every command route (docs/ingest.md#routes) puts the right command, on
+// the right aggregate, in the outbox.
 func TestCommandRoutes(t *testing.T) {
 	t.Parallel()
 	pool, _ := pipelinetest.Pool(t)

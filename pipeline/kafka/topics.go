@@ -11,7 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 )
 
-// Topics names onceflow's topics (DESIGN §5) and how to create them.
+// Topics names onceflow's topics (docs/architecture.md#topics-keys-and-headers)
+// and how to create them.
 type Topics struct {
 	// Prefix is ONCEFLOW_TOPIC_PREFIX. Default "ledger".
 	Prefix string
@@ -119,11 +120,12 @@ func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
 	return Check(ctx, adm, t)
 }
 
-// Check verifies that the topics exist with the cleanup policies of DESIGN
-// §5 and that commands and state have the same partition count (the
-// processor restores a commands partition's state from the same-numbered
-// state partition; unequal counts would restore the wrong aggregates).
-// Components call it at start and refuse to run on a mismatch.
+// Check verifies that the topics exist with the cleanup policies of
+// docs/architecture.md#topics-keys-and-headers and that commands and state have
+// the same partition count (the processor restores a commands partition's state
+// from the same-numbered state partition; unequal counts would restore the
+// wrong aggregates). Components call it at start and refuse to run on a
+// mismatch.
 func Check(ctx context.Context, adm *kadm.Client, t Topics) error {
 	t = t.withDefaults()
 	specs := t.Specs()

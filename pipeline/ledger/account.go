@@ -51,8 +51,9 @@ func RefundCommandID(creditID pipeline.ID) pipeline.ID {
 	return pipeline.NameID(transferNamespace, append([]byte("refund\x00"), creditID[:]...))
 }
 
-// NewDecider returns the account aggregate as the processor runs it: one
-// pure decide function per command type of DESIGN §4, and Evolve.
+// NewDecider returns the account aggregate as the processor runs it: one pure
+// decide function per command type
+// (docs/architecture.md#the-reference-domain-the-ledger), and Evolve.
 func NewDecider() *pipeline.Aggregate[Account] {
 	a := pipeline.NewAggregate(Evolve)
 	pipeline.Handle(a, openAccount)

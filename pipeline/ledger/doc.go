@@ -1,6 +1,7 @@
-// Package ledger is onceflow's reference domain (DESIGN §4): accounts with
-// deposits, withdrawals, closing, and transfers between accounts of one
-// tenant. Every test, demo and benchmark runs it.
+// Package ledger is onceflow's reference domain
+// (docs/architecture.md#the-reference-domain-the-ledger): accounts with
+// deposits, withdrawals, closing, and transfers between accounts of one tenant.
+// Every test, demo and benchmark runs it.
 //
 // It is written the way a user of onceflow writes a domain: command and
 // event types bound to the Avro schemas in schemas/, a pure Decider over the

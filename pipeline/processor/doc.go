@@ -3,13 +3,14 @@
 //
 // # The runtime
 //
-// A user describes an aggregate type with pure functions (DESIGN §2): a
-// pipeline.Aggregate with one decide function registered per command type
-// (pipeline.Handle) and one evolve. The Processor does the rest: it is one
-// member of a consumer group on {prefix}.commands, reading read_committed
-// through a franz-go GroupTransactSession with one transactional id per
-// instance ({group}-{instance id}). For each poll batch it opens one
-// transaction and, for every command in order:
+// A user describes an aggregate type with pure functions
+// (docs/architecture.md#identity-at-each-boundary): a pipeline.Aggregate with
+// one decide function registered per command type (pipeline.Handle) and one
+// evolve. The Processor does the rest: it is one member of a consumer group on
+// {prefix}.commands, reading read_committed through a franz-go
+// GroupTransactSession with one transactional id per instance
+// ({group}-{instance id}). For each poll batch it opens one transaction and,
+// for every command in order:
 //
 //   - checks the key, the headers and the size, decodes the value and
 //     checks its fields as ingest checks an HTTP request (every string

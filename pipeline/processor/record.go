@@ -9,13 +9,13 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 )
 
-// CommandRecord returns a command as the processor expects to find it on
-// the commands topic (DESIGN §5), for any producer of commands: the key is
-// the aggregate id ("tenant/local-id"), the value the encoded command
-// (Confluent-framed Avro of the topic's schema), the headers command-id,
-// tenant (the aggregate id's tenant), command-type and, when given,
-// traceparent. The record timestamp is the command's time, which deciders
-// and the dedup window use; a zero at leaves it to the client (now).
+// CommandRecord returns a command as the processor expects to find it on the
+// commands topic (docs/architecture.md#topics-keys-and-headers), for any
+// producer of commands: the key is the aggregate id ("tenant/local-id"), the
+// value the encoded command (Confluent-framed Avro of the topic's schema), the
+// headers command-id, tenant (the aggregate id's tenant), command-type and,
+// when given, traceparent. The record timestamp is the command's time, which
+// deciders and the dedup window use; a zero at leaves it to the client (now).
 // Produce it with the default (murmur2) key partitioner.
 func CommandRecord(topic, aggregateID string, id pipeline.ID, commandType string, value []byte, at time.Time, traceparent string) (*kgo.Record, error) {
 	tenant, _, err := pipeline.SplitAggregateID(aggregateID)

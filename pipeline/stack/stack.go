@@ -27,7 +27,7 @@ import (
 	"github.com/onceflow/onceflow/schemas"
 )
 
-// Config is what every component needs (DESIGN §9).
+// Config is what every component needs (docs/architecture.md#configuration).
 type Config struct {
 	Kafka       kafka.Config
 	Topics      kafka.Topics

@@ -1,6 +1,6 @@
-// Package cli reads the configuration every onceflow binary shares (DESIGN
-// §9): each setting is an environment variable with a flag of the same
-// meaning; the flag wins.
+// Package cli reads the configuration every onceflow binary shares
+// (docs/architecture.md#configuration): each setting is an environment variable
+// with a flag of the same meaning; the flag wins.
 package cli
 
 import (
