@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 )
@@ -168,7 +167,16 @@ func ParseID(s string) (ID, error) {
 	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
 		return id, ErrInvalidID
 	}
-	if _, err := hex.Decode(id[:], []byte(strings.ReplaceAll(s, "-", ""))); err != nil {
+	// Decode the five groups where they stand: removing every dash first
+	// would let dashes elsewhere through ("00-0000--0000-…" decoded to 15
+	// bytes and a zero).
+	var hx [32]byte
+	copy(hx[0:8], s[0:8])
+	copy(hx[8:12], s[9:13])
+	copy(hx[12:16], s[14:18])
+	copy(hx[16:20], s[19:23])
+	copy(hx[20:32], s[24:36])
+	if _, err := hex.Decode(id[:], hx[:]); err != nil {
 		return Nil, ErrInvalidID
 	}
 	return id, nil

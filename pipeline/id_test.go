@@ -108,6 +108,7 @@ func TestParseID(t *testing.T) {
 		{"01890a5d-ac96-774b-bcce-b302099a805", false},
 		{"01890a5d-ac96-774b-bcce-b302099a805g", false},
 		{"01890a5d-ac96-774b-bcce+b302099a8057", false},
+		{"00-0000--0000-0000-0000-000000000000", false}, // dashes out of place, found by FuzzParseID
 		{"", false},
 	} {
 		id, err := pipeline.ParseID(tc.in)
