@@ -84,15 +84,17 @@ func deploy(t *testing.T, ctx context.Context) *deployment {
 	if testing.Short() {
 		t.Skip("multi-process end-to-end test; skipped with -short")
 	}
-	return deployOn(t, ctx, "")
+	return deployOn(t, ctx, "", nil)
 }
 
 // deployOn is deploy against the Kafka at broker, or against a broker of
-// its own (`onceflow dev --broker-only`) when broker is empty.
-func deployOn(t *testing.T, ctx context.Context, broker string) *deployment {
+// its own (`onceflow dev --broker-only`) when broker is empty, with env
+// added to every component's environment.
+func deployOn(t *testing.T, ctx context.Context, broker string, env map[string]string) *deployment {
 	t.Helper()
 	pool, url := pipelinetest.Pool(t)
 	pl := newPipeline(t, url)
+	pl.Env = env
 	if broker == "" {
 		if _, err := pl.StartBroker(ctx); err != nil {
 			t.Fatal(err)

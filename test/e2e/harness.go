@@ -298,6 +298,10 @@ type Pipeline struct {
 	// BrokerEnv is added to the broker's environment (e.g.
 	// ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT for quick rebalances).
 	BrokerEnv map[string]string
+	// Env is added to every component's environment (e.g.
+	// ONCEFLOW_TENANT_RATE_LIMIT=0 for a load test); StartComponent's
+	// extra wins over it.
+	Env map[string]string
 
 	mu    sync.Mutex
 	procs map[string]*Proc
@@ -373,8 +377,10 @@ func (pl *Pipeline) StartComponent(ctx context.Context, kind, instance string, e
 		env["HTTP_ADDR"] = httpAddr
 		c.HTTP = "http://" + httpAddr
 	}
-	for k, v := range extra {
-		env[k] = v
+	for _, more := range []map[string]string{pl.Env, extra} {
+		for k, v := range more {
+			env[k] = v
+		}
 	}
 	p, err := Start(filepath.Join(pl.Bin, kind), instance, nil, env, filepath.Join(pl.Dir, instance+".log"), "http://"+admin)
 	if err != nil {

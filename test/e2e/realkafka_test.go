@@ -34,7 +34,7 @@ func TestDepositsExactlyOnceOnApacheKafka(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := deployOn(t, ctx, brokers[0])
+	d := deployOn(t, ctx, brokers[0], nil)
 	m := newModel()
 	workload(t, ctx, func() *apiclient.Client { return d.client }, m, 10, 20, 0)
 	if t.Failed() {
