@@ -59,6 +59,9 @@ type Common struct {
 	// The processor's (strings until Processor parses them).
 	DedupWindow             string
 	ProcessorSessionTimeout string
+	// Empty or 0: processor.Config's defaults.
+	ProcessorMaxClockSkew    string
+	ProcessorMaxCommandBytes int
 	// The projector's.
 	ProjectorSessionTimeout string
 	ProjectorParallelism    int
@@ -128,6 +131,8 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	}
 	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id after handling it; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
 	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
+	fs.StringVar(&c.ProcessorMaxClockSkew, "processor-max-clock-skew", env("ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW", ""), "how far ahead of the processor's clock a command's record time may be; a later one goes to the DLQ (future-timestamp); empty: 15m (ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW)")
+	fs.IntVar(&c.ProcessorMaxCommandBytes, "processor-max-command-bytes", envInt("ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES", 0), "largest command record value the processor decides; a larger one goes to the DLQ (too-large); 0: 1 MiB (ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES)")
 	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
 	parallelism := envInt("ONCEFLOW_PROJECTOR_PARALLELISM", 2)
 	fs.IntVar(&c.ProjectorParallelism, "projector-parallelism", parallelism, "transactions a projector runs at once over disjoint partitions of a batch (ONCEFLOW_PROJECTOR_PARALLELISM)")
@@ -257,7 +262,16 @@ func (c *Common) Processor() (processor.Config, error) {
 	if err != nil || session <= 0 {
 		return processor.Config{}, fmt.Errorf("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT %q: want a positive duration like 10s", c.ProcessorSessionTimeout)
 	}
-	return processor.Config{DedupWindow: window, SessionTimeout: session}, nil
+	var skew time.Duration
+	if c.ProcessorMaxClockSkew != "" {
+		if skew, err = time.ParseDuration(c.ProcessorMaxClockSkew); err != nil || skew <= 0 {
+			return processor.Config{}, fmt.Errorf("ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW %q: want a positive duration like 15m", c.ProcessorMaxClockSkew)
+		}
+	}
+	if c.ProcessorMaxCommandBytes < 0 {
+		return processor.Config{}, fmt.Errorf("ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES %d: want a size in bytes, or 0 for 1 MiB", c.ProcessorMaxCommandBytes)
+	}
+	return processor.Config{DedupWindow: window, SessionTimeout: session, MaxClockSkew: skew, MaxCommandBytes: c.ProcessorMaxCommandBytes}, nil
 }
 
 // Relay returns the relay's settings.

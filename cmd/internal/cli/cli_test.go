@@ -113,3 +113,43 @@ func TestPlaintextSASLRefused(t *testing.T) {
 		}
 	}
 }
+
+// The processor's limits on what a producer may send are set from the
+// environment, unset means the processor's defaults, and a bad value
+// stops the start naming the variable.
+func TestProcessorLimits(t *testing.T) {
+	for _, tc := range []struct {
+		env       map[string]string
+		skew      string
+		bytes     int
+		wantError string
+	}{
+		{env: nil},
+		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW": "2m", "ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES": "4096"}, skew: "2m0s", bytes: 4096},
+		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW": "soon"}, wantError: `ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW "soon"`},
+		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES": "-1"}, wantError: "ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES -1"},
+	} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		c := Register(fs, func(k string) string { return tc.env[k] })
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := c.Processor()
+		if tc.wantError != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantError) {
+				t.Errorf("%v: Processor() = %v, want an error naming %s", tc.env, err, tc.wantError)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		skew := ""
+		if cfg.MaxClockSkew != 0 {
+			skew = cfg.MaxClockSkew.String()
+		}
+		if skew != tc.skew || cfg.MaxCommandBytes != tc.bytes {
+			t.Errorf("%v: skew %q, max command bytes %d; want %q and %d", tc.env, skew, cfg.MaxCommandBytes, tc.skew, tc.bytes)
+		}
+	}
+}
