@@ -113,17 +113,24 @@ func runDLQRedrive(ctx context.Context, args []string, getenv func(string) strin
 		fmt.Fprintln(stdout, "nothing to redrive")
 		return nil
 	}
-	recs := make([]*kgo.Record, len(pick))
+	recs := make([]*kgo.Record, 0, len(pick))
 	picked := make(map[*kgo.Record]processor.DeadLetter, len(pick)) // ProduceSync answers in completion order
-	for i, d := range pick {
-		recs[i] = d.Redrive(cfg.Topics.Commands())
-		picked[recs[i]] = d
+	var incomplete int
+	for _, d := range pick {
+		rec, err := d.Redrive(cfg.Topics.Commands())
+		if err != nil {
+			incomplete++
+			fmt.Fprintf(stdout, "cannot redrive %s (%s): %v\n", d.Coordinates(), d.Reason, err)
+			continue
+		}
+		recs = append(recs, rec)
+		picked[rec] = d
 		if dryRun {
 			fmt.Fprintf(stdout, "would redrive %s (%s) %s command-id %s\n", d.Coordinates(), d.Reason, cellText(string(d.Key)), cellText(d.Header(pipeline.HeaderCommandID)))
 		}
 	}
-	if dryRun {
-		return nil
+	if dryRun || len(recs) == 0 {
+		return incompleteErr(incomplete)
 	}
 	cl, err := cfg.Kafka.NewClient()
 	if err != nil {
@@ -144,7 +151,16 @@ func runDLQRedrive(ctx context.Context, args []string, getenv func(string) strin
 	if failed > 0 {
 		return fmt.Errorf("%d of %d records were not redriven; run the command again (redriving twice is harmless: the command id is the same)", failed, len(recs))
 	}
-	return nil
+	return incompleteErr(incomplete)
+}
+
+// incompleteErr is redrive's error when n chosen records were left out
+// because their DLQ copy is incomplete.
+func incompleteErr(n int) error {
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d records cannot be redriven: their DLQ copy left part of the command out (dlq-omitted); produce them again from the source coordinates printed above", n)
 }
 
 // readDLQ reads the DLQ, keeping the records with reason (all if empty).
@@ -203,6 +219,7 @@ type dlqRecord struct {
 	Key             string            `json:"key"`
 	Headers         map[string]string `json:"headers"`
 	Value           string            `json:"value_base64"`
+	Omitted         []string          `json:"omitted,omitempty"` // what the copy left out (dlq-omitted)
 }
 
 func dlqJSON(d processor.DeadLetter) dlqRecord {
@@ -213,6 +230,6 @@ func dlqJSON(d processor.DeadLetter) dlqRecord {
 	return dlqRecord{
 		Partition: d.Partition, Offset: d.Offset, Time: d.Time, Reason: d.Reason, Detail: d.Detail,
 		SourceTopic: d.SourceTopic, SourcePartition: d.SourcePartition, SourceOffset: d.SourceOffset,
-		Key: string(d.Key), Headers: h, Value: base64.StdEncoding.EncodeToString(d.Value),
+		Key: string(d.Key), Headers: h, Value: base64.StdEncoding.EncodeToString(d.Value), Omitted: d.Omitted,
 	}
 }

@@ -2,6 +2,7 @@ package processor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -28,6 +29,11 @@ type DeadLetter struct {
 	SourceTopic     string
 	SourcePartition int32
 	SourceOffset    int64
+	// Omitted lists what the DLQ copy left out because it did not fit in
+	// a record the DLQ topic takes ("value", "headers", "key"); the
+	// original is at the source coordinates while the commands topic
+	// keeps it.
+	Omitted []string
 }
 
 // Coordinates names the record as `onceflow dlq` does: "partition:offset".
@@ -72,6 +78,8 @@ func deadLetterOf(r *kgo.Record) DeadLetter {
 			d.SourcePartition = int32(p)
 		case pipeline.HeaderDLQSourceOffset:
 			d.SourceOffset, _ = strconv.ParseInt(string(h.Value), 10, 64)
+		case HeaderDLQOmitted:
+			d.Omitted = strings.Split(string(h.Value), ",")
 		default:
 			if !strings.HasPrefix(h.Key, "dlq-") {
 				d.Headers = append(d.Headers, h)
@@ -81,14 +89,24 @@ func deadLetterOf(r *kgo.Record) DeadLetter {
 	return d
 }
 
+// ErrIncomplete is Redrive's error for a dead letter whose copy left a
+// part of the command out (Omitted).
+var ErrIncomplete = errors.New("the DLQ copy left part of the command out")
+
 // Redrive returns the record that republishes the dead letter to the
 // commands topic: the original key, value, headers (its command id among
 // them, so a command that was in fact handled meanwhile is recognized) and
 // timestamp (the command's time). It is produced with the default key
 // partitioner, so it lands on its aggregate's partition.
-func (d DeadLetter) Redrive(commandsTopic string) *kgo.Record {
+// A dead letter whose copy omitted a part cannot be redriven: the error
+// says where the original was.
+func (d DeadLetter) Redrive(commandsTopic string) (*kgo.Record, error) {
+	if len(d.Omitted) > 0 {
+		return nil, fmt.Errorf("%w (%s): the original is at %s/%d@%d while that topic keeps it", ErrIncomplete,
+			strings.Join(d.Omitted, ", "), d.SourceTopic, d.SourcePartition, d.SourceOffset)
+	}
 	return &kgo.Record{
 		Topic: commandsTopic, Key: d.Key, Value: d.Value, Timestamp: d.Time,
 		Headers: append([]kgo.RecordHeader(nil), d.Headers...),
-	}
+	}, nil
 }
