@@ -13,8 +13,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -107,12 +109,29 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 		t.Fatal(err)
 	}
 	defer producer.Close()
+	maxMessageBytes, err := topicMaxMessageBytes(ctx, producer, topics.Commands())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxMessageBytes < 2*maxCommandBytes {
+		t.Fatalf("%s takes records of %d bytes: a record over the processor's %d bytes would not fit", topics.Commands(), maxMessageBytes, maxCommandBytes)
+	}
+	// The hostile producer's batches may exceed the topic's limit, so the
+	// broker, not the client, refuses the oversized record; uncompressed,
+	// so the broker sees it at its size.
+	hostileProducer, err := kgo.NewClient(kgo.SeedBrokers(c.pl.BrokerAddr),
+		kgo.ProducerBatchMaxBytes(int32(4*maxMessageBytes)), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostileProducer.Close()
 
 	m := newModel()
 	w := &workload{
 		c: c, m: m, tenants: tenants, producer: producer, topic: topics.Commands(),
 		encode: serdes.Commands.Encode, seed: seed,
-		httpc: &http.Client{Timeout: 2 * time.Second}, // clients time out and retry with the same key
+		httpc:           &http.Client{Timeout: 2 * time.Second}, // clients time out and retry with the same key
+		hostileProducer: hostileProducer, maxMessageBytes: maxMessageBytes,
 	}
 	f := newFaults(c, seed)
 
@@ -132,8 +151,8 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 	drained, derr := drain(ctx, c, m, *drainFlag)
 	drainTime := time.Since(faultsStopped)
 
-	vs, tl := check(ctx, c, m)
-	report(t, seed, time.Since(start), duration, m, f, tl, drainTime, drained)
+	vs, tl := check(ctx, c, m, serdes.Events.Decode)
+	report(t, seed, time.Since(start), duration, m, tenants, f, tl, drainTime, drained)
 	f.mu.Lock()
 	for _, err := range f.errs {
 		t.Errorf("fault injection: %v", err)
@@ -153,21 +172,42 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 		return
 	}
 	if selfTest {
-		checkerSelfTest(t, ctx, c, m)
+		checkerSelfTest(t, ctx, c, m, serdes.Events.Decode)
 	}
 }
 
-// drain waits until the outbox is empty and every command the workload
-// knows, and every transfer credit and refund, has its outcome.
+// topicMaxMessageBytes returns a topic's max.message.bytes.
+func topicMaxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) (int, error) {
+	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("describe %s: %w", topic, err)
+	}
+	for _, rc := range rcs {
+		for _, c := range rc.Configs {
+			if c.Key == "max.message.bytes" && c.Value != nil {
+				return strconv.Atoi(*c.Value)
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s has no max.message.bytes", topic)
+}
+
+// drain waits until the outbox is empty, every command the workload knows,
+// and every transfer credit and refund, has its outcome, and every hostile
+// record the broker holds is in the DLQ (with its failure recorded when it
+// names a valid command of a valid aggregate).
 func drain(ctx context.Context, c *cluster, m *model, within time.Duration) (bool, error) {
 	deadline := time.Now().Add(within)
-	ids := make([]string, 0, len(m.commands))
-	for id := range m.commands {
-		ids = append(ids, id)
+	keys := make([]commandKey, 0, len(m.commands))
+	for k := range m.commands {
+		keys = append(keys, k)
 	}
 	var last error
 	for time.Now().Before(deadline) {
-		last = drained(ctx, c, ids)
+		last = drained(ctx, c, keys)
+		if last == nil {
+			last = hostileDrained(ctx, c, m)
+		}
 		if last == nil {
 			time.Sleep(time.Second) // let any in-flight duplicate reach the inbox
 			return true, nil
@@ -177,7 +217,7 @@ func drain(ctx context.Context, c *cluster, m *model, within time.Duration) (boo
 	return false, last
 }
 
-func drained(ctx context.Context, c *cluster, ids []string) error {
+func drained(ctx context.Context, c *cluster, keys []commandKey) error {
 	var backlog int
 	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&backlog); err != nil {
 		return err
@@ -185,21 +225,23 @@ func drained(ctx context.Context, c *cluster, ids []string) error {
 	if backlog > 0 {
 		return fmt.Errorf("%d outbox rows", backlog)
 	}
+	if n, err := withoutOutcome(ctx, c, keys); err != nil || n > 0 {
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%d commands without an outcome", n)
+	}
 	var waiting int
-	err := c.pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM unnest($1::uuid[]) AS id
-		        WHERE NOT EXISTS (SELECT 1 FROM command_status s WHERE s.command_id = id AND s.status <> 'pending'))
-		     + (SELECT count(*) FROM command_status WHERE status = 'pending')`, ids).Scan(&waiting)
-	if err != nil {
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM command_status WHERE status = 'pending'`).Scan(&waiting); err != nil {
 		return err
 	}
 	if waiting > 0 {
-		return fmt.Errorf("%d commands without an outcome", waiting)
+		return fmt.Errorf("%d commands pending", waiting)
 	}
 	// Transfers: their credits (and refunds) are commands too, produced by
 	// the processor; wait for their outcomes.
 	var openTransfers int
-	err = c.pool.QueryRow(ctx, `SELECT count(*) FROM command_status WHERE command_type IN ('RequestTransfer', 'CreditTransfer') AND status = 'pending'`).Scan(&openTransfers)
+	err := c.pool.QueryRow(ctx, `SELECT count(*) FROM command_status WHERE command_type IN ('RequestTransfer', 'CreditTransfer') AND status = 'pending'`).Scan(&openTransfers)
 	if err != nil {
 		return err
 	}
@@ -209,16 +251,104 @@ func drained(ctx context.Context, c *cluster, ids []string) error {
 	return nil
 }
 
+// withoutOutcome counts the commands of keys that have no row in
+// command_status, or a pending one.
+func withoutOutcome(ctx context.Context, c *cluster, keys []commandKey) (int, error) {
+	ids, tenants, aggs := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		ids[i], tenants[i], aggs[i] = k.id, k.tenant, k.aggregate
+	}
+	var n int
+	err := c.pool.QueryRow(ctx, `
+		SELECT count(*) FROM unnest($1::uuid[], $2::text[], $3::text[]) AS k(id, tenant, aggregate_id)
+		WHERE NOT EXISTS (SELECT 1 FROM command_status s
+		                  WHERE (s.command_id, s.tenant, s.aggregate_id) = (k.id, k.tenant, k.aggregate_id) AND s.status <> 'pending')`,
+		ids, tenants, aggs).Scan(&n)
+	return n, err
+}
+
+// hostileDrained reports whether every hostile record in the commands
+// topic is in the DLQ, and each naming a valid command of a valid
+// aggregate has its outcome.
+func hostileDrained(ctx context.Context, c *cluster, m *model) error {
+	topics := kafka.Topics{Prefix: c.pl.Prefix}
+	commands, err := readAll(ctx, c.pl.BrokerAddr, topics.Commands())
+	if err != nil {
+		return err
+	}
+	dlq, err := readAll(ctx, c.pl.BrokerAddr, topics.DLQ())
+	if err != nil {
+		return err
+	}
+	inDLQ := map[source]bool{}
+	for _, r := range dlq {
+		part, _ := strconv.ParseInt(header(r, pipeline.HeaderDLQSourcePartition), 10, 32)
+		off, _ := strconv.ParseInt(header(r, pipeline.HeaderDLQSourceOffset), 10, 64)
+		inDLQ[source{int32(part), off}] = true
+	}
+	hostile := map[int]*hostileRecord{}
+	for _, h := range m.hostile {
+		hostile[h.n] = h
+	}
+	var waiting int
+	var failed []commandKey
+	for _, r := range commands {
+		n, ok := hostileNumber(r)
+		if !ok {
+			continue
+		}
+		if !inDLQ[source{r.Partition, r.Offset}] {
+			waiting++
+		}
+		if h := hostile[n]; h != nil && h.kind.onAggregate {
+			failed = append(failed, commandKey{h.commandID, h.tenant, h.aggregate})
+		}
+	}
+	if waiting > 0 {
+		return fmt.Errorf("%d hostile records not in the DLQ yet", waiting)
+	}
+	if n, err := withoutOutcome(ctx, c, failed); err != nil || n > 0 {
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%d hostile records without their failure in command_status", n)
+	}
+	return nil
+}
+
 // report prints the summary table.
-func report(t *testing.T, seed uint64, elapsed, duration time.Duration, m *model, f *faults, tl tally, drain time.Duration, drained bool) {
+func report(t *testing.T, seed uint64, elapsed, duration time.Duration, m *model, tenants []*tenant, f *faults, tl tally, drain time.Duration, drained bool) {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "chaos seed %d\t%s of faults, %s in all\n", seed, duration, elapsed.Round(time.Second))
 	fmt.Fprintf(tw, "commands accepted (2xx or acked by Kafka)\t%d\n", len(m.commands))
 	fmt.Fprintf(tw, "  HTTP requests sent\t%d\n", m.requests.Load())
 	fmt.Fprintf(tw, "  produced straight to Kafka\t%d (%d of them twice)\n", m.kafkaProduced.Load(), m.kafkaTwice.Load())
+	fmt.Fprintf(tw, "  ingest's ids reused on another account and tenant\t%d (%d more commands)\n", m.reusedIDs.Load(), 2*m.reusedIDs.Load())
 	fmt.Fprintf(tw, "  sent again with a new key on purpose\t%d\n", m.newKeyDups.Load())
-	fmt.Fprintf(tw, "outcomes\t%d accepted, %d rejected (%d transfers refunded)\n", tl.accepted, tl.rejected, tl.transfersRefund)
+	hot, perTenant, busiestOther := hotCounts(m, tenants)
+	fmt.Fprintf(tw, "  to the hot account (%s of each tenant)\t%d, %d%% (%s; the busiest other account %d)\n",
+		tenants[0].accounts[hotAccount], hot, 100*hot/max(1, len(m.commands)), perTenant, busiestOther)
+	fmt.Fprintf(tw, "outcomes\t%d accepted, %d rejected, %d failed (%d transfers refunded)\n", tl.accepted, tl.rejected, tl.failed, tl.transfersRefund)
+	byKind := map[string]int{}
+	for _, h := range m.hostile {
+		byKind[h.kind.name]++
+	}
+	fmt.Fprintf(tw, "hostile records produced\t%d: %d taken by the broker, %d in the DLQ, %d recorded as CommandFailed, %d refused by the broker\n",
+		len(m.hostile), tl.hostileTaken, tl.hostileDLQ, tl.hostileFailed, tl.hostileRefused)
+	if tl.hostileUnsure > 0 || tl.hostileTwice > 0 {
+		fmt.Fprintf(tw, "  produce errors (fate read from the topic), held twice\t%d, %d\n", tl.hostileUnsure, tl.hostileTwice)
+	}
+	for _, k := range hostileKinds {
+		outcome := k.reason
+		switch {
+		case k.reason == "":
+			outcome = fmt.Sprintf("refused by the broker, MESSAGE_TOO_LARGE within %s", tl.refusalWait.Round(time.Millisecond))
+		case k.onAggregate:
+			outcome += ", failed on its aggregate"
+		}
+		fmt.Fprintf(tw, "  %s\t%d (%s)\n", k.name, byKind[k.name], outcome)
+	}
 	kinds, counts := f.summary()
 	total := 0
 	for _, k := range kinds {
@@ -240,4 +370,26 @@ func report(t *testing.T, seed uint64, elapsed, duration time.Duration, m *model
 	tw.Flush()
 	t.Log("\n" + b.String())
 	fmt.Print(b.String())
+}
+
+// hotCounts counts the accepted commands addressed to each tenant's hot
+// account, and to the busiest of the others.
+func hotCounts(m *model, tenants []*tenant) (hot int, perTenant string, busiestOther int) {
+	per := map[string]int{} // by aggregate id
+	for k := range m.commands {
+		per[k.aggregate]++
+	}
+	var parts []string
+	for _, tn := range tenants {
+		for i, a := range tn.accounts {
+			n := per[pipeline.AggregateID(tn.name, a)]
+			if i == hotAccount {
+				hot += n
+				parts = append(parts, fmt.Sprintf("%s %d", tn.name, n))
+			} else {
+				busiestOther = max(busiestOther, n)
+			}
+		}
+	}
+	return hot, strings.Join(parts, ", "), busiestOther
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,11 @@ type cluster struct {
 // sessionTimeout is the processors' group session timeout in the chaos
 // run; a zombie is paused for longer than this.
 const sessionTimeout = 8 * time.Second
+
+// maxCommandBytes is the processors' MaxCommandBytes in the chaos run: well
+// under the commands topic's max.message.bytes (1 MiB), so a hostile record
+// can be too large for the processor and still be one the broker takes.
+const maxCommandBytes = 64 << 10
 
 var instances = []struct{ kind, name string }{
 	{"ingest", "ingest-1"}, {"ingest", "ingest-2"},
@@ -84,6 +90,7 @@ func (c *cluster) env(kind string) map[string]string {
 	env := map[string]string{"LOG_LEVEL": "warn"}
 	if kind == "processor" {
 		env["ONCEFLOW_PROCESSOR_SESSION_TIMEOUT"] = sessionTimeout.String()
+		env["ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES"] = strconv.Itoa(maxCommandBytes)
 	}
 	return env
 }

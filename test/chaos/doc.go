@@ -9,7 +9,21 @@
 // accounts opens, deposits, withdraws, transfers (across partitions) and
 // closes; HTTP clients time out and retry with the same key, and sometimes
 // resend with a new key on purpose; some deposits are produced straight to
-// Kafka, some of those twice with the same command-id. Meanwhile a seeded
+// Kafka, some of those twice with the same command-id, and ids ingest
+// minted are produced again as deposits to another account and to another
+// tenant's (distinct commands, to be applied). A fixed share of the traffic
+// goes to one hot account per tenant, which gets several times the
+// commands of any other. Interleaved with it, a stream of hostile records
+// goes straight to {prefix}.commands: a key with invalid UTF-8, a NUL or a
+// local id over MaxLocalIDLen; string fields with invalid UTF-8, a NUL or
+// over the limit; a command-id that is no UUID or over its length; no
+// command-id or no tenant header; a value that is not Avro, or of a schema
+// id the registry does not have; a tenant header of another tenant; a
+// command-type header unlike the value; a timestamp hours ahead, past the
+// processor's MaxClockSkew; a value over the processors' MaxCommandBytes
+// (64 KiB in the run) but under the topic's max.message.bytes; and a
+// record over max.message.bytes, which the broker must refuse to its
+// producer. Meanwhile a seeded
 // schedule injects faults: SIGKILL of any component, a hard broker restart
 // (a crash between two of its requests: kfake, unlike a real broker, has no
 // transaction log to finish a commit it was writing; see docs/decisions.md),
@@ -22,14 +36,28 @@
 //     outcome in command_status;
 //   - every balance equals the one computed from the accepted commands,
 //     and total money equals accepted deposits minus withdrawals;
-//   - no event id was applied twice, each aggregate's versions run 1..n,
-//     and a read_committed reader of the events topic sees exactly the
-//     events the projections recorded.
+//   - no event id was applied twice, each aggregate's versions run 1..n
+//     (a CommandRejected or CommandFailed at the current version), a
+//     read_committed reader of the events topic sees exactly the events
+//     the projections recorded, and every event is of a command the
+//     workload sent, a transfer's credit or refund, or a hostile record's
+//     failure;
+//   - no good command failed or went to the DLQ; every hostile record the
+//     broker holds is in the DLQ exactly once (read_committed: the DLQ
+//     record is written in the transaction that commits the record's
+//     offset), with its expected reason, as it was sent; each one naming a
+//     valid command of a valid aggregate (a valid key, tenant and
+//     command-id, then a bad field, value, type header, size or time) is
+//     recorded there by one CommandFailed with that reason and shows
+//     failed in command_status; the oversized record is refused with
+//     MESSAGE_TOO_LARGE and is nowhere.
 //
-// It ends with a summary table: commands sent, faults by kind, duplicates
+// It ends with a summary table: commands sent (and how many went to the
+// hot accounts), hostile records by kind, faults by kind, duplicates
 // absorbed at each boundary, losses and double effects (both must be 0),
 // time to drain. A failure prints the seed, the first violated property and
-// the records involved; the same seed reproduces the schedule.
+// the records involved; the same seed reproduces the schedule and what
+// the workload sends.
 //
 //	make chaos DURATION=10m SEED=42
 //	make chaos DURATION=2m SEED=7 FAULTS=broker,zombie   # only these kinds

@@ -32,10 +32,21 @@ type sent struct {
 	Responses int // 2xx answers naming this command (retries included)
 }
 
+// commandKey names a command as command_status does: its id within its
+// tenant and aggregate. A producer may use one id on two aggregates, or an
+// id another tenant used: those are distinct commands (docs/processor.md).
+type commandKey struct{ id, tenant, aggregate string }
+
+func (s *sent) key() commandKey {
+	return commandKey{s.ID, s.Tenant, pipeline.AggregateID(s.Tenant, s.Account)}
+}
+
 // model is everything the workload did, for the checker and the summary.
 type model struct {
 	mu       sync.Mutex
-	commands map[string]*sent // by command id
+	commands map[commandKey]*sent
+	hostile  []*hostileRecord     // in the order they were produced
+	lastHTTP atomic.Pointer[sent] // the last command ingest accepted, whose id the hostile stream reuses
 
 	requests      atomic.Int64 // HTTP requests sent
 	replays       atomic.Int64 // answers with Idempotent-Replayed: true
@@ -44,12 +55,13 @@ type model struct {
 	conflicts     atomic.Int64 // 409s (must be 0: the workload never reuses a key for another request)
 	kafkaProduced atomic.Int64 // records produced straight to Kafka
 	kafkaTwice    atomic.Int64 // of those, produced a second time with the same command-id
+	reusedIDs     atomic.Int64 // ids ingest minted, produced again to another account and another tenant's
 	clientErrors  atomic.Int64 // 4xx other than the expected ones
 	abandoned     atomic.Int64 // requests never answered before the finish deadline
 	refusals      []string     // the first unexpected 4xx answers
 }
 
-func newModel() *model { return &model{commands: map[string]*sent{}} }
+func newModel() *model { return &model{commands: map[commandKey]*sent{}} }
 
 // refused records an unexpected 4xx with the first answers' bodies.
 func (m *model) refused(path string, resp *apiclient.Response) {
@@ -63,13 +75,25 @@ func (m *model) refused(path string, resp *apiclient.Response) {
 func (m *model) record(s sent) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if prev, ok := m.commands[s.ID]; ok {
+	if prev, ok := m.commands[s.key()]; ok {
 		prev.Responses++
 		return
 	}
 	s.Responses = 1
-	m.commands[s.ID] = &s
+	m.commands[s.key()] = &s
 }
+
+// hotAccount is the index of each tenant's hot account, and hotShare the
+// percentage of the operations on a tenant that go to it (deposits,
+// withdrawals, transfers from it and to it, commands produced straight to
+// Kafka; half the hostile records name it): with 12 accounts it gets
+// several times the commands of the busiest other one (the summary prints
+// both), so one aggregate's partition, state and dedup memory carry a
+// large share of the load through every fault.
+const (
+	hotAccount = 0
+	hotShare   = 40
+)
 
 // tenant is one tenant with its key and accounts.
 type tenant struct {
@@ -89,14 +113,25 @@ type workload struct {
 	topic    string
 	seed     uint64
 	httpc    *http.Client
+
+	// hostileProducer sends the hostile records, alone: a record the
+	// broker refuses fails its batch, and no good command shares it.
+	hostileProducer *kgo.Client
+	// maxMessageBytes is the commands topic's max.message.bytes.
+	maxMessageBytes int
 }
 
-// run starts workers goroutines; they start no new operation once stop
-// ends, and finish the ones in flight (retrying as long as it takes, up to
-// finish's deadline: a request abandoned unanswered would leave the model
-// unsure whether it was accepted).
+// run starts workers goroutines and the hostile stream; they start no new
+// operation once stop ends, and finish the ones in flight (retrying as long
+// as it takes, up to finish's deadline: a request abandoned unanswered
+// would leave the model unsure whether it was accepted).
 func (w *workload) run(stop, finish context.Context, workers int) {
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.runHostile(stop, finish)
+	}()
 	for i := 0; i < workers; i++ {
 		wg.Add(1)
 		go func() {
@@ -119,6 +154,9 @@ func (w *workload) client(rng *rand.Rand, t *tenant) *apiclient.Client {
 func (w *workload) step(ctx context.Context, rng *rand.Rand, opID string) {
 	t := w.tenants[rng.IntN(len(w.tenants))]
 	i := rng.IntN(len(t.accounts))
+	if rng.IntN(100) < hotShare {
+		i = hotAccount
+	}
 	acct := t.accounts[i]
 	if !t.opened[i].Load() {
 		body := map[string]any{"account_id": acct, "currency": "EUR"}
@@ -140,6 +178,9 @@ func (w *workload) step(ctx context.Context, rng *rand.Rand, opID string) {
 			sent{Tenant: t.name, Account: acct, Type: "Withdraw", Amount: amount})
 	case r < 98:
 		to := t.accounts[(i+1+rng.IntN(len(t.accounts)-1))%len(t.accounts)] // another account
+		if i != hotAccount && rng.IntN(100) < hotShare {
+			to = t.accounts[hotAccount]
+		}
 		transfer := "tr-" + opID
 		w.send(ctx, rng, t, opID, "/v1/transfers",
 			map[string]any{"transfer_id": transfer, "from": acct, "to": to, "amount": amount},
@@ -159,6 +200,8 @@ func (w *workload) send(ctx context.Context, rng *rand.Rand, t *tenant, key, pat
 	}
 	s.ID = id
 	w.m.record(s)
+	last := s
+	w.m.lastHTTP.Store(&last)
 	if rng.IntN(100) < 5 && s.Type != "RequestTransfer" { // a transfer id names one transfer
 		if id2, ok := w.post(ctx, rng, t, key+"-again", path, body); ok {
 			w.m.newKeyDups.Add(1)
@@ -207,22 +250,31 @@ func (w *workload) post(ctx context.Context, rng *rand.Rand, t *tenant, key, pat
 // command-id, as an external producer would, and sometimes writes it a
 // second time with the same id (a producer retry above the client).
 func (w *workload) produce(ctx context.Context, rng *rand.Rand, t *tenant, acct string, amount int64) {
-	id := pipeline.NewCommandID()
+	twice := rng.IntN(100) < 30
+	if w.produceDeposit(ctx, pipeline.NewCommandID(), t.name, acct, amount, twice) {
+		w.m.kafkaProduced.Add(1)
+	}
+}
+
+// produceDeposit produces a Deposit with command id id to tenant/acct until
+// the broker acknowledges it (a resend after an unanswered attempt is the
+// same command: the processor skips it), records it, and produces it once
+// more if twice. It reports whether the broker took it.
+func (w *workload) produceDeposit(ctx context.Context, id pipeline.ID, tenant, acct string, amount int64, twice bool) bool {
 	value, err := w.encode(ctx, ledger.Deposit{Amount: amount})
 	if err != nil {
 		panic(err) // the serde is ours; this is a bug
 	}
 	rec := func() *kgo.Record {
 		return &kgo.Record{
-			Topic: w.topic, Key: []byte(pipeline.AggregateID(t.name, acct)), Value: value,
+			Topic: w.topic, Key: []byte(pipeline.AggregateID(tenant, acct)), Value: value,
 			Headers: []kgo.RecordHeader{
 				{Key: pipeline.HeaderCommandID, Value: []byte(id.String())},
-				{Key: pipeline.HeaderTenant, Value: []byte(t.name)},
+				{Key: pipeline.HeaderTenant, Value: []byte(tenant)},
 				{Key: pipeline.HeaderCommandType, Value: []byte("Deposit")},
 			},
 		}
 	}
-	twice := rng.IntN(100) < 30
 	for ctx.Err() == nil {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := w.producer.ProduceSync(pctx, rec()).FirstErr()
@@ -231,16 +283,15 @@ func (w *workload) produce(ctx context.Context, rng *rand.Rand, t *tenant, acct 
 			break
 		}
 		if errors.Is(err, context.Canceled) {
-			return
+			return false
 		}
 		time.Sleep(100 * time.Millisecond) // the broker is restarting
 	}
 	if ctx.Err() != nil {
 		w.m.abandoned.Add(1)
-		return
+		return false
 	}
-	w.m.kafkaProduced.Add(1)
-	w.m.record(sent{ID: id.String(), Tenant: t.name, Account: acct, Type: "Deposit", Amount: amount, ViaKafka: true})
+	w.m.record(sent{ID: id.String(), Tenant: tenant, Account: acct, Type: "Deposit", Amount: amount, ViaKafka: true})
 	if twice {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		if w.producer.ProduceSync(pctx, rec()).FirstErr() == nil {
@@ -248,4 +299,5 @@ func (w *workload) produce(ctx context.Context, rng *rand.Rand, t *tenant, acct 
 		}
 		cancel()
 	}
+	return true
 }
