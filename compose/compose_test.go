@@ -27,10 +27,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"gopkg.in/yaml.v3"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 func promtool(t *testing.T, args ...string) {
@@ -196,9 +196,9 @@ func exportedMetrics(t *testing.T) (exported, unobserved map[string]bool) {
 	started := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- stack.RunDev(ctx, stack.DevConfig{
-			RunConfig: stack.RunConfig{
-				Config: stack.Config{
+		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
+			RunConfig: onceflow.RunConfig{
+				Config: onceflow.Config{
 					Topics:      kafka.Topics{Prefix: "ledger", Partitions: 2},
 					DatabaseURL: pipelinetest.DatabaseURL(t),
 					Logger:      slog.New(slog.DiscardHandler),
@@ -206,7 +206,7 @@ func exportedMetrics(t *testing.T) (exported, unobserved map[string]bool) {
 				},
 				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
 				Metrics: reg,
-				Started: func(stack.Addrs) { close(started) },
+				Started: func(onceflow.Addrs) { close(started) },
 			},
 			DataDir:      t.TempDir(),
 			BrokerAddr:   "127.0.0.1:0",

@@ -9,8 +9,7 @@
 package main
 
 import (
-	"github.com/onceflow/onceflow/cmd/internal/cli"
-	"github.com/onceflow/onceflow/pipeline/stack"
+	"github.com/onceflow/onceflow"
 )
 
-func main() { cli.ComponentMain("ingest", stack.Components{Ingest: true}) }
+func main() { onceflow.ComponentMain("ingest", onceflow.Components{Ingest: true}) }

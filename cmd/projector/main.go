@@ -9,8 +9,7 @@
 package main
 
 import (
-	"github.com/onceflow/onceflow/cmd/internal/cli"
-	"github.com/onceflow/onceflow/pipeline/stack"
+	"github.com/onceflow/onceflow"
 )
 
-func main() { cli.ComponentMain("projector", stack.Components{Projector: true}) }
+func main() { onceflow.ComponentMain("projector", onceflow.Components{Projector: true}) }

@@ -12,8 +12,7 @@
 package main
 
 import (
-	"github.com/onceflow/onceflow/cmd/internal/cli"
-	"github.com/onceflow/onceflow/pipeline/stack"
+	"github.com/onceflow/onceflow"
 )
 
-func main() { cli.ComponentMain("relay", stack.Components{Relay: true}) }
+func main() { onceflow.ComponentMain("relay", onceflow.Components{Relay: true}) }

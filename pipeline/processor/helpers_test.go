@@ -50,8 +50,8 @@ func newEnv(t testing.TB, partitions int32, opts ...kfake.Opt) *env {
 	}
 }
 
-// serdes are the ledger's serdes, built as pipeline/stack builds them (the
-// tests do not import stack, which pulls in every component).
+// serdes are the ledger's serdes, built as package onceflow builds them (the
+// tests do not import it: the library never imports the application).
 type serdes struct {
 	Commands, Events, State *avro.Serde
 }

@@ -17,10 +17,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/stack"
 	"github.com/onceflow/onceflow/test/e2e"
 )
 
@@ -100,7 +100,7 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 		t.Fatal(err)
 	}
 	topics := kafka.Topics{Prefix: c.pl.Prefix}
-	serdes, err := stack.NewSerdes(ctx, reg, topics)
+	serdes, err := onceflow.NewSerdes(ctx, reg, topics)
 	if err != nil {
 		t.Fatal(err)
 	}

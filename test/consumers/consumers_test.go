@@ -23,6 +23,7 @@ import (
 	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/avro"
@@ -30,7 +31,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // python returns a Python 3 that has confluent_kafka and avro, or skips.
@@ -89,18 +89,18 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 	// The embedded default, as `onceflow dev` runs it.
 	const apiKey = "consumers-test-key"
 	topics := kafka.Topics{Prefix: "ledger", Partitions: 4}
-	started := make(chan stack.Addrs, 1)
+	started := make(chan onceflow.Addrs, 1)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- stack.RunDev(runCtx, stack.DevConfig{
-			RunConfig: stack.RunConfig{
-				Config: stack.Config{
+		done <- onceflow.RunDev(runCtx, onceflow.DevConfig{
+			RunConfig: onceflow.RunConfig{
+				Config: onceflow.Config{
 					Topics: topics, DatabaseURL: pipelinetest.DatabaseURL(t),
 					Logger: slog.New(slog.DiscardHandler), InstanceID: "consumers-test",
 				},
 				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-				Started: func(a stack.Addrs) { started <- a },
+				Started: func(a onceflow.Addrs) { started <- a },
 			},
 			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
 			APIKey: apiKey, Out: io.Discard,
@@ -112,7 +112,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 			t.Errorf("onceflow dev: %v", err)
 		}
 	}()
-	var addrs stack.Addrs
+	var addrs onceflow.Addrs
 	select {
 	case addrs = <-started:
 	case err := <-done:
@@ -172,7 +172,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serdes, err := stack.NewSerdes(ctx, reg, topics)
+	serdes, err := onceflow.NewSerdes(ctx, reg, topics)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 		id    pipeline.ID
 		value []byte
 	}{{twice, value}, {twice, value}, {poison, []byte("not avro")}} {
-		rec, err := processor.CommandRecord(topics.Commands(), stack.DemoTenant+"/acc-a", c.id, "Deposit", c.value, time.Time{}, "")
+		rec, err := processor.CommandRecord(topics.Commands(), onceflow.DemoTenant+"/acc-a", c.id, "Deposit", c.value, time.Time{}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,8 +295,8 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 		if tp := header(r, pipeline.HeaderTraceparent); e.Traceparent == nil && tp != "" || e.Traceparent != nil && *e.Traceparent != tp {
 			t.Errorf("event %s: traceparent %v, want %q", e.EventID, e.Traceparent, tp)
 		}
-		if e.Key != string(r.Key) || e.Tenant != stack.DemoTenant || !strings.HasPrefix(e.Key, e.Tenant+"/") {
-			t.Errorf("event %s: key %q tenant %q, want key %q of tenant %s", e.EventID, e.Key, e.Tenant, r.Key, stack.DemoTenant)
+		if e.Key != string(r.Key) || e.Tenant != onceflow.DemoTenant || !strings.HasPrefix(e.Key, e.Tenant+"/") {
+			t.Errorf("event %s: key %q tenant %q, want key %q of tenant %s", e.EventID, e.Key, e.Tenant, r.Key, onceflow.DemoTenant)
 		}
 		if e.TimestampMS != r.Timestamp.UnixMilli() {
 			t.Errorf("event %s: timestamp %d, want %d", e.EventID, e.TimestampMS, r.Timestamp.UnixMilli())

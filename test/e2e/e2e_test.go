@@ -13,13 +13,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 var binDir string
@@ -58,13 +58,13 @@ func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 
 // registrySerdes returns the serdes of the topics of pl's running broker,
 // through its schema registry (the ids its components use).
-func registrySerdes(t *testing.T, ctx context.Context, pl *Pipeline) stack.Serdes {
+func registrySerdes(t *testing.T, ctx context.Context, pl *Pipeline) onceflow.Serdes {
 	t.Helper()
 	reg, err := avro.NewClient(pl.RegistryURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serdes, err := stack.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix})
+	serdes, err := onceflow.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,12 +17,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // Processor processes run with a short session timeout so a paused one is
@@ -34,7 +34,7 @@ const procSessionTimeout = 2 * time.Second
 type procRig struct {
 	*Pipeline
 	t      *testing.T
-	serdes stack.Serdes
+	serdes onceflow.Serdes
 	cl     *kgo.Client
 
 	mu    sync.Mutex

@@ -14,11 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // projRig is the broker, a database and projector processes, with the
@@ -28,7 +28,7 @@ type projRig struct {
 	*Pipeline
 	t      *testing.T
 	pool   *pgxpool.Pool
-	serdes stack.Serdes
+	serdes onceflow.Serdes
 	cl     *kgo.Client
 	hold   string // the projectors' crash-point directory
 

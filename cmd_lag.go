@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"context"
@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 func init() {
@@ -92,7 +91,7 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 			return err
 		}
 	}
-	all, err := stack.LagSources(ctx, cl, pool, cfg.Topics)
+	all, err := LagSources(ctx, cl, pool, cfg.Topics)
 	if err != nil {
 		return err
 	}
@@ -135,9 +134,9 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 
 // serveLag serves the lag of every consumer of the cluster as Kafka Lag
 // Exporter's metrics until ctx ends: one such process per cluster.
-func serveLag(ctx context.Context, cfg stack.Config, databaseURL, addr string) error {
+func serveLag(ctx context.Context, cfg Config, databaseURL, addr string) error {
 	reg := admin.NewRegistry()
-	lag, cl, err := stack.NewLagCollector(cfg, reg)
+	lag, cl, err := NewLagCollector(cfg, reg)
 	if err != nil {
 		return err
 	}
@@ -150,7 +149,7 @@ func serveLag(ctx context.Context, cfg stack.Config, databaseURL, addr string) e
 		defer pool.Close()
 	}
 	lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) {
-		return stack.LagSources(ctx, cl, pool, cfg.Topics)
+		return LagSources(ctx, cl, pool, cfg.Topics)
 	})
 	err = admin.New(addr, reg, cfg.Logger.With("component", "lag")).Run(ctx)
 	if errors.Is(err, context.Canceled) {

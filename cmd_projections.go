@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"context"
@@ -16,7 +16,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 func init() {
@@ -52,16 +51,16 @@ func runProjectionsRebuild(ctx context.Context, args []string, getenv func(strin
 	if err != nil {
 		return err
 	}
-	pool, err := stack.OpenDatabase(ctx, cfg, 4)
+	pool, err := OpenDatabase(ctx, cfg, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	reg, err := stack.Registry(ctx, cfg)
+	reg, err := Registry(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	serdes, err := stack.NewSerdes(ctx, reg, cfg.Topics)
+	serdes, err := NewSerdes(ctx, reg, cfg.Topics)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"bytes"
@@ -22,7 +22,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // projCLI is a broker with onceflow's topics and a migrated database, and
@@ -191,11 +190,11 @@ func TestProjectionsCommands(t *testing.T) {
 	t.Parallel()
 	c := newProjCLI(t)
 	ctx := context.Background()
-	reg, err := stack.EmbeddedRegistry(ctx, c.topics) // what the CLI builds without SCHEMA_REGISTRY_URL
+	reg, err := EmbeddedRegistry(ctx, c.topics) // what the CLI builds without SCHEMA_REGISTRY_URL
 	if err != nil {
 		t.Fatal(err)
 	}
-	serdes, err := stack.NewSerdes(ctx, reg, c.topics)
+	serdes, err := NewSerdes(ctx, reg, c.topics)
 	if err != nil {
 		t.Fatal(err)
 	}

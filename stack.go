@@ -3,7 +3,7 @@
 // to Run. The binaries in cmd/ and `onceflow dev` call it, so a component
 // started on its own and the same component inside the dev stack are built
 // the same way.
-package stack
+package onceflow
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"bytes"
@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // `tenants create` prints a key once, stores only its hash, and the key
@@ -101,18 +100,18 @@ func startIngest(t *testing.T, p *pgxpool.Pool, logger *slog.Logger) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	topics := kafka.Topics{Prefix: "ledger", Partitions: 1}
-	reg, err := stack.EmbeddedRegistry(ctx, topics)
+	reg, err := EmbeddedRegistry(ctx, topics)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serdes, err := stack.NewSerdes(ctx, reg, topics)
+	serdes, err := NewSerdes(ctx, reg, topics)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	srv, err := stack.NewIngest(stack.Config{Topics: topics, Logger: logger}, ingest.Config{}, p, serdes, prometheus.NewRegistry())
+	srv, err := NewIngest(Config{Topics: topics, Logger: logger}, ingest.Config{}, p, serdes, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

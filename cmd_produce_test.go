@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"bytes"
@@ -19,7 +19,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // cliEnv is a broker with onceflow's topics and the environment the CLI
@@ -53,11 +52,11 @@ func (e *cliEnv) run(args ...string) (string, error) {
 func (e *cliEnv) processor(d pipeline.Decider[ledger.Account]) (p *processor.Processor[ledger.Account], reg *prometheus.Registry, stop func()) {
 	e.t.Helper()
 	ctx := context.Background()
-	r, err := stack.EmbeddedRegistry(ctx, e.topics)
+	r, err := EmbeddedRegistry(ctx, e.topics)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	s, err := stack.NewSerdes(ctx, r, e.topics)
+	s, err := NewSerdes(ctx, r, e.topics)
 	if err != nil {
 		e.t.Fatal(err)
 	}

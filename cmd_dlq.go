@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"context"
@@ -13,10 +13,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/cmd/internal/cli"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/processor"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 func init() {
@@ -164,7 +162,7 @@ func incompleteErr(n int) error {
 }
 
 // readDLQ reads the DLQ, keeping the records with reason (all if empty).
-func readDLQ(ctx context.Context, c *cli.Common, reason string) ([]processor.DeadLetter, stack.Config, error) {
+func readDLQ(ctx context.Context, c *Common, reason string) ([]processor.DeadLetter, Config, error) {
 	cfg, err := setup(c, io.Discard)
 	if err != nil {
 		return nil, cfg, err

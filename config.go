@@ -1,7 +1,7 @@
 // Package cli reads the configuration every onceflow binary shares
 // (docs/architecture.md#configuration): each setting is an environment variable
 // with a flag of the same meaning; the flag wins.
-package cli
+package onceflow
 
 import (
 	"context"
@@ -23,7 +23,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/relay"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // Common holds the shared settings once flags are parsed.
@@ -68,7 +67,7 @@ type Common struct {
 	// The relay's (the lease a string until Relay parses it).
 	RelayLease     string
 	RelayBatchSize int
-	// LagExport is ONCEFLOW_LAG_EXPORT (stack.RunConfig.LagExport).
+	// LagExport is ONCEFLOW_LAG_EXPORT (RunConfig.LagExport).
 	LagExport string
 
 	envErrs []error // malformed numeric or boolean variables, reported by Stack
@@ -190,12 +189,12 @@ func (c *Common) Logger(w io.Writer) (*slog.Logger, error) {
 }
 
 // Stack returns the stack configuration.
-func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
+func (c *Common) Stack(logger *slog.Logger) (Config, error) {
 	if err := errors.Join(c.envErrs...); err != nil {
-		return stack.Config{}, err
+		return Config{}, err
 	}
 	if c.Partitions < 1 {
-		return stack.Config{}, fmt.Errorf("partitions must be positive, got %d", c.Partitions)
+		return Config{}, fmt.Errorf("partitions must be positive, got %d", c.Partitions)
 	}
 	k := kafka.Config{
 		Brokers:       kafka.ParseBrokers(c.Brokers),
@@ -209,23 +208,23 @@ func (c *Common) Stack(logger *slog.Logger) (stack.Config, error) {
 		AllowPlaintextSASL: c.AllowPlaintextSASL,
 	}
 	if len(k.Brokers) == 0 {
-		return stack.Config{}, fmt.Errorf("KAFKA_BROKERS is empty")
+		return Config{}, fmt.Errorf("KAFKA_BROKERS is empty")
 	}
 	if c.OutboxShards < 1 {
-		return stack.Config{}, fmt.Errorf("ONCEFLOW_OUTBOX_SHARDS must be positive, got %d", c.OutboxShards)
+		return Config{}, fmt.Errorf("ONCEFLOW_OUTBOX_SHARDS must be positive, got %d", c.OutboxShards)
 	}
 	retention, err := time.ParseDuration(c.IdempotencyRetention)
 	if err != nil || retention < time.Minute {
-		return stack.Config{}, fmt.Errorf("ONCEFLOW_IDEMPOTENCY_RETENTION %q: want a duration of at least 1m, like 24h", c.IdempotencyRetention)
+		return Config{}, fmt.Errorf("ONCEFLOW_IDEMPOTENCY_RETENTION %q: want a duration of at least 1m, like 24h", c.IdempotencyRetention)
 	}
 	rate, err := strconv.ParseFloat(c.TenantRateLimit, 64)
 	if err != nil {
-		return stack.Config{}, fmt.Errorf("ONCEFLOW_TENANT_RATE_LIMIT %q: want requests per second, like 1000", c.TenantRateLimit)
+		return Config{}, fmt.Errorf("ONCEFLOW_TENANT_RATE_LIMIT %q: want requests per second, like 1000", c.TenantRateLimit)
 	}
 	if rate <= 0 {
 		rate = -1 // no limit
 	}
-	return stack.Config{
+	return Config{
 		Kafka:       k,
 		Topics:      kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions), DedupRetention: c.dedupRetention()},
 		DatabaseURL: c.DatabaseURL,
@@ -287,7 +286,7 @@ func (c *Common) Relay() (relay.Config, error) {
 }
 
 // RunComponent is the whole main of a single-component binary.
-func RunComponent(ctx context.Context, name string, components stack.Components, args []string, getenv func(string) string, stdout io.Writer) error {
+func RunComponent(ctx context.Context, name string, components Components, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	c := Register(fs, getenv)
@@ -317,7 +316,7 @@ func RunComponent(ctx context.Context, name string, components stack.Components,
 	if err != nil {
 		return err
 	}
-	return stack.Run(ctx, stack.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
+	return Run(ctx, RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
 		AdminToken: c.AdminToken, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport})
 }
 
@@ -340,10 +339,10 @@ func (c *Common) projector(getenv func(string) string) (projector.Config, error)
 	return pc, nil
 }
 
-// Main is the main of every onceflow binary: run gets a context that ends
-// on SIGINT or SIGTERM, the arguments and the environment. An error is
-// printed after name and exits 1; -h exits 0 after the usage.
-func Main(name string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
+// mainWith is the main of every onceflow binary: run gets a context that
+// ends on SIGINT or SIGTERM, the arguments and the environment. An error
+// is printed after name and exits 1; -h exits 0 after the usage.
+func mainWith(name string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
 	stop()
@@ -358,8 +357,8 @@ func Main(name string, run func(ctx context.Context, args []string, getenv func(
 
 // ComponentMain is Main for a binary that runs components with the common
 // flags only.
-func ComponentMain(name string, components stack.Components) {
-	Main(name, func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func ComponentMain(name string, components Components) {
+	mainWith(name, func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 		return RunComponent(ctx, name, components, args, getenv, stdout)
 	})
 }

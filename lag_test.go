@@ -1,4 +1,4 @@
-package stack_test
+package onceflow
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 // lagSeries returns the committed offset of each group's lag series on
@@ -80,9 +79,9 @@ func TestRunExportsLag(t *testing.T) {
 		export string
 		want   map[string]float64 // lag on the events topic by group; absent: not exported
 	}{
-		{stack.LagExportCluster, map[string]float64{"billing": 2, "proj-x": 3}},
-		{stack.LagExportOwn, map[string]float64{}},
-		{stack.LagExportOff, map[string]float64{}},
+		{LagExportCluster, map[string]float64{"billing": 2, "proj-x": 3}},
+		{LagExportOwn, map[string]float64{}},
+		{LagExportOff, map[string]float64{}},
 	} {
 		t.Run(tc.export, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
@@ -90,17 +89,17 @@ func TestRunExportsLag(t *testing.T) {
 			started := make(chan struct{})
 			done := make(chan error, 1)
 			go func() {
-				done <- stack.Run(runCtx, stack.RunConfig{
-					Config: stack.Config{
+				done <- Run(runCtx, RunConfig{
+					Config: Config{
 						Kafka: kafka.Config{Brokers: brokers}, Topics: topics, DatabaseURL: url,
 						Logger: slog.New(slog.DiscardHandler), InstanceID: "lag-" + tc.export,
 					},
-					Components: stack.Components{Processor: true},
+					Components: Components{Processor: true},
 					AdminAddr:  "127.0.0.1:0",
 					Metrics:    reg,
 					LagExport:  tc.export,
 					Processor:  processor.Config{Group: "proc-" + tc.export},
-					Started:    func(stack.Addrs) { close(started) },
+					Started:    func(Addrs) { close(started) },
 				})
 			}()
 			defer func() {
@@ -127,11 +126,11 @@ func TestRunExportsLag(t *testing.T) {
 			}
 			// own: the processor's group on the commands topic, from the
 			// start (cluster finds it once it has joined).
-			if tc.export != stack.LagExportCluster {
+			if tc.export != LagExportCluster {
 				procGroup := "proc-" + tc.export
 				commands := lagSeries(t, reg, topics.Commands())
 				_, has := commands[procGroup]
-				if wantProc := tc.export == stack.LagExportOwn; has != wantProc {
+				if wantProc := tc.export == LagExportOwn; has != wantProc {
 					t.Errorf("processor group %s exported: %v, want %v (%v)", procGroup, has, wantProc, commands)
 				}
 			}
@@ -159,7 +158,7 @@ func TestLagSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*pgxpool.Pool{pool, nil} {
-		sources, err := stack.LagSources(ctx, pipelinetest.Client(t, brokers), p, topics)
+		sources, err := LagSources(ctx, pipelinetest.Client(t, brokers), p, topics)
 		if err != nil {
 			t.Fatal(err)
 		}

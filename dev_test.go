@@ -1,4 +1,4 @@
-package stack
+package onceflow
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"bytes"
@@ -8,30 +8,12 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Keys are created, listed and revoked by id; the list never shows a key;
 // a revoked key stops working on the next request, a command and a read

@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"context"
@@ -8,10 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/onceflow/onceflow/cmd/internal/cli"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/postgres"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 func init() {
@@ -25,20 +23,20 @@ func init() {
 }
 
 // parse parses a subcommand's flags (the shared ones plus its own).
-func parse(name string, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*cli.Common, *flag.FlagSet, error) {
+func parse(name string, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*Common, *flag.FlagSet, error) {
 	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
-	c := cli.Register(fs, getenv)
+	c := Register(fs, getenv)
 	if own != nil {
 		own(fs)
 	}
 	return c, fs, fs.Parse(args)
 }
 
-func setup(c *cli.Common, stdout io.Writer) (stack.Config, error) {
+func setup(c *Common, stdout io.Writer) (Config, error) {
 	logger, err := c.Logger(stdout)
 	if err != nil {
-		return stack.Config{}, err
+		return Config{}, err
 	}
 	return c.Stack(logger)
 }
@@ -82,8 +80,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil || minSessionTimeout <= 0 {
 		return fmt.Errorf("-group-min-session-timeout %q: want a positive duration", minSession)
 	}
-	return stack.RunDev(ctx, stack.DevConfig{
-		RunConfig: stack.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
+	return RunDev(ctx, DevConfig{
+		RunConfig: RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
 			Processor: pcfg, Relay: rcfg, LagExport: c.LagExport},
 		DataDir:      dataDir,
 		BrokerAddr:   cfg.Kafka.Brokers[0],
@@ -109,7 +107,7 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	if key == "" {
 		return fmt.Errorf("an API key is required in ONCEFLOW_DEV_API_KEY")
 	}
-	return stack.RunDemo(ctx, &apiclient.Client{BaseURL: *url, APIKey: key}, stdout)
+	return RunDemo(ctx, &apiclient.Client{BaseURL: *url, APIKey: key}, stdout)
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -153,7 +151,7 @@ func runTopicsCreate(ctx context.Context, args []string, getenv func(string) str
 	if err != nil {
 		return err
 	}
-	if err := stack.EnsureTopics(ctx, cfg); err != nil {
+	if err := EnsureTopics(ctx, cfg); err != nil {
 		return err
 	}
 	for _, s := range cfg.Topics.Specs() {

@@ -1,4 +1,4 @@
-package main
+package onceflow
 
 import (
 	"bufio"
@@ -16,7 +16,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/processor"
-	"github.com/onceflow/onceflow/pipeline/stack"
 )
 
 func init() {
@@ -90,11 +89,11 @@ func runProduce(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
-	reg, err := stack.Registry(ctx, cfg)
+	reg, err := Registry(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	serdes, err := stack.NewSerdes(ctx, reg, cfg.Topics)
+	serdes, err := NewSerdes(ctx, reg, cfg.Topics)
 	if err != nil {
 		return err
 	}

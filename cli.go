@@ -1,0 +1,84 @@
+package onceflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// Main is the main of the onceflow binary: the operator CLI
+// (docs/architecture.md#operator-cli) and the embedded default, `onceflow
+// dev`, a Kafka-compatible broker, a schema registry and all four
+// components in one process.
+func Main() { mainWith("onceflow", run) }
+
+// command is one subcommand.
+type command struct {
+	usage string
+	run   func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error
+}
+
+// commands are the subcommands by name ("topics create"). Each file of
+// this package registers its own in an init function.
+var commands = map[string]command{}
+
+func register(name, usage string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
+	if _, dup := commands[name]; dup {
+		panic("onceflow: command registered twice: " + name)
+	}
+	commands[name] = command{usage, run}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	for n := 3; n >= 1; n-- {
+		if len(args) >= n {
+			if c, ok := commands[strings.Join(args[:n], " ")]; ok {
+				return c.run(ctx, args[n:], getenv, stdout)
+			}
+		}
+	}
+	usage(stdout)
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		return nil
+	}
+	if w := knownWords(args); w != "" {
+		return fmt.Errorf("unknown %q command", w)
+	}
+	return errors.New("unknown command")
+}
+
+// knownWords returns the longest run of args' first words that begins some
+// command ("tenants keys"), or "". The error names that much and nothing
+// after it: the rest of the line may be a secret typed in the wrong place.
+func knownWords(args []string) string {
+	known := ""
+	for n := 1; n <= len(args); n++ {
+		prefix := strings.Join(args[:n], " ")
+		for name := range commands {
+			if strings.HasPrefix(name, prefix+" ") {
+				known = prefix
+				break
+			}
+		}
+		if known != prefix {
+			break
+		}
+	}
+	return known
+}
+
+func usage(w io.Writer) {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "usage: onceflow COMMAND [flags]   (onceflow COMMAND -h for its flags)")
+	fmt.Fprintln(w)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-20s %s\n", n, commands[n].usage)
+	}
+}
