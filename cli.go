@@ -5,38 +5,50 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 )
 
-// Main is the main of the onceflow binary: the operator CLI
-// (docs/architecture.md#operator-cli) and the embedded default, `onceflow
-// dev`, a Kafka-compatible broker, a schema registry and all four
-// components in one process.
-func Main() { mainWith("onceflow", run) }
+// Main is the main of a binary that runs domains: the operator CLI
+// (docs/architecture.md#operator-cli), each component (`ingest`, `relay`,
+// `processor`, `projector`, or `run` for several) and the embedded default,
+// `dev`: a Kafka-compatible broker, a schema registry, Postgres and every
+// component in one process. The binary's name prefixes its errors.
+func Main(domains ...*Domain) {
+	mainWith(filepath.Base(os.Args[0]), func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+		return Run(ctx, domains, args, getenv, stdout)
+	})
+}
+
+// runFunc is a subcommand: the deployment's domains, its arguments, the
+// environment and where it prints.
+type runFunc func(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error
 
 // command is one subcommand.
 type command struct {
 	usage string
-	run   func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error
+	run   runFunc
 }
 
 // commands are the subcommands by name ("topics create"). Each file of
 // this package registers its own in an init function.
 var commands = map[string]command{}
 
-func register(name, usage string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
+func register(name, usage string, run runFunc) {
 	if _, dup := commands[name]; dup {
 		panic("onceflow: command registered twice: " + name)
 	}
 	commands[name] = command{usage, run}
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+// Run runs the command args names (Main's arguments) for domains.
+func Run(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	for n := 3; n >= 1; n-- {
 		if len(args) >= n {
 			if c, ok := commands[strings.Join(args[:n], " ")]; ok {
-				return c.run(ctx, args[n:], getenv, stdout)
+				return c.run(ctx, domains, args[n:], getenv, stdout)
 			}
 		}
 	}

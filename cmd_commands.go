@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/onceflow/onceflow/pipeline/apiclient"
@@ -20,13 +21,21 @@ func init() {
 	register("topics create", "create the topics (cleanup policies, retention, partitions) and check them", runTopicsCreate)
 	register("postgres up", "start (or reuse) the private Postgres cluster and print its URL", runPostgresUp)
 	register("postgres down", "stop the private Postgres cluster", runPostgresDown)
+	for name, c := range map[string]Components{
+		"ingest": {Ingest: true}, "relay": {Relay: true}, "processor": {Processor: true}, "projector": {Projector: true},
+	} {
+		register(name, "run the "+name+" (its flags: "+name+" -h)", func(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+			return runComponent(ctx, name, c, domains, args, getenv, stdout)
+		})
+	}
 }
 
 // parse parses a subcommand's flags (the shared ones plus its own).
-func parse(name string, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*Common, *flag.FlagSet, error) {
+func parse(name string, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*Common, *flag.FlagSet, error) {
 	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	c := Register(fs, getenv)
+	c.domains = domains
 	if own != nil {
 		own(fs)
 	}
@@ -41,7 +50,37 @@ func setup(c *Common, stdout io.Writer) (Config, error) {
 	return c.Stack(logger)
 }
 
-func runDev(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+// setupSerdes is setup with the deployment and its serdes, over the
+// registry the components use.
+func setupSerdes(ctx context.Context, c *Common, stdout io.Writer) (Config, *deployment, serdes, error) {
+	cfg, err := setup(c, stdout)
+	if err != nil {
+		return Config{}, nil, nil, err
+	}
+	dep, err := cfg.deployment()
+	if err != nil {
+		return Config{}, nil, nil, err
+	}
+	reg, err := registry(ctx, cfg, dep)
+	if err != nil {
+		return Config{}, nil, nil, err
+	}
+	s, err := newSerdes(ctx, reg, dep)
+	return cfg, dep, s, err
+}
+
+// commandTypesOf lists domains' command types for a usage text.
+func commandTypesOf(domains []*Domain) string {
+	var out []string
+	for _, d := range domains {
+		for _, a := range d.Aggregates {
+			out = append(out, a.aggregate().commandTypes...)
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	dataDir := getenv("ONCEFLOW_DATA_DIR")
 	if dataDir == "" {
 		dataDir = ".data"
@@ -52,7 +91,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	if minSession == "" {
 		minSession = "6s"
 	}
-	c, fs, err := parse("dev", args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, fs, err := parse("dev", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.BoolVar(&brokerOnly, "broker-only", false, "run only the embedded broker and registry")
 		fs.StringVar(&minSession, "group-min-session-timeout", minSession, "the broker's smallest group session timeout; lower it to test rebalances quickly (ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT)")
 		fs.StringVar(&dataDir, "data-dir", dataDir, "broker data and private Postgres cluster (ONCEFLOW_DATA_DIR)")
@@ -94,7 +133,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	})
 }
 
-func runDemo(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runDemo(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("onceflow demo", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	url := fs.String("url", "http://127.0.0.1:8080", "ingest base URL")
@@ -107,18 +146,42 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	if key == "" {
 		return fmt.Errorf("an API key is required in ONCEFLOW_DEV_API_KEY")
 	}
-	return RunDemo(ctx, &apiclient.Client{BaseURL: *url, APIKey: key}, stdout)
+	ran := false
+	for _, d := range domains {
+		if d.Demo == nil {
+			continue
+		}
+		if len(domains) > 1 {
+			fmt.Fprintf(stdout, "== %s\n", d.Name)
+		}
+		if err := d.Demo(ctx, &apiclient.Client{BaseURL: *url, APIKey: key}, stdout); err != nil {
+			return fmt.Errorf("%s demo: %w", d.Name, err)
+		}
+		ran = true
+	}
+	if !ran {
+		return fmt.Errorf("no domain of this binary has a demo")
+	}
+	return nil
 }
 
-func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("migrate", args, getenv, stdout, nil)
+func runMigrate(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, _, err := parse("migrate", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
 	}
 	if c.DatabaseURL == "" {
 		return fmt.Errorf("DATABASE_URL is required")
 	}
-	if err := postgres.Migrate(ctx, c.DatabaseURL, nil); err != nil {
+	cfg, err := setup(c, io.Discard)
+	if err != nil {
+		return err
+	}
+	dep, err := cfg.deployment()
+	if err != nil {
+		return err
+	}
+	if err := postgres.Migrate(ctx, c.DatabaseURL, nil, dep.migrations()...); err != nil {
 		return err
 	}
 	cur, _, err := postgres.MigrationVersion(ctx, c.DatabaseURL)
@@ -129,8 +192,8 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	return nil
 }
 
-func runMigrateVersion(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("migrate version", args, getenv, stdout, nil)
+func runMigrateVersion(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, _, err := parse("migrate version", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
 	}
@@ -142,8 +205,8 @@ func runMigrateVersion(ctx context.Context, args []string, getenv func(string) s
 	return nil
 }
 
-func runTopicsCreate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("topics create", args, getenv, stdout, nil)
+func runTopicsCreate(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, _, err := parse("topics create", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
 	}
@@ -151,11 +214,21 @@ func runTopicsCreate(ctx context.Context, args []string, getenv func(string) str
 	if err != nil {
 		return err
 	}
-	if err := EnsureTopics(ctx, cfg); err != nil {
+	dep, err := cfg.deployment()
+	if err != nil {
 		return err
 	}
-	for _, s := range cfg.Topics.Specs() {
-		fmt.Fprintf(stdout, "%s\tpartitions=%d\t%v\n", s.Name, s.Partitions, s.Configs)
+	if err := ensureTopics(ctx, cfg, dep); err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for _, a := range dep.aggregates() {
+		for _, s := range a.topics.Specs() {
+			if !seen[s.Name] {
+				seen[s.Name] = true
+				fmt.Fprintf(stdout, "%s\tpartitions=%d\t%v\n", s.Name, s.Partitions, s.Configs)
+			}
+		}
 	}
 	return nil
 }
@@ -175,7 +248,7 @@ func postgresFlags(args []string, getenv func(string) string, stdout io.Writer, 
 	return postgres.Local{Dir: filepath.Join(dataDir, "postgres"), Port: *port}, fs.Args(), nil
 }
 
-func runPostgresUp(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runPostgresUp(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	local, _, err := postgresFlags(args, getenv, stdout, "postgres up")
 	if err != nil {
 		return err
@@ -192,7 +265,7 @@ func runPostgresUp(ctx context.Context, args []string, getenv func(string) strin
 	return nil
 }
 
-func runPostgresDown(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runPostgresDown(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	local, _, err := postgresFlags(args, getenv, stdout, "postgres down")
 	if err != nil {
 		return err

@@ -22,11 +22,12 @@ func init() {
 	register("dlq redrive", "republish chosen DLQ records to the commands topic with their original command ids", runDLQRedrive)
 }
 
-func runDLQList(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	var reason string
+func runDLQList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	var reason, aggregate string
 	var asJSON bool
-	c, fs, err := parse("dlq list", args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, fs, err := parse("dlq list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&reason, "reason", "", "only records with this dlq-reason")
+		fs.StringVar(&aggregate, "aggregate-type", "", aggregateTypeUsage)
 		fs.BoolVar(&asJSON, "json", false, "one JSON object per record, with the value in base64")
 	})
 	if err != nil {
@@ -35,7 +36,7 @@ func runDLQList(ctx context.Context, args []string, getenv func(string) string, 
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	dls, _, err := readDLQ(ctx, c, reason)
+	dls, _, _, err := readDLQ(ctx, c, reason, aggregate)
 	if err != nil {
 		return err
 	}
@@ -60,11 +61,12 @@ func runDLQList(ctx context.Context, args []string, getenv func(string) string, 
 	return nil
 }
 
-func runDLQRedrive(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	var reason string
+func runDLQRedrive(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	var reason, aggregate string
 	var all, dryRun bool
-	c, fs, err := parse("dlq redrive", args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, fs, err := parse("dlq redrive", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&reason, "reason", "", "redrive every record with this dlq-reason")
+		fs.StringVar(&aggregate, "aggregate-type", "", aggregateTypeUsage)
 		fs.BoolVar(&all, "all", false, "redrive every record")
 		fs.BoolVar(&dryRun, "dry-run", false, "print what would be redriven, produce nothing")
 		fs.Usage = func() {
@@ -89,7 +91,7 @@ func runDLQRedrive(ctx context.Context, args []string, getenv func(string) strin
 	if n := len(chosen); (n > 0) == (all || reason != "") || (all && reason != "") {
 		return fmt.Errorf("choose the records: PARTITION:OFFSET arguments, or -reason, or -all (one of them)")
 	}
-	dls, cfg, err := readDLQ(ctx, c, reason)
+	dls, cfg, at, err := readDLQ(ctx, c, reason, aggregate)
 	if err != nil {
 		return err
 	}
@@ -105,7 +107,7 @@ func runDLQRedrive(ctx context.Context, args []string, getenv func(string) strin
 		for k := range chosen {
 			missing = append(missing, k)
 		}
-		return fmt.Errorf("not in %s: %s (nothing was redriven)", cfg.Topics.DLQ(), strings.Join(missing, ", "))
+		return fmt.Errorf("not in %s: %s (nothing was redriven)", at.topics.DLQ(), strings.Join(missing, ", "))
 	}
 	if len(pick) == 0 {
 		fmt.Fprintln(stdout, "nothing to redrive")
@@ -115,7 +117,7 @@ func runDLQRedrive(ctx context.Context, args []string, getenv func(string) strin
 	picked := make(map[*kgo.Record]processor.DeadLetter, len(pick)) // ProduceSync answers in completion order
 	var incomplete int
 	for _, d := range pick {
-		rec, err := d.Redrive(cfg.Topics.Commands())
+		rec, err := d.Redrive(at.topics.Commands())
 		if err != nil {
 			incomplete++
 			fmt.Fprintf(stdout, "cannot redrive %s (%s): %v\n", d.Coordinates(), d.Reason, err)
@@ -161,25 +163,38 @@ func incompleteErr(n int) error {
 	return fmt.Errorf("%d records cannot be redriven: their DLQ copy left part of the command out (dlq-omitted); produce them again from the source coordinates printed above", n)
 }
 
-// readDLQ reads the DLQ, keeping the records with reason (all if empty).
-func readDLQ(ctx context.Context, c *Common, reason string) ([]processor.DeadLetter, Config, error) {
+// aggregateTypeUsage is the -aggregate-type flag of the dlq commands.
+const aggregateTypeUsage = "the aggregate type whose DLQ to read, DOMAIN/TYPE (default: the only one)"
+
+// readDLQ reads the DLQ of the aggregate type named DOMAIN/TYPE (empty:
+// the deployment's only one), keeping the records with reason (all if
+// empty).
+func readDLQ(ctx context.Context, c *Common, reason, aggregate string) ([]processor.DeadLetter, Config, *aggregateType, error) {
 	cfg, err := setup(c, io.Discard)
 	if err != nil {
-		return nil, cfg, err
+		return nil, cfg, nil, err
+	}
+	dep, err := cfg.deployment()
+	if err != nil {
+		return nil, cfg, nil, err
+	}
+	at, err := dep.aggregateType(aggregate)
+	if err != nil {
+		return nil, cfg, nil, err
 	}
 	cl, err := cfg.Kafka.NewClient()
 	if err != nil {
-		return nil, cfg, err
+		return nil, cfg, nil, err
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	all, err := processor.ReadDLQ(ctx, cl, cfg.Topics.DLQ())
+	all, err := processor.ReadDLQ(ctx, cl, at.topics.DLQ())
 	if err != nil {
-		return nil, cfg, err
+		return nil, cfg, nil, err
 	}
 	if reason == "" {
-		return all, cfg, nil
+		return all, cfg, at, nil
 	}
 	var out []processor.DeadLetter
 	for _, d := range all {
@@ -187,7 +202,24 @@ func readDLQ(ctx context.Context, c *Common, reason string) ([]processor.DeadLet
 			out = append(out, d)
 		}
 	}
-	return out, cfg, nil
+	return out, cfg, at, nil
+}
+
+// aggregateType finds the aggregate type named DOMAIN/TYPE, or the only
+// one when name is empty.
+func (dep *deployment) aggregateType(name string) (*aggregateType, error) {
+	all := dep.aggregates()
+	var names []string
+	for _, a := range all {
+		if name == "" && len(all) == 1 || a.String() == name {
+			return a, nil
+		}
+		names = append(names, a.String())
+	}
+	if name == "" {
+		return nil, fmt.Errorf("the deployment has %d aggregate types: choose one with -aggregate-type (%s)", len(all), strings.Join(names, ", "))
+	}
+	return nil, fmt.Errorf("no aggregate type %q (the deployment's: %s)", name, strings.Join(names, ", "))
 }
 
 // cellText keeps text a client chose (a poison record's key or header, an

@@ -21,11 +21,11 @@ func init() {
 // misbehaves: how many keys a tenant used, and which keys came back, as
 // retries (replays: normal) or reused for another request (conflicts: a
 // client bug).
-func runIdempotencyCheck(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runIdempotencyCheck(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
 	var hours float64
 	var limit int
-	c, fs, err := parse("idempotency-check", args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, fs, err := parse("idempotency-check", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "the tenant (required)")
 		fs.Float64Var(&hours, "hours", 24, "look at keys created in the last H hours")
 		fs.IntVar(&limit, "limit", 20, "list at most this many keys")

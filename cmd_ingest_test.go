@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -25,7 +26,7 @@ import (
 // with their replays and conflicts, most active first.
 func TestTenantsAndIdempotencyCheck(t *testing.T) {
 	ctx := context.Background()
-	url := pipelinetest.DatabaseURL(t)
+	url := pipelinetest.DatabaseURL(t, ledgerapp.Migrations)
 	getenv := func(k string) string {
 		if k == "DATABASE_URL" {
 			return url
@@ -52,7 +53,7 @@ func TestTenantsAndIdempotencyCheck(t *testing.T) {
 		t.Fatalf("the API key is stored in clear")
 	}
 
-	c := &apiclient.Client{BaseURL: startIngest(t, pool, nil), APIKey: key[1]}
+	c := ledgerapp.Client{Client: &apiclient.Client{BaseURL: startIngest(t, pool, nil), APIKey: key[1]}}
 	if _, _, err := c.Deposit(ctx, "quiet", "acc-1", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -100,18 +101,15 @@ func startIngest(t *testing.T, p *pgxpool.Pool, logger *slog.Logger) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	topics := kafka.Topics{Prefix: "ledger", Partitions: 1}
-	reg, err := EmbeddedRegistry(ctx, topics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serdes, err := NewSerdes(ctx, reg, topics)
-	if err != nil {
-		t.Fatal(err)
-	}
+	serdes := ledgerSerdes(t, topics)
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	srv, err := NewIngest(Config{Topics: topics, Logger: logger}, ingest.Config{}, p, serdes, prometheus.NewRegistry())
+	routes := ledgerapp.Routes()
+	for i := range routes {
+		routes[i].Topic, routes[i].Encoder = topics.Commands(), serdes.Commands
+	}
+	srv, err := ingest.New(ingest.Config{}, routes, ledgerapp.Queries(), p, logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

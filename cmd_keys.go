@@ -33,7 +33,7 @@ func init() {
 func keysCommand(ctx context.Context, usage string, want int, args []string, getenv func(string) string, stdout io.Writer,
 	own func(*flag.FlagSet), check func([]string) error) (*pgxpool.Pool, []string, error) {
 	name := strings.Join(strings.Fields(usage)[:3], " ")
-	c, fs, err := parse(name, args, getenv, stdout, own)
+	c, fs, err := parse(name, nil, args, getenv, stdout, own)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -52,7 +52,7 @@ func keysCommand(ctx context.Context, usage string, want int, args []string, get
 	return pool, fs.Args(), err
 }
 
-func runTenantsKeysCreate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTenantsKeysCreate(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	name := "onceflow tenants create"
 	pool, rest, err := keysCommand(ctx, "tenants keys create [-name LABEL] TENANT", 1, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", name, "a label for operators (which client holds the key)")
@@ -70,7 +70,7 @@ func runTenantsKeysCreate(ctx context.Context, args []string, getenv func(string
 	return nil
 }
 
-func runTenantsKeysList(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTenantsKeysList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
 	pool, _, err := keysCommand(ctx, "tenants keys list [-tenant TENANT]", 0, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "only this tenant's keys")
@@ -95,7 +95,7 @@ func runTenantsKeysList(ctx context.Context, args []string, getenv func(string) 
 	return tw.Flush()
 }
 
-func runTenantsKeysRevoke(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTenantsKeysRevoke(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var id int64
 	pool, _, err := keysCommand(ctx, "tenants keys revoke ID", 1, args, getenv, stdout, nil, func(rest []string) error {
 		var err error

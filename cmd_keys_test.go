@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -21,7 +22,7 @@ import (
 // ingest's log never carries a key.
 func TestTenantsKeys(t *testing.T) {
 	ctx := context.Background()
-	pool, url := pipelinetest.Pool(t)
+	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
 	getenv := func(k string) string {
 		if k == "DATABASE_URL" {
 			return url
@@ -73,9 +74,9 @@ func TestTenantsKeys(t *testing.T) {
 
 	var logs syncBuffer
 	base := startIngest(t, pool, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	c1 := &apiclient.Client{BaseURL: base, APIKey: key1}
-	c2 := &apiclient.Client{BaseURL: base, APIKey: key2}
-	c4 := &apiclient.Client{BaseURL: base, APIKey: key4}
+	c1 := ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: key1}}
+	c2 := ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: key2}}
+	c4 := ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: key4}}
 	// Ingest now has key1 and key4 in its cache.
 	acc, _, err := c1.OpenAccount(ctx, "open", "acc-1", "EUR")
 	if err != nil {
@@ -87,7 +88,7 @@ func TestTenantsKeys(t *testing.T) {
 	if _, err := c1.Command(ctx, acc.CommandID); err != nil {
 		t.Fatal(err)
 	}
-	(&apiclient.Client{BaseURL: base, APIKey: "of_not-a-key"}).Deposit(ctx, "wrong", "acc-1", 1)
+	(ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: "of_not-a-key"}}).Deposit(ctx, "wrong", "acc-1", 1)
 
 	for _, id := range []string{id1, id4} {
 		if out, err := onceflow("tenants", "keys", "revoke", id); err != nil || !strings.Contains(out, "revoked key "+id+" of tenant acme") {

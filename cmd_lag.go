@@ -31,9 +31,9 @@ type lagRow struct {
 	Retrying string `json:"retrying,omitempty"` // class of the transient error its batch is retried on
 }
 
-func runLag(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runLag(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var groups, output, serve string
-	c, fs, err := parse("lag", args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, fs, err := parse("lag", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&groups, "group", "", "only these groups or consumers, comma separated (default: every group on the cluster and every consumer with offsets in Postgres)")
 		fs.StringVar(&output, "o", "table", "table or json")
 		fs.StringVar(&serve, "serve", "", "serve the lag of every consumer as Prometheus metrics on this address (/metrics, /healthz) until stopped, in place of Kafka Lag Exporter, instead of printing it")
@@ -91,7 +91,11 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 			return err
 		}
 	}
-	all, err := LagSources(ctx, cl, pool, cfg.Topics)
+	dep, err := cfg.deployment()
+	if err != nil {
+		return err
+	}
+	all, err := lagSources(ctx, cl, pool, dep)
 	if err != nil {
 		return err
 	}
@@ -135,6 +139,10 @@ func runLag(ctx context.Context, args []string, getenv func(string) string, stdo
 // serveLag serves the lag of every consumer of the cluster as Kafka Lag
 // Exporter's metrics until ctx ends: one such process per cluster.
 func serveLag(ctx context.Context, cfg Config, databaseURL, addr string) error {
+	dep, err := cfg.deployment()
+	if err != nil {
+		return err
+	}
 	reg := admin.NewRegistry()
 	lag, cl, err := NewLagCollector(cfg, reg)
 	if err != nil {
@@ -149,7 +157,7 @@ func serveLag(ctx context.Context, cfg Config, databaseURL, addr string) error {
 		defer pool.Close()
 	}
 	lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) {
-		return LagSources(ctx, cl, pool, cfg.Topics)
+		return lagSources(ctx, cl, pool, dep)
 	})
 	err = admin.New(addr, reg, cfg.Logger.With("component", "lag")).Run(ctx)
 	if errors.Is(err, context.Canceled) {

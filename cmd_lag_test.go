@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bufio"

@@ -17,9 +17,9 @@ func init() {
 	register("outbox status", "print the outbox per shard (backlog, oldest age, lease owner), the relays and the dead rows", runOutboxStatus)
 }
 
-func runOutboxStatus(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runOutboxStatus(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var dead int
-	c, fs, err := parse("outbox status", args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, fs, err := parse("outbox status", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.IntVar(&dead, "dead", 10, "how many of the newest dead rows to list (0: only count them)")
 	})
 	if err != nil {

@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
@@ -14,7 +15,7 @@ import (
 // warns about rows nobody ships.
 func TestOutboxStatus(t *testing.T) {
 	t.Parallel()
-	pool, url := pipelinetest.Pool(t)
+	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
 	ctx := context.Background()
 	for _, sql := range []string{
 		`INSERT INTO outbox_leases (shard) SELECT generate_series(0, 3)`,

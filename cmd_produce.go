@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
@@ -30,12 +29,12 @@ Every line is checked before anything is produced. Each produced command is
 printed with its command id: send it again with the same id and the
 processor recognizes it.`
 
-func runProduce(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runProduce(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var one processor.JSONCommand
 	var at, file string
-	c, fs, err := parse("produce", args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, fs, err := parse("produce", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&one.AggregateID, "aggregate", "", "aggregate id TENANT/ID (the record key)")
-		fs.StringVar(&one.Type, "type", "", "command type: "+strings.Join(ledger.NewDecider().CommandTypes(), ", "))
+		fs.StringVar(&one.Type, "type", "", "command type: "+commandTypesOf(domains))
 		fs.StringVar(&one.CommandID, "command-id", "", "command id (UUID); default a new UUIDv7")
 		fs.StringVar(&at, "time", "", "the command's time, RFC 3339; default now")
 		fs.StringVar(&one.Traceparent, "traceparent", "", "W3C traceparent header")
@@ -85,15 +84,7 @@ func runProduce(ctx context.Context, args []string, getenv func(string) string, 
 		}
 	}
 
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
-	}
-	reg, err := Registry(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	serdes, err := NewSerdes(ctx, reg, cfg.Topics)
+	cfg, dep, serdes, err := setupSerdes(ctx, c, io.Discard)
 	if err != nil {
 		return err
 	}
@@ -101,12 +92,21 @@ func runProduce(ctx context.Context, args []string, getenv func(string) string, 
 	now := time.Now()
 	recs := make([]*kgo.Record, len(cmds))
 	for i, cmd := range cmds {
-		r, _, err := cmd.Record(ctx, cfg.Topics.Commands(), serdes.Commands, ledger.CommandTypes(), now)
+		a := dep.handler(cmd.Type)
+		if a == nil {
+			return fmt.Errorf("%s: unknown command type %q; the deployment's are %s (nothing was produced)", where[i], cmd.Type, dep.commandTypes())
+		}
+		_, types, err := a.commandsSchema()
+		if err != nil {
+			return err
+		}
+		r, _, err := cmd.Record(ctx, a.topics.Commands(), serdes[a.topics.Commands()], types, now)
 		if err != nil {
 			return fmt.Errorf("%s: %w (nothing was produced)", where[i], err)
 		}
 		recs[i] = r
 	}
+
 	cl, err := cfg.Kafka.NewClient() // idempotent, murmur2 key partitioner: franz-go's defaults
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bytes"
@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
@@ -52,17 +52,10 @@ func (e *cliEnv) run(args ...string) (string, error) {
 func (e *cliEnv) processor(d pipeline.Decider[ledger.Account]) (p *processor.Processor[ledger.Account], reg *prometheus.Registry, stop func()) {
 	e.t.Helper()
 	ctx := context.Background()
-	r, err := EmbeddedRegistry(ctx, e.topics)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	s, err := NewSerdes(ctx, r, e.topics)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	s := ledgerSerdes(e.t, e.topics)
 	reg = prometheus.NewRegistry()
-	p, err = processor.New(processor.Config{Topics: e.topics, InstanceID: fmt.Sprintf("cli-%d", time.Now().UnixNano()), SessionTimeout: 2 * time.Second},
-		e.kcfg, d, s.ProcessorSerdes(), nil, reg)
+	p, err := processor.New(processor.Config{Topics: e.topics, InstanceID: fmt.Sprintf("cli-%d", time.Now().UnixNano()), SessionTimeout: 2 * time.Second},
+		e.kcfg, d, processor.Serdes{Commands: s.Commands, Events: s.Events, State: s.State}, nil, reg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
@@ -24,12 +24,12 @@ func init() {
 	register("projections list", "the projections, their tables, rebuilds and parked partitions", runProjectionsList)
 }
 
-func runProjectionsRebuild(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func runProjectionsRebuild(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var consumer string
 	var restart, verify bool
 	var lockTimeout time.Duration
-	c, fs, err := parse("projections rebuild", args, getenv, stdout, func(fs *flag.FlagSet) {
-		fs.StringVar(&consumer, "consumer", projector.DefaultConsumer, "the live projector's consumer")
+	c, fs, err := parse("projections rebuild", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&consumer, "consumer", "", "the live projector's consumer (default: its domain's projector)")
 		fs.BoolVar(&restart, "restart", false, "drop an unfinished rebuild of this projection and start from the beginning (default: resume it)")
 		fs.BoolVar(&verify, "verify", false, "print row counts and checksums of the live and rebuilt tables at the swap (locks them while it reads)")
 		fs.DurationVar(&lockTimeout, "lock-timeout", 2*time.Second, "longest wait for a lock in the swap (readers wait at most this long behind it)")
@@ -37,44 +37,39 @@ func runProjectionsRebuild(ctx context.Context, args []string, getenv func(strin
 	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("usage: onceflow projections rebuild [flags] NAME (one of: %s)", projectionNames())
-	}
-	proj, err := projector.ParseProjection(ledger.Projections(), fs.Arg(0))
-	if err != nil {
-		return err
-	}
 	if c.DatabaseURL == "" {
 		return fmt.Errorf("DATABASE_URL is required")
 	}
-	cfg, err := setup(c, io.Discard)
+	cfg, dep, serdes, err := setupSerdes(ctx, c, io.Discard)
 	if err != nil {
 		return err
 	}
-	pool, err := OpenDatabase(ctx, cfg, 4)
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: onceflow projections rebuild [flags] NAME (one of: %s)", dep.projectionNames())
+	}
+	d, proj, err := dep.projection(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	if consumer == "" {
+		consumer = d.consumer()
+	}
+	pool, err := openDatabase(ctx, cfg, dep, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	reg, err := Registry(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	serdes, err := NewSerdes(ctx, reg, cfg.Topics)
-	if err != nil {
-		return err
-	}
 	logger, err := c.Logger(stdout)
 	if err != nil {
 		return err
 	}
 	rb, err := projector.NewRebuild(projector.RebuildConfig{
-		Topic: cfg.Topics.Events(), Consumer: consumer, Projection: proj,
+		Topic: d.events(), Consumer: consumer, Projection: proj,
 		Restart: restart, Verify: verify, LockTimeout: lockTimeout,
 		Progress: func(p projector.RebuildProgress) {
 			fmt.Fprintf(stdout, "rebuilding %s: %d events applied, %d offsets behind the live projector\n", proj.Name(), p.Applied, p.Behind)
 		},
-	}, cfg.Kafka, pool, serdes.Events, logger)
+	}, cfg.Kafka, pool, serdes[d.events()], logger)
 	if err != nil {
 		return err
 	}
@@ -107,10 +102,11 @@ func runProjectionsRebuild(ctx context.Context, args []string, getenv func(strin
 	return nil
 }
 
-func runProjectionsUnpark(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	var consumer string
-	c, fs, err := parse("projections unpark", args, getenv, stdout, func(fs *flag.FlagSet) {
-		fs.StringVar(&consumer, "consumer", projector.DefaultConsumer, "the projector's consumer")
+func runProjectionsUnpark(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	var consumer, domainName string
+	c, fs, err := parse("projections unpark", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&consumer, "consumer", "", "the projector's consumer (default: its domain's projector)")
+		fs.StringVar(&domainName, "domain", "", "the domain whose projector parked them (default: the only one)")
 	})
 	if err != nil {
 		return err
@@ -130,38 +126,62 @@ func runProjectionsUnpark(ctx context.Context, args []string, getenv func(string
 	if err != nil {
 		return err
 	}
+	dep, err := cfg.deployment()
+	if err != nil {
+		return err
+	}
+	d, err := dep.domain(domainName)
+	if err != nil {
+		return err
+	}
+	if consumer == "" {
+		consumer = d.consumer()
+	}
 	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	n, err := projector.Unpark(ctx, pool, consumer, cfg.Topics.Events(), parts)
+	n, err := projector.Unpark(ctx, pool, consumer, d.events(), parts)
 	if err != nil {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("no parked partition of %s on %s matched", consumer, cfg.Topics.Events())
+		return fmt.Errorf("no parked partition of %s on %s matched", consumer, d.events())
 	}
 	fmt.Fprintf(stdout, "unparked %d partition(s) of %s; the projector that owns them tries their record again within seconds (it parks again if the cause is still there)\n", n, consumer)
 	return nil
 }
 
-func runProjectionsList(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("projections list", args, getenv, stdout, nil)
+func runProjectionsList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, fs, err := parse("projections list", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	cfg, err := setup(c, io.Discard)
+	if err != nil {
+		return err
+	}
+	dep, err := cfg.deployment()
+	if err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECTION\tTABLES\tREBUILDABLE")
-	for _, p := range ledger.Projections() {
-		tables, rebuildable := "-", "no"
-		if rb, ok := p.(projector.Rebuildable); ok {
-			tables, rebuildable = strings.Join(rb.Tables(), ","), "yes"
+	fmt.Fprintln(tw, "DOMAIN\tPROJECTION\tTABLES\tREBUILDABLE")
+	for _, d := range dep.domains {
+		for _, p := range d.projections() {
+			tables, rebuildable := "-", "no"
+			if rb, ok := p.(projector.Rebuildable); ok {
+				tables, rebuildable = strings.Join(rb.Tables(), ","), "yes"
+			}
+			if len(dep.domains) > 1 && shared(p) {
+				rebuildable = "no (every domain's)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", d.Name, p.Name(), tables, rebuildable)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name(), tables, rebuildable)
 	}
 	tw.Flush()
 	if c.DatabaseURL == "" {
@@ -217,12 +237,62 @@ func runProjectionsList(ctx context.Context, args []string, getenv func(string) 
 	return nil
 }
 
-func projectionNames() string {
+// shared reports whether p is a read model of every domain
+// (command_status, audit_log).
+func shared(p pipeline.Projection[pgx.Tx]) bool {
+	switch p.(type) {
+	case projector.CommandStatus, projector.AuditLog:
+		return true
+	}
+	return false
+}
+
+// projectionNames lists the deployment's projections.
+func (dep *deployment) projectionNames() string {
 	var names []string
-	for _, p := range ledger.Projections() {
-		names = append(names, p.Name())
+	for _, d := range dep.domains {
+		for _, p := range d.projections() {
+			if len(dep.domains) == 1 || !shared(p) {
+				names = append(names, p.Name())
+			}
+		}
 	}
 	return strings.Join(names, ", ")
+}
+
+// projection finds the projection named name and its domain. A read
+// model every domain writes (command_status, audit_log) is rebuilt from
+// one events topic only in a deployment of one domain: a rebuild from one
+// domain's events would drop the others' rows.
+func (dep *deployment) projection(name string) (*domain, pipeline.Projection[pgx.Tx], error) {
+	for _, d := range dep.domains {
+		for _, p := range d.projections() {
+			if p.Name() != name {
+				continue
+			}
+			if len(dep.domains) > 1 && shared(p) {
+				return nil, nil, fmt.Errorf("%s holds the rows of every domain's events; it cannot be rebuilt from one domain's events topic in a deployment of %d domains", name, len(dep.domains))
+			}
+			return d, p, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("no projection named %q (the deployment's: %s)", name, dep.projectionNames())
+}
+
+// domain finds the domain named name, or the only one when name is empty.
+func (dep *deployment) domain(name string) (*domain, error) {
+	if name == "" {
+		if len(dep.domains) == 1 {
+			return dep.domains[0], nil
+		}
+		return nil, fmt.Errorf("the deployment runs %d domains: choose one with -domain", len(dep.domains))
+	}
+	for _, d := range dep.domains {
+		if d.Name == name {
+			return d, nil
+		}
+	}
+	return nil, fmt.Errorf("no domain %q", name)
 }
 
 func formatOffsets(m map[int32]int64) string {

@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bytes"
@@ -17,9 +17,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
@@ -39,7 +40,7 @@ func newProjCLI(t *testing.T) *projCLI {
 	c := &projCLI{brokers: b.Addrs()}
 	c.topics = pipelinetest.Topics(t, c.brokers, 2)
 	var url string
-	c.pool, url = pipelinetest.Pool(t)
+	c.pool, url = pipelinetest.Pool(t, ledgerapp.Migrations)
 	c.env = map[string]string{"KAFKA_BROKERS": strings.Join(c.brokers, ","), "DATABASE_URL": url, "ONCEFLOW_TOPIC_PREFIX": c.topics.Prefix}
 	return c
 }
@@ -190,14 +191,7 @@ func TestProjectionsCommands(t *testing.T) {
 	t.Parallel()
 	c := newProjCLI(t)
 	ctx := context.Background()
-	reg, err := EmbeddedRegistry(ctx, c.topics) // what the CLI builds without SCHEMA_REGISTRY_URL
-	if err != nil {
-		t.Fatal(err)
-	}
-	serdes, err := NewSerdes(ctx, reg, c.topics)
-	if err != nil {
-		t.Fatal(err)
-	}
+	serdes := ledgerSerdes(t, c.topics) // the ids the CLI's registry gives without SCHEMA_REGISTRY_URL
 	cl := pipelinetest.Client(t, c.brokers)
 	var recs []*kgo.Record
 	for a := 0; a < 3; a++ {
@@ -224,7 +218,7 @@ func TestProjectionsCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	proj, err := projector.New(projector.Config{Topic: c.topics.Events()}, kafka.Config{Brokers: c.brokers}, c.pool, serdes.Events,
-		ledger.Projections(), slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+		ledgerProjections(), slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

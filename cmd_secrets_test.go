@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ var secretEnv = map[string]string{
 // key pasted in the wrong place).
 func TestCommandsHideSecrets(t *testing.T) {
 	getenv := func(k string) string { return secretEnv[k] }
-	for name := range commands {
+	for _, name := range commandNames(t) {
 		for _, flag := range []string{"-h", "-no-such-flag"} {
 			var out bytes.Buffer
 			args := append(strings.Fields(name), flag)

@@ -70,7 +70,8 @@ type Common struct {
 	// LagExport is ONCEFLOW_LAG_EXPORT (RunConfig.LagExport).
 	LagExport string
 
-	envErrs []error // malformed numeric or boolean variables, reported by Stack
+	envErrs []error   // malformed numeric or boolean variables, reported by Stack
+	domains []*Domain // what the deployment runs, for Stack
 }
 
 // secret is the flag.Value of a setting that must never be printed (a
@@ -147,7 +148,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.SchemaRegistryUser, "schema-registry-user", env("SCHEMA_REGISTRY_USER", ""), "schema registry basic auth user; wins over the URL's (SCHEMA_REGISTRY_USER)")
 	secretVar(fs, &c.SchemaRegistryPassword, "schema-registry-password", "SCHEMA_REGISTRY_PASSWORD", getenv, "schema registry basic auth `password`")
 	fs.StringVar(&c.SchemaRegistryCAFile, "schema-registry-ca-file", env("SCHEMA_REGISTRY_CA_FILE", ""), "extra CA bundle (PEM) for an https schema registry (SCHEMA_REGISTRY_CA_FILE)")
-	fs.StringVar(&c.TopicPrefix, "topic-prefix", env("ONCEFLOW_TOPIC_PREFIX", "ledger"), "topic prefix (ONCEFLOW_TOPIC_PREFIX)")
+	fs.StringVar(&c.TopicPrefix, "topic-prefix", env("ONCEFLOW_TOPIC_PREFIX", ""), "the topic prefix of a deployment of one domain; empty: the domain's name (ONCEFLOW_TOPIC_PREFIX)")
 	parts := envInt("ONCEFLOW_PARTITIONS", 8)
 	fs.IntVar(&c.Partitions, "partitions", parts, "partitions of topics created at start (ONCEFLOW_PARTITIONS)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", env("HTTP_ADDR", ":8080"), "ingest HTTP address (HTTP_ADDR)")
@@ -225,6 +226,7 @@ func (c *Common) Stack(logger *slog.Logger) (Config, error) {
 		rate = -1 // no limit
 	}
 	return Config{
+		Domains:     c.domains,
 		Kafka:       k,
 		Topics:      kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions), DedupRetention: c.dedupRetention()},
 		DatabaseURL: c.DatabaseURL,
@@ -285,11 +287,13 @@ func (c *Common) Relay() (relay.Config, error) {
 	return relay.Config{LeaseDuration: lease, BatchSize: c.RelayBatchSize}, nil
 }
 
-// RunComponent is the whole main of a single-component binary.
-func RunComponent(ctx context.Context, name string, components Components, args []string, getenv func(string) string, stdout io.Writer) error {
+// runComponent runs components of domains with the common flags (a
+// component binary's main, or the component subcommands of Main).
+func runComponent(ctx context.Context, name string, components Components, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	c := Register(fs, getenv)
+	c.domains = domains
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -316,7 +320,7 @@ func RunComponent(ctx context.Context, name string, components Components, args 
 	if err != nil {
 		return err
 	}
-	return Run(ctx, RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
+	return RunComponents(ctx, RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
 		AdminToken: c.AdminToken, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport})
 }
 
@@ -355,10 +359,11 @@ func mainWith(name string, run func(ctx context.Context, args []string, getenv f
 	}
 }
 
-// ComponentMain is Main for a binary that runs components with the common
-// flags only.
-func ComponentMain(name string, components Components) {
+// ComponentMain is the main of a binary that runs components of domains
+// with the common flags only (cmd/ingest and the others): Main's
+// `ingest`, `relay`, `processor` or `projector` as a binary of its own.
+func ComponentMain(name string, components Components, domains ...*Domain) {
 	mainWith(name, func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-		return RunComponent(ctx, name, components, args, getenv, stdout)
+		return runComponent(ctx, name, components, domains, args, getenv, stdout)
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,7 +103,11 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := RegisterSchemas(ctx, reg, dc.Topics); err != nil {
+	dep, err := dc.deployment()
+	if err != nil {
+		return err
+	}
+	if err := registerSchemas(ctx, reg, dep); err != nil {
 		return err
 	}
 	registryLn, err := net.Listen("tcp", dc.RegistryAddr)
@@ -113,7 +118,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	go registrySrv.Serve(registryLn)
 	defer registrySrv.Close()
 
-	if err := EnsureTopics(ctx, dc.Config); err != nil {
+	if err := ensureTopics(ctx, dc.Config, dep); err != nil {
 		return fmt.Errorf("topics: %w", err)
 	}
 	registryURL := "http://" + loopback(registryLn.Addr().String())
@@ -132,7 +137,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if err != nil {
 		return err
 	}
-	pool, err := OpenDatabase(ctx, dc.Config, 4)
+	pool, err := openDatabase(ctx, dc.Config, dep, 4)
 	if err != nil {
 		return err
 	}
@@ -169,15 +174,13 @@ func RunDev(ctx context.Context, dc DevConfig) error {
   ingest     http://%s
   admin      http://%s/metrics  /healthz  /readyz
   tenant %q  API key: %s
-
-Try:
-  curl -s -X POST http://%s/v1/accounts -H "Authorization: Bearer %s" \
-    -H 'Idempotency-Key: open-acc-1' -H 'Content-Type: application/json' \
-    -d '{"account_id":"acc-1","currency":"EUR"}'
+%s
+Every route, with its body: curl -s http://%s/openapi.json
+Send commands with -H "Authorization: Bearer %s" -H "Idempotency-Key: <one per operation>".
 `, broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, postgres.Redact(dc.DatabaseURL),
-			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, loopback(a.HTTP), shown)
+			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, dep.routeList(), loopback(a.HTTP), shown)
 	}
-	err = Run(ctx, rc)
+	err = RunComponents(ctx, rc)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
@@ -208,4 +211,19 @@ func loopback(addr string) string {
 		return addr
 	}
 	return net.JoinHostPort("127.0.0.1", port)
+}
+
+// routeList lists the deployment's routes for the dev banner.
+func (dep *deployment) routeList() string {
+	var b strings.Builder
+	for _, d := range dep.domains {
+		fmt.Fprintf(&b, "  %s:\n", d.Name)
+		for _, r := range d.Routes {
+			fmt.Fprintf(&b, "    %s\n", r.Pattern)
+		}
+		for _, q := range d.Queries {
+			fmt.Fprintf(&b, "    %s\n", q.Pattern)
+		}
+	}
+	return b.String()
 }

@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
@@ -37,7 +39,7 @@ func (s *syncBuffer) String() string {
 // not echo an API key it was given; nothing it logs while starting and
 // stopping carries either.
 func TestDevOutputHidesSecrets(t *testing.T) {
-	u, err := url.Parse(pipelinetest.DatabaseURL(t))
+	u, err := url.Parse(pipelinetest.DatabaseURL(t, ledgerapp.Migrations))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,9 +49,10 @@ func TestDevOutputHidesSecrets(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- RunDev(ctx, DevConfig{
-			RunConfig: RunConfig{
-				Config: Config{
+		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
+			RunConfig: onceflow.RunConfig{
+				Config: onceflow.Config{
+					Domains:     ledgerDomains(),
 					Kafka:       kafka.Config{Logger: logger},
 					Topics:      kafka.Topics{Prefix: "ledger", Partitions: 1},
 					DatabaseURL: u.String(),
@@ -84,48 +87,6 @@ func TestDevOutputHidesSecrets(t *testing.T) {
 	for _, want := range []string{"postgres://postgres:xxxxx@127.0.0.1:", "Bearer $ONCEFLOW_DEV_API_KEY"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("dev's output lacks %q:\n%s", want, text)
-		}
-	}
-}
-
-// The dev stack's admin server and schema registry listen on loopback
-// unless told otherwise.
-func TestDevListensOnLoopback(t *testing.T) {
-	t.Parallel()
-	var dc DevConfig
-	dc.setDefaults()
-	if dc.AdminAddr != "127.0.0.1:9090" || dc.RegistryAddr != "127.0.0.1:8081" || dc.BrokerAddr != "127.0.0.1:9092" {
-		t.Errorf("dev defaults: admin %q registry %q broker %q, want each on 127.0.0.1", dc.AdminAddr, dc.RegistryAddr, dc.BrokerAddr)
-	}
-	dc = DevConfig{RunConfig: RunConfig{AdminAddr: ":9999"}}
-	dc.setDefaults()
-	if dc.AdminAddr != ":9999" {
-		t.Errorf("ADMIN_ADDR=:9999 became %q", dc.AdminAddr)
-	}
-}
-
-// A database on another machine reached without verified TLS gets a
-// warning at start; a local one does not.
-func TestWarnPlaintextDatabase(t *testing.T) {
-	t.Setenv("PGSSLMODE", "")
-	for _, tc := range []struct {
-		url  string
-		warn bool
-	}{
-		{"postgres://u:SECRET@db.example:5432/x?sslmode=disable", true},
-		{"postgres://u:SECRET@db.example:5432/x", true},
-		{"postgres://u:SECRET@db.example:5432/x?sslmode=verify-full", false},
-		{"postgres://u:SECRET@127.0.0.1:5432/x?sslmode=disable", false},
-	} {
-		var out syncBuffer
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel() // OpenDatabase warns, then stops at the canceled context
-		OpenDatabase(ctx, Config{DatabaseURL: tc.url, Logger: slog.New(slog.NewTextHandler(&out, nil))}, 1)
-		if got := strings.Contains(out.String(), "sslmode=verify-full"); got != tc.warn {
-			t.Errorf("%s: warned %v, want %v:\n%s", tc.url, got, tc.warn, out.String())
-		}
-		if strings.Contains(out.String(), "SECRET") {
-			t.Errorf("the warning quotes the password:\n%s", out.String())
 		}
 	}
 }

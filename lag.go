@@ -1,7 +1,6 @@
 package onceflow
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -74,28 +72,24 @@ func newLagMetrics(cfg Config, reg prometheus.Registerer) (*lagMetrics, error) {
 
 func (l *lagMetrics) close() { l.cl.Close() }
 
-// processorLag is the processor group's lag source: offsets it commits to
-// Kafka in its transactions.
-func processorLag(cfg Config, pcfg processor.Config) kafka.LagSource {
-	return kafka.LagSource{Group: cmp.Or(pcfg.Group, processor.DefaultGroup), Topics: []string{cfg.Topics.Commands()}}
-}
-
-// LagSources returns every consumer to measure: each consumer group on the
-// cluster and, with a pool, each consumer with offsets in Postgres for the
-// events topic (projectors and rebuilds). A consumer's Postgres offsets
-// replace its Kafka group's, which are a copy for monitoring that trails
-// after a crash. Sorted by name.
-func LagSources(ctx context.Context, cl *kgo.Client, pool *pgxpool.Pool, topics kafka.Topics) ([]kafka.LagSource, error) {
+// lagSources returns every consumer to measure: each consumer group on the
+// cluster and, with a pool, each consumer with offsets in Postgres for a
+// domain's events topic (projectors and rebuilds). A consumer's Postgres
+// offsets replace its Kafka group's, which are a copy for monitoring that
+// trails after a crash. Sorted by name.
+func lagSources(ctx context.Context, cl *kgo.Client, pool *pgxpool.Pool, dep *deployment) ([]kafka.LagSource, error) {
 	var out []kafka.LagSource
 	inPostgres := map[string]bool{}
 	if pool != nil {
-		consumers, err := projector.Consumers(ctx, pool, topics.Events())
-		if err != nil {
-			return nil, err
-		}
-		for _, name := range consumers {
-			inPostgres[name] = true
-			out = append(out, projector.LagSource(pool, name, topics.Events()))
+		for _, d := range dep.domains {
+			consumers, err := projector.Consumers(ctx, pool, d.events())
+			if err != nil {
+				return nil, err
+			}
+			for _, name := range consumers {
+				inPostgres[name] = true
+				out = append(out, projector.LagSource(pool, name, d.events()))
+			}
 		}
 	}
 	groups, err := kafka.Groups(ctx, cl)

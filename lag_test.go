@@ -1,19 +1,18 @@
-package onceflow
+package onceflow_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
-	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
 // lagSeries returns the committed offset of each group's lag series on
@@ -50,7 +49,7 @@ func TestRunExportsLag(t *testing.T) {
 	ctx := context.Background()
 	brokers := pipelinetest.Broker(t).Addrs()
 	topics := pipelinetest.Topics(t, brokers, 1)
-	pool, url := pipelinetest.Pool(t)
+	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
 
 	// A foreign group, two records behind on the events topic; a consumer
 	// with its offsets in Postgres (a projector, here none running) three
@@ -79,9 +78,9 @@ func TestRunExportsLag(t *testing.T) {
 		export string
 		want   map[string]float64 // lag on the events topic by group; absent: not exported
 	}{
-		{LagExportCluster, map[string]float64{"billing": 2, "proj-x": 3}},
-		{LagExportOwn, map[string]float64{}},
-		{LagExportOff, map[string]float64{}},
+		{onceflow.LagExportCluster, map[string]float64{"billing": 2, "proj-x": 3}},
+		{onceflow.LagExportOwn, map[string]float64{}},
+		{onceflow.LagExportOff, map[string]float64{}},
 	} {
 		t.Run(tc.export, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
@@ -89,17 +88,17 @@ func TestRunExportsLag(t *testing.T) {
 			started := make(chan struct{})
 			done := make(chan error, 1)
 			go func() {
-				done <- Run(runCtx, RunConfig{
-					Config: Config{
-						Kafka: kafka.Config{Brokers: brokers}, Topics: topics, DatabaseURL: url,
+				done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
+					Config: onceflow.Config{
+						Domains: []*onceflow.Domain{ledgerWithGroup("proc-" + tc.export)},
+						Kafka:   kafka.Config{Brokers: brokers}, Topics: topics, DatabaseURL: url,
 						Logger: slog.New(slog.DiscardHandler), InstanceID: "lag-" + tc.export,
 					},
-					Components: Components{Processor: true},
+					Components: onceflow.Components{Processor: true},
 					AdminAddr:  "127.0.0.1:0",
 					Metrics:    reg,
 					LagExport:  tc.export,
-					Processor:  processor.Config{Group: "proc-" + tc.export},
-					Started:    func(Addrs) { close(started) },
+					Started:    func(onceflow.Addrs) { close(started) },
 				})
 			}()
 			defer func() {
@@ -126,56 +125,14 @@ func TestRunExportsLag(t *testing.T) {
 			}
 			// own: the processor's group on the commands topic, from the
 			// start (cluster finds it once it has joined).
-			if tc.export != LagExportCluster {
+			if tc.export != onceflow.LagExportCluster {
 				procGroup := "proc-" + tc.export
 				commands := lagSeries(t, reg, topics.Commands())
 				_, has := commands[procGroup]
-				if wantProc := tc.export == LagExportOwn; has != wantProc {
+				if wantProc := tc.export == onceflow.LagExportOwn; has != wantProc {
 					t.Errorf("processor group %s exported: %v, want %v (%v)", procGroup, has, wantProc, commands)
 				}
 			}
 		})
-	}
-}
-
-// LagSources lists every group of the cluster and every consumer with
-// offsets in Postgres once, Postgres winning.
-func TestLagSources(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	brokers := pipelinetest.Broker(t).Addrs()
-	topics := pipelinetest.Topics(t, brokers, 1)
-	pool, _ := pipelinetest.Pool(t)
-	adm := kadm.NewClient(pipelinetest.Client(t, brokers))
-	for _, g := range []string{"b", "a"} {
-		o := kadm.Offsets{}
-		o.Add(kadm.Offset{Topic: topics.Events(), Partition: 0, At: 0, LeaderEpoch: -1})
-		if _, err := adm.CommitOffsets(ctx, g, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pool.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, partition, next_offset) VALUES ('a', $1, 0, 0), ('c', $1, 0, 0)`, topics.Events()); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []*pgxpool.Pool{pool, nil} {
-		sources, err := LagSources(ctx, pipelinetest.Client(t, brokers), p, topics)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := ""
-		for _, s := range sources {
-			in := "kafka"
-			if s.Offsets != nil {
-				in = "postgres"
-			}
-			got += fmt.Sprintf("%s:%s ", s.Group, in)
-		}
-		want := "a:postgres b:kafka c:postgres "
-		if p == nil {
-			want = "a:kafka b:kafka "
-		}
-		if got != want {
-			t.Errorf("with pool %v: got %q, want %q", p != nil, got, want)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package onceflow
+package onceflow_test
 
 import (
 	"context"
@@ -7,9 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // A component started against a registry whose events subject holds a
@@ -20,7 +22,8 @@ func TestStartRefusesAnIncompatibleRegistry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	topics := kafka.Topics{Prefix: "ledger", Partitions: 1}
-	events, err := schemas.FS.ReadFile(schemas.File(schemas.Events))
+	eventsText, err := ledger.SchemaOf(ledger.Events)
+	events := []byte(eventsText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +52,11 @@ func TestStartRefusesAnIncompatibleRegistry(t *testing.T) {
 			}
 			srv := httptest.NewServer(emb.Handler())
 			t.Cleanup(srv.Close)
-			reg, err := Registry(ctx, Config{Topics: topics, SchemaRegistry: avro.ClientConfig{URL: srv.URL}})
+			reg, err := avro.ClientConfig{URL: srv.URL}.NewClient()
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = NewSerdes(ctx, reg, topics)
+			_, err = onceflow.NewSerdes(ctx, reg, ledgerapp.Domain(), "", topics)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("start: %v", err)
@@ -63,7 +66,7 @@ func TestStartRefusesAnIncompatibleRegistry(t *testing.T) {
 			if !errors.Is(err, avro.ErrIncompatibleSchema) {
 				t.Fatalf("start: got %v, want ErrIncompatibleSchema", err)
 			}
-			for _, want := range []string{"register events schema", "ledger.events-value", tc.want, "docs/schemas.md#evolving-schemas"} {
+			for _, want := range []string{"register the ledger events schema", "ledger.events-value", tc.want, "docs/schemas.md#evolving-schemas"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("start: got %v, want it to say %q", err, want)
 				}

@@ -77,9 +77,10 @@ type Addrs struct {
 	Kafka, RegistryURL string
 }
 
-// Run builds and runs the selected components until ctx ends, then shuts
-// them down gracefully. A component that fails ends the process.
-func Run(ctx context.Context, rc RunConfig) error {
+// RunComponents builds and runs the selected components until ctx ends,
+// then shuts them down gracefully. A component that fails ends the
+// process.
+func RunComponents(ctx context.Context, rc RunConfig) error {
 	c := rc.Components
 	if !c.Ingest && !c.Relay && !c.Processor && !c.Projector {
 		return errors.New("no component selected")
@@ -101,17 +102,20 @@ func Run(ctx context.Context, rc RunConfig) error {
 		rc.AdminRoutes(adm)
 	}
 
-	if err := EnsureTopics(ctx, rc.Config); err != nil {
+	dep, err := rc.deployment()
+	if err != nil {
+		return err
+	}
+	if err := ensureTopics(ctx, rc.Config, dep); err != nil {
 		return fmt.Errorf("topics: %w", err)
 	}
 	reg := rc.Registry
 	if reg == nil {
-		var err error
-		if reg, err = Registry(ctx, rc.Config); err != nil {
+		if reg, err = registry(ctx, rc.Config, dep); err != nil {
 			return err
 		}
 	}
-	serdes, err := NewSerdes(ctx, reg, rc.Topics)
+	serdes, err := newSerdes(ctx, reg, dep)
 	if err != nil {
 		return err
 	}
@@ -147,20 +151,20 @@ func Run(ctx context.Context, rc RunConfig) error {
 	// even in a process that runs none of the components using it.
 	var pool *pgxpool.Pool
 	if c.Ingest || c.Relay || c.Projector || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
-		if pool, err = OpenDatabase(ctx, rc.Config, 0); err != nil {
+		if pool, err = openDatabase(ctx, rc.Config, dep, 0); err != nil {
 			return err
 		}
 		defer pool.Close()
 		adm.AddCheck("postgres", func(ctx context.Context) error { return pool.Ping(ctx) })
 	}
 	if rc.LagExport == LagExportCluster {
-		lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) { return LagSources(ctx, lag.cl, pool, rc.Topics) })
+		lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) { return lagSources(ctx, lag.cl, pool, dep) })
 	}
 
 	if c.Ingest || c.Relay || c.Projector {
 		var rel *relay.Relay
 		if c.Relay {
-			r, err := NewRelay(rc.Config, rc.Relay, pool, metrics)
+			r, err := newRelay(rc.Config, rc.Relay, pool, dep, metrics)
 			if err != nil {
 				return err
 			}
@@ -172,7 +176,7 @@ func Run(ctx context.Context, rc RunConfig) error {
 			if rel != nil && icfg.OnAccept == nil {
 				icfg.OnAccept = rel.Wake // same process: wake the relay after each commit
 			}
-			srv, err := NewIngest(rc.Config, icfg, pool, serdes, metrics)
+			srv, err := newIngest(rc.Config, icfg, pool, dep, serdes, metrics)
 			if err != nil {
 				return err
 			}
@@ -184,23 +188,28 @@ func Run(ctx context.Context, rc RunConfig) error {
 			g.Go(func() error { return srv.Serve(gctx, ln) })
 		}
 		if c.Projector {
-			proj, err := NewProjector(rc.Config, rc.Projector, pool, serdes, metrics)
-			if err != nil {
-				return err
+			for _, d := range dep.domains {
+				proj, err := newProjector(rc.Config, rc.Projector, pool, d, serdes, dep.metricsFor(metrics, "domain", d.Name, len(dep.domains)))
+				if err != nil {
+					return err
+				}
+				adm.AddCheck(dep.checkName("projector", d.Name, len(dep.domains)), readyCheck(proj.Ready()))
+				ownLag(proj.LagSource())
+				g.Go(func() error { return proj.Run(gctx) })
 			}
-			adm.AddCheck("projector", readyCheck(proj.Ready()))
-			ownLag(proj.LagSource())
-			g.Go(func() error { return proj.Run(gctx) })
 		}
 	}
 	if c.Processor {
-		proc, err := NewProcessor(rc.Config, rc.Processor, serdes, metrics)
-		if err != nil {
-			return err
+		all := dep.aggregates()
+		for _, a := range all {
+			proc, err := newProcessor(rc.Config, rc.Processor, dep, a, serdes, dep.metricsFor(metrics, "aggregate", a.topics.Prefix, len(all)))
+			if err != nil {
+				return err
+			}
+			adm.AddCheck(dep.checkName("processor", a.topics.Prefix, len(all)), readyCheck(proc.Ready()))
+			ownLag(kafka.LagSource{Group: a.group, Topics: []string{a.topics.Commands()}})
+			g.Go(func() error { return proc.Run(gctx) })
 		}
-		adm.AddCheck("processor", readyCheck(proc.Ready()))
-		ownLag(processorLag(rc.Config, rc.Processor))
-		g.Go(func() error { return proc.Run(gctx) })
 	}
 	g.Go(func() error { return adm.Serve(gctx, adminLn) })
 	if rc.Started != nil {
@@ -240,4 +249,23 @@ func orDefault(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// metricsFor is the registerer of one of n components of a kind: reg
+// itself when there is one, so a deployment of one domain exports the
+// series it always did; else reg with a constant label (label=value) that
+// tells them apart.
+func (dep *deployment) metricsFor(reg prometheus.Registerer, label, value string, n int) prometheus.Registerer {
+	if n == 1 {
+		return reg
+	}
+	return prometheus.WrapRegistererWith(prometheus.Labels{label: value}, reg)
+}
+
+// checkName is the /readyz check of one of n components of a kind.
+func (dep *deployment) checkName(kind, name string, n int) string {
+	if n == 1 {
+		return kind
+	}
+	return kind + " " + name
 }

@@ -1,8 +1,16 @@
-// Package stack assembles onceflow's reference pipeline (the ledger) from
-// configuration: the schema registry and serdes, and each component ready
-// to Run. The binaries in cmd/ and `onceflow dev` call it, so a component
-// started on its own and the same component inside the dev stack are built
-// the same way.
+// Package onceflow runs a team's domains on the onceflow pipeline: declare
+// a Domain (its aggregate types with their deciders and schemas, its read
+// models, its HTTP routes), give it to Main, and the binary is every
+// component (ingest, relay, processor, projector), `onceflow dev` with an
+// embedded broker, registry and Postgres, and the operator commands
+// (produce, dlq, lag, projections rebuild, idempotency-check, ...) for its
+// types. docs/your-first-domain.md builds one; examples/ledger and
+// examples/inventory are two.
+//
+// This package is the application: it assembles the library (the
+// pipeline packages) from configuration, in one place, so a component
+// started on its own and the same component inside `onceflow dev` are
+// built the same way.
 package onceflow
 
 import (
@@ -12,24 +20,29 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/relay"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // Config is what every component needs (docs/architecture.md#configuration).
 type Config struct {
-	Kafka       kafka.Config
+	// Domains are the domains the deployment runs. Required.
+	Domains []*Domain
+	Kafka   kafka.Config
+	// Topics holds the topics' partitions and retentions; its Prefix, if
+	// set (ONCEFLOW_TOPIC_PREFIX), replaces the one domain's name as its
+	// topic prefix.
 	Topics      kafka.Topics
 	DatabaseURL string // DATABASE_URL
 	// SchemaRegistry is the registry to use (SCHEMA_REGISTRY_URL,
@@ -52,36 +65,70 @@ type Config struct {
 	TenantRateLimit float64
 }
 
-// Registry returns the Confluent-compatible registry cfg.SchemaRegistry names,
-// or an embedded one with the ledger's schemas registered in a fixed order
-// (commands, events, state), so every process that builds one assigns the
-// same ids.
-func Registry(ctx context.Context, cfg Config) (avro.Registry, error) {
+// deployment resolves cfg's domains.
+func (cfg Config) deployment() (*deployment, error) {
+	return newDeployment(cfg.Domains, cfg.Topics.Prefix, cfg.Topics)
+}
+
+// registry returns the Confluent-compatible registry cfg.SchemaRegistry
+// names, or an embedded one with the deployment's schemas registered in a
+// fixed order, so every process that builds one assigns the same ids.
+func registry(ctx context.Context, cfg Config, dep *deployment) (avro.Registry, error) {
 	if cfg.SchemaRegistry.URL != "" {
 		return cfg.SchemaRegistry.NewClient()
 	}
-	return EmbeddedRegistry(ctx, cfg.Topics)
-}
-
-// EmbeddedRegistry returns an in-process registry holding the ledger's
-// schemas for topics, registered in a fixed order so ids are the same in
-// every process.
-func EmbeddedRegistry(ctx context.Context, topics kafka.Topics) (*avro.Embedded, error) {
 	reg := avro.NewEmbedded()
-	return reg, RegisterSchemas(ctx, reg, topics)
+	return reg, registerSchemas(ctx, reg, dep)
 }
 
-// RegisterSchemas registers the ledger's schemas for topics in reg, in the
-// order commands, events, state. A schema the registry refuses as
-// incompatible with an earlier version stops the start.
-func RegisterSchemas(ctx context.Context, reg avro.Registry, topics kafka.Topics) error {
-	for _, suffix := range []string{schemas.Commands, schemas.Events, schemas.State} {
-		schema, err := schemas.FS.ReadFile(schemas.File(suffix))
-		if err != nil {
-			return err
+// subject is one schema of the deployment with the topic it describes
+// and the Go types of its records.
+type subject struct {
+	topic, what string
+	schema      string
+	types       map[string]any
+}
+
+// subjects lists the deployment's schemas in the order they are
+// registered: for each domain, each aggregate type's commands, the
+// domain's events, each aggregate type's state.
+func (dep *deployment) subjects() ([]subject, error) {
+	var out []subject
+	for _, d := range dep.domains {
+		for _, a := range d.aggregates {
+			schema, types, err := a.commandsSchema()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, subject{a.topics.Commands(), a.String() + " commands", schema, types})
 		}
-		if _, err := reg.Register(ctx, avro.ValueSubject(topicOf(topics, suffix)), string(schema)); err != nil {
-			return registerError(suffix, err)
+		schema, types, err := d.eventsSchema()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, subject{d.events(), d.Name + " events", schema, types})
+		for _, a := range d.aggregates {
+			schema, types, err := a.stateSchema()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, subject{a.topics.State(), a.String() + " state", schema, types})
+		}
+	}
+	return out, nil
+}
+
+// registerSchemas registers the deployment's schemas in reg. A schema the
+// registry refuses as incompatible with an earlier version stops the
+// start.
+func registerSchemas(ctx context.Context, reg avro.Registry, dep *deployment) error {
+	subjects, err := dep.subjects()
+	if err != nil {
+		return err
+	}
+	for _, s := range subjects {
+		if _, err := reg.Register(ctx, avro.ValueSubject(s.topic), s.schema); err != nil {
+			return registerError(s.what, err)
 		}
 	}
 	return nil
@@ -89,72 +136,103 @@ func RegisterSchemas(ctx context.Context, reg avro.Registry, topics kafka.Topics
 
 // registerError says which schema a registry refused, and where to read
 // how schemas evolve when it refused it as incompatible.
-func registerError(suffix string, err error) error {
+func registerError(what string, err error) error {
 	if errors.Is(err, avro.ErrIncompatibleSchema) {
-		return fmt.Errorf("register %s schema: %w (docs/schemas.md#evolving-schemas)", suffix, err)
+		return fmt.Errorf("register the %s schema: %w (docs/schemas.md#evolving-schemas)", what, err)
 	}
-	return fmt.Errorf("register %s schema: %w", suffix, err)
+	return fmt.Errorf("register the %s schema: %w", what, err)
 }
 
-func topicOf(t kafka.Topics, suffix string) string {
-	switch suffix {
-	case schemas.Commands:
-		return t.Commands()
-	case schemas.Events:
-		return t.Events()
+// serdes are the deployment's serdes by topic.
+type serdes map[string]*avro.Serde
+
+// newSerdes builds the deployment's serdes and registers their schemas.
+func newSerdes(ctx context.Context, reg avro.Registry, dep *deployment) (serdes, error) {
+	subjects, err := dep.subjects()
+	if err != nil {
+		return nil, err
 	}
-	return t.State()
+	out := serdes{}
+	for _, s := range subjects {
+		serde, err := avro.NewSerde(reg, avro.ValueSubject(s.topic), s.schema, s.types)
+		if err != nil {
+			return nil, fmt.Errorf("%s serde: %w", s.what, err)
+		}
+		if _, err := serde.Register(ctx); err != nil {
+			return nil, registerError(s.what, err)
+		}
+		out[s.topic] = serde
+	}
+	return out, nil
 }
 
-// Serdes are the ledger's serdes over a registry.
+// processorSerdes are the serdes a's processor uses: its commands, its
+// domain's events, its state, and the commands topics of the other
+// aggregate types its decisions send commands to.
+func (s serdes) processorSerdes(dep *deployment, a *aggregateType) processor.Serdes {
+	ps := processor.Serdes{Commands: s[a.topics.Commands()], Events: s[a.topics.Events()], State: s[a.topics.State()],
+		Targets: map[string]processor.Target{}}
+	for _, other := range dep.aggregates() {
+		if other == a {
+			continue
+		}
+		for _, ct := range other.commandTypes {
+			ps.Targets[ct] = processor.Target{Topic: other.topics.Commands(), Commands: s[other.topics.Commands()]}
+		}
+	}
+	return ps
+}
+
+// Serdes are one aggregate type's serdes: its commands topic's, its
+// domain's events topic's and its state topic's.
 type Serdes struct {
 	Commands, Events, State *avro.Serde
 }
 
-// NewSerdes builds the ledger's serdes and registers their schemas.
-func NewSerdes(ctx context.Context, reg avro.Registry, topics kafka.Topics) (Serdes, error) {
-	mk := func(topic, suffix string, types map[string]any) (*avro.Serde, error) {
-		schema, err := schemas.FS.ReadFile(schemas.File(suffix))
-		if err != nil {
-			return nil, err
-		}
-		s, err := avro.NewSerde(reg, avro.ValueSubject(topic), string(schema), types)
-		if err != nil {
-			return nil, fmt.Errorf("%s serde: %w", suffix, err)
-		}
-		if _, err := s.Register(ctx); err != nil {
-			return nil, registerError(suffix, err)
-		}
-		return s, nil
+// NewSerdes returns the serdes of the aggregate type of d named aggregate
+// (empty: d's only one) with topics' prefix, registering their schemas in
+// reg: what a test or a tool that produces d's commands or reads its
+// events needs.
+func NewSerdes(ctx context.Context, reg avro.Registry, d *Domain, aggregate string, topics kafka.Topics) (Serdes, error) {
+	dep, err := newDeployment([]*Domain{d}, topics.Prefix, topics)
+	if err != nil {
+		return Serdes{}, err
 	}
-	var s Serdes
-	var err error
-	if s.Commands, err = mk(topics.Commands(), schemas.Commands, ledger.CommandTypes()); err != nil {
-		return s, err
+	all, err := newSerdes(ctx, reg, dep)
+	if err != nil {
+		return Serdes{}, err
 	}
-	if s.Events, err = mk(topics.Events(), schemas.Events, ledger.EventTypes()); err != nil {
-		return s, err
+	for _, a := range dep.domains[0].aggregates {
+		if a.name == aggregate || aggregate == "" && len(dep.domains[0].aggregates) == 1 {
+			return Serdes{Commands: all[a.topics.Commands()], Events: all[a.topics.Events()], State: all[a.topics.State()]}, nil
+		}
 	}
-	s.State, err = mk(topics.State(), schemas.State, map[string]any{"onceflow.Snapshot": processor.Snapshot[ledger.Account]{}})
-	return s, err
+	return Serdes{}, fmt.Errorf("domain %s has no aggregate type %q", d.Name, aggregate)
 }
 
-// ProcessorSerdes adapts Serdes for the processor.
-func (s Serdes) ProcessorSerdes() processor.Serdes {
-	return processor.Serdes{Commands: s.Commands, Events: s.Events, State: s.State}
+// migrations are the deployment's domain migrations, in order.
+func (dep *deployment) migrations() []postgres.Migrations {
+	var out []postgres.Migrations
+	for _, d := range dep.domains {
+		if d.Migrations != nil {
+			out = append(out, postgres.Migrations{Name: d.Name, FS: d.Migrations})
+		}
+	}
+	return out
 }
 
-// OpenDatabase connects to DatabaseURL and applies pending migrations
-// (under goose's advisory lock, so components starting together migrate
-// once), retrying while the database is not up yet.
-func OpenDatabase(ctx context.Context, cfg Config, maxConns int32) (*pgxpool.Pool, error) {
+// openDatabase connects to DatabaseURL and applies pending migrations,
+// onceflow's and the domains' (under goose's advisory lock, so components
+// starting together migrate once), retrying while the database is not up
+// yet.
+func openDatabase(ctx context.Context, cfg Config, dep *deployment, maxConns int32) (*pgxpool.Pool, error) {
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("DATABASE_URL is required")
 	}
 	warnPlaintext(cfg.Logger, cfg.DatabaseURL)
 	var err error
 	for attempt := 0; attempt < 30; attempt++ {
-		if err = postgres.Migrate(ctx, cfg.DatabaseURL, nil); err == nil {
+		if err = postgres.Migrate(ctx, cfg.DatabaseURL, nil, dep.migrations()...); err == nil {
 			break
 		}
 		if !postgres.IsUnavailable(err) {
@@ -184,9 +262,9 @@ func warnPlaintext(logger *slog.Logger, url string) {
 	}
 }
 
-// EnsureTopics creates the topics if missing and checks them (cleanup
-// policies, equal partition counts for commands and state).
-func EnsureTopics(ctx context.Context, cfg Config) error {
+// ensureTopics creates every aggregate type's topics if missing and checks
+// them (cleanup policies, equal partition counts for commands and state).
+func ensureTopics(ctx context.Context, cfg Config, dep *deployment) error {
 	cl, err := cfg.Kafka.NewClient()
 	if err != nil {
 		return err
@@ -194,12 +272,19 @@ func EnsureTopics(ctx context.Context, cfg Config) error {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return kafka.Provision(ctx, kadm.NewClient(cl), cfg.Topics)
+	adm := kadm.NewClient(cl)
+	for _, a := range dep.aggregates() {
+		if err := kafka.Provision(ctx, adm, a.topics); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// NewIngest builds the ingest server.
-func NewIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, s Serdes, reg prometheus.Registerer) (*ingest.Server, error) {
-	icfg.CommandsTopic = cfg.Topics.Commands()
+// newIngest builds the ingest server for every domain's routes: each
+// route's command goes to the commands topic of the aggregate type that
+// handles it.
+func newIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, dep *deployment, s serdes, reg prometheus.Registerer) (*ingest.Server, error) {
 	if icfg.Shards == 0 {
 		icfg.Shards = cfg.OutboxShards
 	}
@@ -209,12 +294,29 @@ func NewIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, s Serdes, reg
 	if icfg.RateLimit == 0 {
 		icfg.RateLimit = cfg.TenantRateLimit
 	}
-	return ingest.New(icfg, pool, s.Commands, cfg.Logger, reg)
+	var routes []ingest.Route
+	var queries []ingest.Query
+	for _, d := range dep.domains {
+		for _, r := range d.Routes {
+			if r.Command == nil {
+				return nil, fmt.Errorf("domain %s: route %s has no Command", d.Name, r.Pattern)
+			}
+			a := dep.handler(r.Command.MessageType())
+			if a == nil {
+				return nil, fmt.Errorf("domain %s: route %s accepts %s, which no aggregate type's decider handles", d.Name, r.Pattern, r.Command.MessageType())
+			}
+			r.Topic, r.Encoder = a.topics.Commands(), s[a.topics.Commands()]
+			routes = append(routes, r)
+		}
+		queries = append(queries, d.Queries...)
+	}
+	return ingest.New(icfg, routes, queries, pool, cfg.Logger, reg)
 }
 
-// NewRelay builds the relay; it makes and closes its own (transactional,
-// one per shard) producers.
-func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*relay.Relay, error) {
+// newRelay builds the relay; it ships the whole outbox, every domain's
+// commands, and makes and closes its own (transactional, one per shard)
+// producers.
+func newRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, dep *deployment, reg prometheus.Registerer) (*relay.Relay, error) {
 	if rcfg.Shards == 0 {
 		rcfg.Shards = cfg.OutboxShards
 	}
@@ -225,22 +327,33 @@ func NewRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, reg prometheus.
 		rcfg.InstanceID = cfg.InstanceID
 	}
 	if rcfg.TransactionalIDPrefix == "" {
-		rcfg.TransactionalIDPrefix = "onceflow-relay-" + cfg.Topics.Prefix
+		// The first domain's prefix names the outbox's producers: a
+		// deployment keeps its first domain.
+		rcfg.TransactionalIDPrefix = "onceflow-relay-" + dep.domains[0].prefix
 	}
 	return relay.New(rcfg, pool, cfg.Kafka, cfg.Logger, reg)
 }
 
-// NewProcessor builds the ledger processor.
-func NewProcessor(cfg Config, pcfg processor.Config, s Serdes, reg prometheus.Registerer) (*processor.Processor[ledger.Account], error) {
-	pcfg.Topics = cfg.Topics
+// newProcessor builds a's processor.
+func newProcessor(cfg Config, pcfg processor.Config, dep *deployment, a *aggregateType, s serdes, reg prometheus.Registerer) (runner, error) {
+	pcfg.Topics = a.topics
+	pcfg.Group = a.group
 	if pcfg.InstanceID == "" {
 		pcfg.InstanceID = cfg.InstanceID
 	}
-	return processor.New(pcfg, cfg.Kafka, ledger.NewDecider(), s.ProcessorSerdes(), cfg.Logger, reg)
+	return a.newProcessor(pcfg, cfg.Kafka, s.processorSerdes(dep, a), cfg.Logger, reg)
 }
 
-// NewProjector builds the ledger projector.
-func NewProjector(cfg Config, pcfg projector.Config, pool *pgxpool.Pool, s Serdes, reg prometheus.Registerer) (*projector.Projector, error) {
-	pcfg.Topic = cfg.Topics.Events()
-	return projector.New(pcfg, cfg.Kafka, pool, s.Events, ledger.Projections(), cfg.Logger, reg)
+// projections are d's read models in the order its projector applies
+// them: its own, then command_status and audit_log.
+func (d *domain) projections() []pipeline.Projection[pgx.Tx] {
+	return append(append([]pipeline.Projection[pgx.Tx](nil), d.Projections...),
+		projector.CommandStatus{CommandTypeOf: d.CommandTypeOf}, projector.AuditLog{})
+}
+
+// newProjector builds d's projector.
+func newProjector(cfg Config, pcfg projector.Config, pool *pgxpool.Pool, d *domain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
+	pcfg.Topic = d.events()
+	pcfg.Consumer = d.consumer()
+	return projector.New(pcfg, cfg.Kafka, pool, s[d.events()], d.projections(), cfg.Logger, reg)
 }

@@ -28,6 +28,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -199,6 +200,7 @@ func exportedMetrics(t *testing.T) (exported, unobserved map[string]bool) {
 		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
 			RunConfig: onceflow.RunConfig{
 				Config: onceflow.Config{
+					Domains:     []*onceflow.Domain{ledgerapp.Domain()},
 					Topics:      kafka.Topics{Prefix: "ledger", Partitions: 2},
 					DatabaseURL: pipelinetest.DatabaseURL(t),
 					Logger:      slog.New(slog.DiscardHandler),

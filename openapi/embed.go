@@ -1,12 +1,13 @@
-// Package openapi holds the OpenAPI 3.1 document of onceflow's HTTP API
-// (docs/ingest.md), embedded so ingest serves the document of the code it was
-// built from at GET /openapi.json. A test in pipeline/ingest fails when a
-// route, a status it answers, or a body's fields disagree with it.
+// Package openapi holds the parts of the OpenAPI 3.1 document of onceflow's
+// HTTP API that every deployment shares (docs/ingest.md): the info, the
+// security scheme, the problem responses, GET /v1/commands/{id} and GET
+// /openapi.json. Ingest adds each domain's routes to it
+// (ingest.OpenAPI) and serves the whole at GET /openapi.json.
 package openapi
 
 import _ "embed"
 
-// JSON is the OpenAPI document.
+// Base is the shared part of the document.
 //
-//go:embed openapi.json
-var JSON []byte
+//go:embed base.json
+var Base []byte

@@ -50,8 +50,12 @@ func (c Command) Type() string { return c.Payload.MessageType() }
 // aggregate version it produced (1 for the first event of an aggregate), and
 // its decoded payload.
 type Event struct {
-	ID          ID
-	CommandID   ID
+	ID        ID
+	CommandID ID
+	// CommandType is the type of the command whose decision the event is
+	// part of (the command-type header); empty in events written before
+	// the processor recorded it.
+	CommandType string
 	Tenant      string
 	AggregateID string
 	Version     int64

@@ -43,6 +43,11 @@ func (e InvalidFields) Error() string {
 	return b.String()
 }
 
+// DefaultMaxStringBytes bounds each string of a command unless
+// configured otherwise: the same bound at both doors, ingest and the
+// processor.
+const DefaultMaxStringBytes = 4096
+
 // ValidateMessage checks a decoded command: every string in it (fields of
 // nested records, arrays and maps included) is valid UTF-8, holds no NUL
 // and is at most maxString bytes long; then the message's own rules, if it

@@ -124,19 +124,6 @@ CREATE TABLE consumer_offsets (
     PRIMARY KEY (consumer, topic, partition)
 );
 
--- accounts is the ledger's balance read model. version is the aggregate
--- version of the last event applied; updates are guarded by it.
-CREATE TABLE accounts (
-    tenant     text        NOT NULL,
-    account_id text        NOT NULL,
-    currency   text        NOT NULL,
-    balance    bigint      NOT NULL DEFAULT 0,
-    status     text        NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'closed')),
-    version    bigint      NOT NULL,
-    updated_at timestamptz NOT NULL,           -- time of the last event applied
-    PRIMARY KEY (tenant, account_id)
-);
-
 -- command_status is each command's outcome: pending when ingest accepts it,
 -- then accepted (with the events it produced) or rejected (with the reason)
 -- once the projector sees its outcome.
@@ -155,7 +142,6 @@ CREATE TABLE command_status (
 
 -- +goose Down
 DROP TABLE command_status;
-DROP TABLE accounts;
 DROP TABLE consumer_offsets;
 DROP TABLE inbox;
 DROP TABLE outbox;

@@ -10,6 +10,7 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { onceflow.ComponentMain("ingest", onceflow.Components{Ingest: true}) }
+func main() { onceflow.ComponentMain("ingest", onceflow.Components{Ingest: true}, ledgerapp.Domain()) }

@@ -3,6 +3,9 @@
 // a schema registry and all four components in one process.
 package main
 
-import "github.com/onceflow/onceflow"
+import (
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+)
 
-func main() { onceflow.Main() }
+func main() { onceflow.Main(ledgerapp.Domain()) }

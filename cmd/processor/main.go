@@ -10,6 +10,9 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { onceflow.ComponentMain("processor", onceflow.Components{Processor: true}) }
+func main() {
+	onceflow.ComponentMain("processor", onceflow.Components{Processor: true}, ledgerapp.Domain())
+}

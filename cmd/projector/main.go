@@ -10,6 +10,9 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { onceflow.ComponentMain("projector", onceflow.Components{Projector: true}) }
+func main() {
+	onceflow.ComponentMain("projector", onceflow.Components{Projector: true}, ledgerapp.Domain())
+}

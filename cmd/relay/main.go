@@ -13,6 +13,7 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { onceflow.ComponentMain("relay", onceflow.Components{Relay: true}) }
+func main() { onceflow.ComponentMain("relay", onceflow.Components{Relay: true}, ledgerapp.Domain()) }

@@ -1,6 +1,8 @@
 // Package apiclient is a small Go client of onceflow's HTTP API
-// (docs/ingest.md), used by the demo, the end-to-end tests and the chaos
-// harness. It does not retry by itself: callers choose when to resend with the
+// (docs/ingest.md): any command route (Post), a command's outcome
+// (Command, WaitCommand), any other route (Do). The demo, the end-to-end
+// tests and the chaos harness use it; a domain adds its own routes'
+// helpers on top (the ledger's are in examples/ledger/ledgerapp). It does not retry by itself: callers choose when to resend with the
 // same Idempotency-Key (a retry) or a new one (a new operation).
 package apiclient
 
@@ -60,15 +62,6 @@ func (e *Error) Error() string {
 type Accepted struct {
 	CommandID string `json:"command_id"`
 	Status    string `json:"status"`
-}
-
-// Account is GET /v1/accounts/{id}.
-type Account struct {
-	AccountID string `json:"account_id"`
-	Balance   int64  `json:"balance"`
-	Currency  string `json:"currency"`
-	Status    string `json:"status"`
-	Version   int64  `json:"version"`
 }
 
 // Command is GET /v1/commands/{id}.
@@ -131,46 +124,10 @@ func (c *Client) Post(ctx context.Context, path, idemKey string, body any) (Acce
 		return Accepted{}, nil, err
 	}
 	var a Accepted
-	if err := decode(resp, http.StatusAccepted, &a); err != nil {
+	if err := Decode(resp, http.StatusAccepted, &a); err != nil {
 		return Accepted{}, resp, err
 	}
 	return a, resp, nil
-}
-
-// OpenAccount is POST /v1/accounts.
-func (c *Client) OpenAccount(ctx context.Context, idemKey, accountID, currency string) (Accepted, *Response, error) {
-	return c.Post(ctx, "/v1/accounts", idemKey, map[string]string{"account_id": accountID, "currency": currency})
-}
-
-// Deposit is POST /v1/accounts/{id}/deposits.
-func (c *Client) Deposit(ctx context.Context, idemKey, accountID string, amount int64) (Accepted, *Response, error) {
-	return c.Post(ctx, "/v1/accounts/"+url.PathEscape(accountID)+"/deposits", idemKey, map[string]int64{"amount": amount})
-}
-
-// Withdraw is POST /v1/accounts/{id}/withdrawals.
-func (c *Client) Withdraw(ctx context.Context, idemKey, accountID string, amount int64) (Accepted, *Response, error) {
-	return c.Post(ctx, "/v1/accounts/"+url.PathEscape(accountID)+"/withdrawals", idemKey, map[string]int64{"amount": amount})
-}
-
-// Transfer is POST /v1/transfers: amount from one account of the tenant to
-// another.
-func (c *Client) Transfer(ctx context.Context, idemKey, transferID, from, to string, amount int64) (Accepted, *Response, error) {
-	return c.Post(ctx, "/v1/transfers", idemKey, map[string]any{"transfer_id": transferID, "from": from, "to": to, "amount": amount})
-}
-
-// Close is POST /v1/accounts/{id}/close.
-func (c *Client) Close(ctx context.Context, idemKey, accountID string) (Accepted, *Response, error) {
-	return c.Post(ctx, "/v1/accounts/"+url.PathEscape(accountID)+"/close", idemKey, struct{}{})
-}
-
-// Account is GET /v1/accounts/{id}.
-func (c *Client) Account(ctx context.Context, accountID string) (Account, error) {
-	var a Account
-	resp, err := c.Do(ctx, http.MethodGet, "/v1/accounts/"+url.PathEscape(accountID), "", nil)
-	if err != nil {
-		return a, err
-	}
-	return a, decode(resp, http.StatusOK, &a)
 }
 
 // Command is GET /v1/commands/{id}.
@@ -191,7 +148,7 @@ func (c *Client) CommandWait(ctx context.Context, id string, wait time.Duration)
 	if err != nil {
 		return cmd, err
 	}
-	return cmd, decode(resp, http.StatusOK, &cmd)
+	return cmd, Decode(resp, http.StatusOK, &cmd)
 }
 
 // WaitCommand long-polls a command until its outcome is known or ctx
@@ -219,7 +176,9 @@ func (c *Client) WaitCommand(ctx context.Context, id string) (Command, error) {
 	}
 }
 
-func decode(resp *Response, want int, v any) error {
+// Decode decodes resp's body into v when its status is want, else returns
+// an *Error with the problem it carries.
+func Decode(resp *Response, want int, v any) error {
 	if resp.Status != want {
 		e := &Error{Response: resp}
 		json.Unmarshal(resp.Body, &e.Problem)

@@ -6,8 +6,8 @@ import (
 
 	"github.com/linkedin/goavro/v2"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // The benchmarks encode and decode a Deposited event through a Serde and,
@@ -84,7 +84,7 @@ func BenchmarkDecode(b *testing.B) {
 }
 
 func rawCodec(b *testing.B) *goavro.Codec {
-	codec, err := goavro.NewCodec(ledgerSchema(b, schemas.Events))
+	codec, err := goavro.NewCodec(ledgerSchema(b, ledger.Events))
 	if err != nil {
 		b.Fatal(err)
 	}

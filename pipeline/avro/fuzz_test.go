@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // FuzzDecode feeds arbitrary bytes to every Serde of one registry that
@@ -47,7 +47,7 @@ func FuzzDecode(f *testing.F) {
 			f.Add(b)
 		}
 	}
-	_ = ledgerSchema(f, schemas.State)
+	_ = ledgerSchema(f, ledger.State)
 
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for i, s := range serdes {

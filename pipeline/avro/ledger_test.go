@@ -5,12 +5,12 @@ import (
 	"os"
 	"testing"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/schemas"
 )
 
-// Test types mirroring schemas/*.avsc, as the ledger package will define
+// Test types mirroring examples/ledger's schemas, as the ledger package will define
 // them. Tags are mostly explicit; a few fields rely on the snake_case
 // fallback.
 
@@ -141,7 +141,8 @@ func stateTypes() map[string]any { return map[string]any{"onceflow.Snapshot": sn
 // ledgerSchema reads a schema of the ledger from the schemas package.
 func ledgerSchema(t testing.TB, suffix string) string {
 	t.Helper()
-	b, err := schemas.FS.ReadFile(schemas.File(suffix))
+	bText, err := ledger.SchemaOf(suffix)
+	b := []byte(bText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,9 +178,9 @@ func newLedgerSerdes(t testing.TB) ledgerSerdes {
 	reg := avro.NewEmbedded()
 	return ledgerSerdes{
 		reg:      reg,
-		commands: newSerde(t, reg, avro.ValueSubject("ledger.commands"), ledgerSchema(t, schemas.Commands), commandTypes()),
-		events:   newSerde(t, reg, avro.ValueSubject("ledger.events"), ledgerSchema(t, schemas.Events), eventTypes()),
-		state:    newSerde(t, reg, avro.ValueSubject("ledger.state"), ledgerSchema(t, schemas.State), stateTypes()),
+		commands: newSerde(t, reg, avro.ValueSubject("ledger.commands"), ledgerSchema(t, ledger.Commands), commandTypes()),
+		events:   newSerde(t, reg, avro.ValueSubject("ledger.events"), ledgerSchema(t, ledger.Events), eventTypes()),
+		state:    newSerde(t, reg, avro.ValueSubject("ledger.state"), ledgerSchema(t, ledger.State), stateTypes()),
 	}
 }
 

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // bytesPerRun returns the bytes f allocates per call, averaged over runs.
@@ -149,7 +149,7 @@ func TestHostileWriterSchemas(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	reg := avro.NewEmbedded()
-	s := newSerde(t, reg, avro.ValueSubject("ledger.events"), ledgerSchema(t, schemas.Events), eventTypes())
+	s := newSerde(t, reg, avro.ValueSubject("ledger.events"), ledgerSchema(t, ledger.Events), eventTypes())
 	for i, ws := range []string{
 		`{"type":"record","name":"L","namespace":"onceflow.ledger","fields":[{"name":"next","type":["null","L"]}]}`,
 		`{"type":"record","name":"Deposited","namespace":"onceflow.ledger","fields":[{"name":"amount","type":"long"},{"name":"pad","type":{"type":"array","items":"null"}}]}`,

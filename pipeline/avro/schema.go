@@ -615,3 +615,21 @@ func defaultNative(s *schema, v any) (any, error) {
 	}
 	return bad()
 }
+
+// RecordNames returns the full names of the records of schema, a record or
+// a union of records, in order.
+func RecordNames(schema string) ([]string, error) {
+	ps, err := parseSchema(schema)
+	if err != nil {
+		return nil, err
+	}
+	records, err := topRecords(ps.root)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(records))
+	for i, r := range records {
+		out[i] = r.name
+	}
+	return out, nil
+}

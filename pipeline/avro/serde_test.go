@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 func equalValues(got, want any) bool { return reflect.DeepEqual(got, want) }
@@ -229,7 +229,7 @@ func TestOlderWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	current := newSerde(t, reg, subject, ledgerSchema(t, schemas.Events), eventTypes())
+	current := newSerde(t, reg, subject, ledgerSchema(t, ledger.Events), eventTypes())
 	curID, err := current.Register(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -507,7 +507,7 @@ func TestConcurrentDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := &countingRegistry{Registry: emb}
-	s := newSerde(t, reg, subject, ledgerSchema(t, schemas.Events), eventTypes())
+	s := newSerde(t, reg, subject, ledgerSchema(t, ledger.Events), eventTypes())
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -573,7 +573,7 @@ func TestRegisterErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newSerde(t, cl, "s-value", ledgerSchema(t, schemas.Events), eventTypes())
+	s := newSerde(t, cl, "s-value", ledgerSchema(t, ledger.Events), eventTypes())
 	if _, err := s.Encode(ctx, deposited{}); err == nil || !strings.Contains(err.Error(), "register schema of s-value") {
 		t.Errorf("Encode: got %v, want a registration error", err)
 	}

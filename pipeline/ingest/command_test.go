@@ -12,17 +12,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ledger"
-	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
 // project records events in command_status as the projector does.
 func project(t *testing.T, pool *pgxpool.Pool, evs ...pipeline.Event) {
 	t.Helper()
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		_, err := ledger.CommandStatus{}.ApplyBatch(context.Background(), tx, evs)
+		_, err := projector.CommandStatus{}.ApplyBatch(context.Background(), tx, evs)
 		return err
 	})
 	if err != nil {
@@ -69,7 +69,7 @@ func (s *server) command(t *testing.T, key, id, query string) (response, command
 func TestCommandIDsAreScoped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	a, b := tenant(t, pool, "a"), tenant(t, pool, "b")
 	idText := acceptedID(t, s.do(t, req{path: "/v1/accounts/acc-1/deposits", apiKey: a, idemKey: "d1", body: `{"amount":5}`}))
@@ -147,7 +147,7 @@ func TestCommandIDsAreScoped(t *testing.T) {
 // replaces it with the outcome.
 func TestCommandFailedOverGET(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	idText := acceptedID(t, s.do(t, req{path: "/v1/accounts/acc-1/deposits", apiKey: key, idemKey: "d1", body: `{"amount":5}`}))

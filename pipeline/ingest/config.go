@@ -11,9 +11,6 @@ import (
 type Config struct {
 	// Addr is the HTTP listen address (HTTP_ADDR). Default ":8080".
 	Addr string
-	// CommandsTopic is where accepted commands go ({prefix}.commands).
-	// Required.
-	CommandsTopic string
 	// Shards is the number of outbox shards; it must match the relay's.
 	// Default pipeline.DefaultOutboxShards (16).
 	Shards int
@@ -24,6 +21,10 @@ type Config struct {
 	// MaxBodyBytes bounds request bodies; a larger one is a 413. Default
 	// 1 MiB.
 	MaxBodyBytes int64
+	// MaxStringBytes bounds every string of a command, as the processor
+	// bounds them in commands produced to Kafka. Default
+	// pipeline.DefaultMaxStringBytes.
+	MaxStringBytes int
 	// RateLimit is each tenant's sustained rate in requests per second, in
 	// this process (ONCEFLOW_TENANT_RATE_LIMIT); above it requests are a
 	// 429 with Retry-After. Default 1000. Negative: no limit.
@@ -69,6 +70,9 @@ func (c *Config) setDefaults() {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
+	if c.MaxStringBytes == 0 {
+		c.MaxStringBytes = pipeline.DefaultMaxStringBytes
+	}
 	if c.RateLimit == 0 {
 		c.RateLimit = 1000
 	}
@@ -91,9 +95,6 @@ func (c *Config) setDefaults() {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.CommandsTopic == "" {
-		errs = append(errs, errors.New("ingest: CommandsTopic is required"))
-	}
 	if c.Shards < 1 {
 		errs = append(errs, errors.New("ingest: Shards must be positive"))
 	}

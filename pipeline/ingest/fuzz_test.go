@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math/big"
 	"net/http"
@@ -9,11 +10,38 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 )
 
-var fuzzParsers = []parser{parseOpenAccount, parseDeposit, parseWithdraw, parseClose, parseTransfer}
+// fuzzRoutes are routes of the ledger's commands (examples/ledger) of
+// both kinds of id: in the path and in the body.
+var fuzzRoutes = func() []*Route {
+	routes := []*Route{
+		{Pattern: "POST /v1/accounts", Command: ledger.OpenAccount{}, BodyID: "account_id"},
+		{Pattern: "POST /v1/accounts/{id}/deposits", Command: ledger.Deposit{}, PathID: "id"},
+		{Pattern: "POST /v1/accounts/{id}/withdrawals", Command: ledger.Withdraw{}, PathID: "id"},
+		{Pattern: "POST /v1/accounts/{id}/close", Command: ledger.CloseAccount{}, PathID: "id"},
+		{Pattern: "POST /v1/transfers", Command: ledger.RequestTransfer{}, BodyID: "from",
+			Check: func(from string, cmd pipeline.Message) []pipeline.FieldError {
+				if cmd.(ledger.RequestTransfer).To == from {
+					return []pipeline.FieldError{{Field: "to", Message: "must differ from from"}}
+				}
+				return nil
+			}},
+	}
+	for _, r := range routes {
+		r.Topic, r.Encoder = "ledger.commands", nopEncoder{}
+		if err := r.prepare(); err != nil {
+			panic(err)
+		}
+	}
+	return routes
+}()
+
+type nopEncoder struct{}
+
+func (nopEncoder) Encode(context.Context, any) ([]byte, error) { return nil, nil }
 
 // FuzzParse feeds arbitrary bodies and path ids to every route's parser.
 // None may panic; whatever one accepts must be valid (ids, amounts,
@@ -27,12 +55,15 @@ func FuzzParse(f *testing.F) {
 		`{"transfer_id":"t","from":"a","to":"b","amount":9223372036854775807}`,
 		`{}`, ``, `[]`, `{"a":1,"a":2}`, `{"amount":1}{}`, "{\"amount\":1\u2028}",
 	} {
-		for i := range fuzzParsers {
+		for i := range fuzzRoutes {
 			f.Add(uint8(i), "acc-1", []byte(seed))
 		}
 	}
 	f.Fuzz(func(t *testing.T, which uint8, id string, body []byte) {
-		parse := fuzzParsers[int(which)%len(fuzzParsers)]
+		route := fuzzRoutes[int(which)%len(fuzzRoutes)]
+		parse := func(r *http.Request, body []byte) (command, *Problem) {
+			return route.parse(r, body, pipeline.DefaultMaxStringBytes)
+		}
 		r := &http.Request{}
 		r.SetPathValue("id", id)
 		cmd, p := parse(r, body)

@@ -27,6 +27,7 @@ type acceptItem struct {
 	hash        []byte // the request hash (requestHash)
 	localID     string
 	commandType string
+	topic       string // the commands topic of the command's aggregate type
 	value       []byte // the encoded command
 	traceparent string
 	done        chan acceptResult // buffered, so the committer never blocks on it
@@ -318,9 +319,9 @@ const (
 	// for a replay, the stored response.
 	acceptSQL = `WITH input AS (
 		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[],
-			$8::bytea[], $9::bytea[], $10::text[], $11::text[], $12::text[], $13::int[], $14::text[], $15::bytea[])
+			$8::bytea[], $9::bytea[], $10::text[], $11::text[], $12::text[], $13::int[], $14::text[], $15::bytea[], $16::text[])
 			WITH ORDINALITY AS i(tenant, key, key_hash, hash, route, command_id, shard,
-				aggregate_key, value, headers, aggregate_id, command_type, status, response_headers, response_body, ord)
+				aggregate_key, value, headers, aggregate_id, command_type, status, response_headers, response_body, topic, ord)
 	), authorized AS (
 		SELECT i.* FROM input AS i
 		WHERE EXISTS (SELECT 1 FROM api_keys AS a WHERE a.key_hash = i.key_hash AND a.tenant = i.tenant AND a.revoked_at IS NULL)
@@ -335,7 +336,7 @@ const (
 		WHERE NOT EXISTS (SELECT 1 FROM existing AS e WHERE e.tenant = i.tenant AND e.key = i.key)
 	), outbox_rows AS (
 		INSERT INTO outbox (shard, topic, key, value, headers)
-		SELECT shard, $16, aggregate_key, value, headers::jsonb FROM fresh ORDER BY ord
+		SELECT shard, topic, aggregate_key, value, headers::jsonb FROM fresh ORDER BY ord
 	), status_rows AS (
 		INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
 		SELECT command_id::uuid, tenant, aggregate_id, command_type, 'pending', true FROM fresh
@@ -504,10 +505,10 @@ func errNotCommitted(tag pgconn.CommandTag) error {
 // parameter per column, so a batch is one statement whatever its size),
 // each with the command id and 202 it gets if it is new.
 type inputs struct {
-	tenants, keys, routes, ids, headers, aggregates, types, respHeaders []string
-	keyHashes, hashes, aggregateKeys, values, bodies                    [][]byte
-	shards, statuses                                                    []int32
-	responses                                                           []storedResponse
+	tenants, keys, routes, ids, headers, aggregates, types, respHeaders, topics []string
+	keyHashes, hashes, aggregateKeys, values, bodies                            [][]byte
+	shards, statuses                                                            []int32
+	responses                                                                   []storedResponse
 }
 
 func (c *committer) inputs(batch []*acceptItem) *inputs {
@@ -538,6 +539,7 @@ func (c *committer) inputs(batch []*acceptItem) *inputs {
 		in.headers = append(in.headers, string(hj))
 		in.aggregates = append(in.aggregates, aggregateID)
 		in.types = append(in.types, it.commandType)
+		in.topics = append(in.topics, it.topic)
 		in.statuses = append(in.statuses, int32(resp.Status))
 		in.respHeaders = append(in.respHeaders, string(rh))
 		in.bodies = append(in.bodies, resp.Body)
@@ -552,6 +554,6 @@ func (in *inputs) args(from, to int, cfg Config) []any {
 		in.tenants[from:to], in.keys[from:to], in.keyHashes[from:to], in.hashes[from:to], in.routes[from:to],
 		in.ids[from:to], in.shards[from:to], in.aggregateKeys[from:to], in.values[from:to], in.headers[from:to],
 		in.aggregates[from:to], in.types[from:to], in.statuses[from:to], in.respHeaders[from:to], in.bodies[from:to],
-		cfg.CommandsTopic, cfg.IdempotencyRetention.Seconds(),
+		in.topics[from:to], cfg.IdempotencyRetention.Seconds(),
 	}
 }

@@ -21,7 +21,7 @@ import (
 func TestBatchIsolatesEachRequest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{Committers: 1})
 	key := tenant(t, pool, "acme")
 	dep := func(acct, idem string, amount int) req {

@@ -17,11 +17,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ledger"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 const commandsTopic = "ledger.commands"
@@ -30,7 +31,8 @@ const commandsTopic = "ledger.commands"
 // embedded registry.
 func commandSerde(t testing.TB) *avro.Serde {
 	t.Helper()
-	schema, err := schemas.FS.ReadFile(schemas.File(schemas.Commands))
+	schemaText, err := ledger.SchemaOf(ledger.Commands)
+	schema := []byte(schemaText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +44,22 @@ func commandSerde(t testing.TB) *avro.Serde {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// ledgerRoutes are the ledger's routes, their commands to the commands
+// topic through serde.
+func ledgerRoutes(serde ingest.Encoder) []ingest.Route {
+	routes := ledgerapp.Routes()
+	for i := range routes {
+		routes[i].Topic, routes[i].Encoder = commandsTopic, serde
+	}
+	return routes
+}
+
+// ledgerPool is a pool on a database with the ledger's tables.
+func ledgerPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	return pipelinetest.Pool(t, ledgerapp.Migrations)
 }
 
 // server is an ingest server running on a loopback port for one test.
@@ -58,15 +76,12 @@ type server struct {
 // startServer runs an ingest server on pool until the test ends.
 func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config) *server {
 	t.Helper()
-	if cfg.CommandsTopic == "" {
-		cfg.CommandsTopic = commandsTopic
-	}
 	if cfg.RateLimit == 0 {
 		cfg.RateLimit = -1 // tests of the limit set their own
 	}
 	reg := prometheus.NewRegistry()
 	serde := commandSerde(t)
-	srv, err := ingest.New(cfg, pool, serde, slog.New(slog.DiscardHandler), reg)
+	srv, err := ingest.New(cfg, ledgerRoutes(serde), ledgerapp.Queries(), pool, slog.New(slog.DiscardHandler), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ledger"
-	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
 // A retry with the same key and the same request, however its body is
@@ -20,7 +19,7 @@ import (
 // a changed value is a 409 that leaves the first command alone.
 func TestReplayAndConflict(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	const route = "POST /v1/accounts/{id}/deposits"
@@ -104,7 +103,7 @@ func TestReplayAndConflict(t *testing.T) {
 // Idempotency-Key is required, at most 255 characters, and one only.
 func TestIdempotencyKeyHeader(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	body := `{"account_id":"acc-1","currency":"EUR"}`
@@ -150,7 +149,7 @@ func TestIdempotencyKeyHeader(t *testing.T) {
 // The same key from two tenants is two independent requests.
 func TestKeysAreScopedToTheTenant(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	a, b := tenant(t, pool, "a"), tenant(t, pool, "b")
 	ra := s.do(t, req{path: "/v1/accounts/acc/deposits", apiKey: a, idemKey: "k", body: `{"amount":1}`})
@@ -172,7 +171,7 @@ func TestKeysAreScopedToTheTenant(t *testing.T) {
 // each key gets its own single command.
 func TestConcurrentRequestsWithOneKey(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	const keys, perKey = 20, 16
@@ -224,7 +223,7 @@ func TestConcurrentRequestsWithOneKey(t *testing.T) {
 // are in Postgres, not in the process.
 func TestTwoServersOneDatabase(t *testing.T) {
 	t.Parallel()
-	pool, url := pipelinetest.Pool(t)
+	pool, url := ledgerPool(t)
 	pool2, err := pgxpoolConnect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +271,7 @@ func TestTwoServersOneDatabase(t *testing.T) {
 func TestRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{IdempotencyRetention: time.Hour})
 	key := tenant(t, pool, "acme")
 	dep := req{path: "/v1/accounts/acc-1/deposits", apiKey: key, idemKey: "dep", body: `{"amount":5}`}

@@ -8,7 +8,7 @@ import (
 )
 
 var (
-	errNotInteger = errors.New("must be a whole number of minor units")
+	errNotInteger = errors.New("must be a whole number")
 	errTooLarge   = errors.New("must fit in 64 bits (at most 9223372036854775807)")
 	errNotNumber  = errors.New("must be a number")
 )

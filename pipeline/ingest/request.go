@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 )
 
 // MaxIdempotencyKeyLen bounds the Idempotency-Key header, in characters
@@ -25,21 +24,17 @@ type command struct {
 	localID string // the aggregate's tenant-local id
 	payload pipeline.Message
 	// canonical is the normalized request the idempotency hash covers: the
-	// route's name, the path's resource id and the validated fields
+	// route's name, the aggregate's local id and the validated fields
 	// re-encoded in a fixed order, so key order, whitespace and number
 	// spelling do not change it and any changed value does.
 	canonical []byte
+	route     *Route
 }
 
 // requestHash is what a retry with the same Idempotency-Key must match.
 func requestHash(c command) []byte {
 	h := sha256.Sum256(c.canonical)
 	return h[:]
-}
-
-func canonical(route string, fields ...any) []byte {
-	b, _ := json.Marshal(append([]any{route}, fields...))
-	return b
 }
 
 // idempotencyKey returns the request's Idempotency-Key, or a 400.
@@ -187,127 +182,10 @@ func (o object) id(field string, errs *[]FieldError) string {
 	return v
 }
 
-// amount returns a member holding a positive amount in minor units. Any
-// JSON spelling of an integer is accepted (100, 1e2, 100.0, 1.00e2) and
-// read exactly; a string, a fraction, zero, a negative number or one that
-// does not fit in 64 bits is a field error.
-func (o object) amount(field string, errs *[]FieldError) int64 {
-	raw, ok := o[field]
-	if !ok || string(raw) == "null" {
-		*errs = append(*errs, FieldError{field, "is required"})
-		return 0
-	}
-	if c := raw[0]; c != '-' && (c < '0' || c > '9') {
-		*errs = append(*errs, FieldError{field, "must be a number"})
-		return 0
-	}
-	v, err := exactInt64(string(raw))
-	switch {
-	case err != nil:
-		*errs = append(*errs, FieldError{field, err.Error()})
-	case v <= 0:
-		*errs = append(*errs, FieldError{field, "must be greater than zero"})
-	}
-	return v
-}
-
-// pathID validates the {id} of the request's path.
-func pathID(r *http.Request, errs *[]FieldError) string {
-	id := r.PathValue("id")
-	if err := pipeline.ValidateLocalID(id); err != nil {
-		*errs = append(*errs, FieldError{"id", err.Error()})
-	}
-	return id
-}
-
-// parser validates one route's request into a command. Every field error
-// is reported at once, so a client can fix them in one round.
-type parser func(r *http.Request, body []byte) (command, *Problem)
-
 // finish returns c, or the 422 listing errs when there are any.
 func finish(errs []FieldError, c command) (command, *Problem) {
 	if len(errs) > 0 {
 		return command{}, invalid(errs...)
 	}
 	return c, nil
-}
-
-// parseOpenAccount is POST /v1/accounts {"account_id","currency"}.
-func parseOpenAccount(_ *http.Request, body []byte) (command, *Problem) {
-	obj, errs, p := decodeObject(body, "account_id", "currency")
-	if p != nil {
-		return command{}, p
-	}
-	id := obj.id("account_id", &errs)
-	cur, ok := obj.str("currency", &errs)
-	if ok && !ledger.ValidCurrency(cur) {
-		errs = append(errs, FieldError{"currency", "must be a three-letter ISO 4217 code in upper case"})
-	}
-	return finish(errs, command{
-		localID:   id,
-		payload:   ledger.OpenAccount{Currency: cur},
-		canonical: canonical("open_account", id, cur),
-	})
-}
-
-// parseDeposit is POST /v1/accounts/{id}/deposits {"amount"}.
-func parseDeposit(r *http.Request, body []byte) (command, *Problem) {
-	return parseAmount(r, body, "deposit", func(amt int64) pipeline.Message { return ledger.Deposit{Amount: amt} })
-}
-
-// parseWithdraw is POST /v1/accounts/{id}/withdrawals {"amount"}.
-func parseWithdraw(r *http.Request, body []byte) (command, *Problem) {
-	return parseAmount(r, body, "withdraw", func(amt int64) pipeline.Message { return ledger.Withdraw{Amount: amt} })
-}
-
-// parseAmount parses {"amount"} on the path's account into payload(amount);
-// name is the route's name in the canonical request.
-func parseAmount(r *http.Request, body []byte, name string, payload func(int64) pipeline.Message) (command, *Problem) {
-	obj, errs, p := decodeObject(body, "amount")
-	if p != nil {
-		return command{}, p
-	}
-	id := pathID(r, &errs)
-	amt := obj.amount("amount", &errs)
-	return finish(errs, command{
-		localID:   id,
-		payload:   payload(amt),
-		canonical: canonical(name, id, amt),
-	})
-}
-
-// parseClose is POST /v1/accounts/{id}/close, with no body or {}.
-func parseClose(r *http.Request, body []byte) (command, *Problem) {
-	_, errs, p := decodeObject(body)
-	if p != nil {
-		return command{}, p
-	}
-	id := pathID(r, &errs)
-	return finish(errs, command{
-		localID:   id,
-		payload:   ledger.CloseAccount{},
-		canonical: canonical("close", id),
-	})
-}
-
-// parseTransfer is POST /v1/transfers {"transfer_id","from","to","amount"}:
-// a RequestTransfer on the source account, which debits it and credits
-// the target (docs/architecture.md#the-reference-domain-the-ledger).
-func parseTransfer(_ *http.Request, body []byte) (command, *Problem) {
-	obj, errs, p := decodeObject(body, "transfer_id", "from", "to", "amount")
-	if p != nil {
-		return command{}, p
-	}
-	tid := obj.id("transfer_id", &errs)
-	from := obj.id("from", &errs)
-	to := obj.id("to", &errs)
-	if from != "" && from == to {
-		errs = append(errs, FieldError{"to", "must differ from from"})
-	}
-	amt := obj.amount("amount", &errs)
-	return finish(errs, command{
-		localID:   from,
-		payload:   ledger.RequestTransfer{TransferID: tid, To: to, Amount: amt},
-		canonical: canonical("transfer", tid, from, to, amt),
-	})
 }

@@ -12,16 +12,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ledger"
-	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
 // Every command route (docs/ingest.md#routes) puts the right command, on
 // the right aggregate, in the outbox.
 func TestCommandRoutes(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	for i, tc := range []struct {
@@ -56,7 +55,7 @@ func TestCommandRoutes(t *testing.T) {
 // nothing is stored for any of them.
 func TestHostileInput(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	big := `{"amount":1,"pad":"` + strings.Repeat("x", 1<<20) + `"}`
@@ -88,7 +87,7 @@ func TestHostileInput(t *testing.T) {
 		{name: "empty id and bad currency", path: "/v1/accounts", body: `{"account_id":"","currency":"eur"}`, want: 422, fields: []string{"account_id", "currency"}},
 		{name: "id of the wrong type", path: "/v1/accounts", body: `{"account_id":7,"currency":"EUR"}`, want: 422, fields: []string{"account_id"}},
 		{name: "transfer to itself", path: "/v1/transfers", body: `{"transfer_id":"t","from":"a","to":"a","amount":1}`, want: 422, fields: []string{"to"}},
-		{name: "transfer missing everything", path: "/v1/transfers", body: `{}`, want: 422, fields: []string{"transfer_id", "from", "to", "amount"}},
+		{name: "transfer missing everything", path: "/v1/transfers", body: `{}`, want: 422, fields: []string{"from", "transfer_id", "to", "amount"}},
 		{name: "close with a field", path: "/v1/accounts/a/close", body: `{"force":true}`, want: 422, fields: []string{"force"}},
 	} {
 		r := s.do(t, req{path: tc.path, apiKey: key, idemKey: "k-" + tc.name, body: tc.body, header: tc.header})
@@ -132,7 +131,7 @@ func TestHostileInput(t *testing.T) {
 func TestAuthentication(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	open := func(apiKey, idem string) response {
@@ -182,7 +181,7 @@ func TestAuthentication(t *testing.T) {
 func TestTenantIsolationMatrix(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	a, b := tenant(t, pool, "a"), tenant(t, pool, "b")
 
@@ -250,7 +249,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 // take another tenant's share: the other's requests all pass.
 func TestRateLimitPerTenant(t *testing.T) {
 	t.Parallel()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{RateLimit: 5, RateBurst: 20})
 	flood, calm := tenant(t, pool, "flood"), tenant(t, pool, "calm")
 	var mu sync.Mutex
@@ -298,7 +297,7 @@ func TestRateLimitPerTenant(t *testing.T) {
 func TestCommandWait(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := ledgerPool(t)
 	s := startServer(t, pool, ingest.Config{})
 	key := tenant(t, pool, "acme")
 	id := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "o", body: `{"account_id":"a","currency":"EUR"}`}))

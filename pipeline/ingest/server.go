@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceflow/onceflow/openapi"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
@@ -34,7 +33,6 @@ type Encoder interface {
 type Server struct {
 	cfg       Config
 	pool      *pgxpool.Pool
-	enc       Encoder
 	logger    *slog.Logger
 	metrics   *metrics
 	limiter   *limiter
@@ -44,9 +42,11 @@ type Server struct {
 	routes    []string // the API's routes, "METHOD /path", for the OpenAPI check
 }
 
-// New returns a server. reg receives its metrics. Nothing runs until Run
-// or Serve.
-func New(cfg Config, pool *pgxpool.Pool, enc Encoder, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+// New returns a server for the command routes and the queries of the
+// application's domains; GET /v1/commands/{id} and GET /openapi.json are
+// every server's. reg receives its metrics. Nothing runs until Run or
+// Serve.
+func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
 	cfg.setDefaults()
 	if cfg.Committers == 0 {
 		cfg.Committers = max(1, min(2, int(pool.Config().MaxConns)/2))
@@ -57,21 +57,44 @@ func New(cfg Config, pool *pgxpool.Pool, enc Encoder, logger *slog.Logger, reg p
 	logger = logger.With("component", "ingest")
 	m := newMetrics(reg)
 	s := &Server{
-		cfg: cfg, pool: pool, enc: enc, logger: logger, metrics: m,
+		cfg: cfg, pool: pool, logger: logger, metrics: m,
 		limiter:   newLimiter(cfg.RateLimit, cfg.RateBurst),
 		committer: newCommitter(pool, cfg, logger, m),
 		mux:       http.NewServeMux(),
 	}
-	s.route("POST /v1/accounts", s.accept(parseOpenAccount), true)
-	s.route("POST /v1/accounts/{id}/deposits", s.accept(parseDeposit), true)
-	s.route("POST /v1/accounts/{id}/withdrawals", s.accept(parseWithdraw), true)
-	s.route("POST /v1/accounts/{id}/close", s.accept(parseClose), true)
-	s.route("POST /v1/transfers", s.accept(parseTransfer), true)
-	s.route("GET /v1/accounts/{id}", s.getAccount, false)
-	s.route("GET /v1/commands/{id}", s.getCommand, false)
+	seen := map[string]bool{commandPattern: true}
+	for i := range routes {
+		r := routes[i]
+		if err := r.prepare(); err != nil {
+			return nil, fmt.Errorf("ingest: %w", err)
+		}
+		if r.Topic == "" || r.Encoder == nil {
+			return nil, fmt.Errorf("ingest: route %s: Topic and Encoder are required (the application sets them)", r.Pattern)
+		}
+		if seen[r.Pattern] {
+			return nil, fmt.Errorf("ingest: route %s declared twice", r.Pattern)
+		}
+		seen[r.Pattern] = true
+		s.route(r.Pattern, s.accept(&r), true)
+	}
+	for _, q := range queries {
+		if !strings.HasPrefix(q.Pattern, http.MethodGet+" /") || q.Get == nil {
+			return nil, fmt.Errorf("ingest: query %q: want a \"GET /path\" pattern and a Get function", q.Pattern)
+		}
+		if seen[q.Pattern] {
+			return nil, fmt.Errorf("ingest: route %s declared twice", q.Pattern)
+		}
+		seen[q.Pattern] = true
+		s.route(q.Pattern, s.query(q), false)
+	}
+	s.route(commandPattern, s.getCommand, false)
+	doc, err := OpenAPI(routes, queries)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: %w", err)
+	}
 	s.mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(openapi.JSON)
+		w.Write(doc)
 	})
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem(http.StatusNotFound, "not-found", "Not found", "no route "+r.Method+" "+r.URL.Path))
@@ -149,7 +172,7 @@ var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[
 
 // accept is the handler of a command route: validate, then accept once per
 // (tenant, Idempotency-Key) in a shared transaction (see the package doc).
-func (s *Server) accept(parse parser) handlerFunc {
+func (s *Server) accept(route *Route) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
 		key, p := idempotencyKey(r)
 		if p != nil {
@@ -159,17 +182,17 @@ func (s *Server) accept(parse parser) handlerFunc {
 		if p != nil {
 			return p
 		}
-		cmd, p := parse(r, body)
+		cmd, p := route.parse(r, body, s.cfg.MaxStringBytes)
 		if p != nil {
 			return p
 		}
-		value, err := s.enc.Encode(r.Context(), cmd.payload)
+		value, err := route.Encoder.Encode(r.Context(), cmd.payload)
 		if err != nil {
 			return s.internal(r, fmt.Errorf("encode %s: %w", cmd.payload.MessageType(), err))
 		}
 		it := &acceptItem{
 			ctx: r.Context(), tenant: c.tenant, keyHash: c.keyHash, key: key, route: r.Pattern,
-			hash: requestHash(cmd), localID: cmd.localID, commandType: cmd.payload.MessageType(), value: value,
+			hash: requestHash(cmd), localID: cmd.localID, commandType: cmd.payload.MessageType(), topic: route.Topic, value: value,
 		}
 		if tp := r.Header.Get("traceparent"); traceparentRe.MatchString(tp) {
 			it.traceparent = tp
@@ -204,33 +227,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// account is the body of GET /v1/accounts/{id}.
-type account struct {
-	AccountID string `json:"account_id"`
-	Balance   int64  `json:"balance"`
-	Currency  string `json:"currency"`
-	Status    string `json:"status"`
-	Version   int64  `json:"version"`
-}
+// commandPattern is the route of every command's outcome.
+const commandPattern = "GET /v1/commands/{id}"
 
-const getAccountSQL = `SELECT balance, currency, status, version FROM accounts WHERE tenant = $1 AND account_id = $2`
-
-func (s *Server) getAccount(w http.ResponseWriter, r *http.Request, c caller) *Problem {
-	a := account{AccountID: r.PathValue("id")}
-	if pipeline.ValidateLocalID(a.AccountID) != nil {
-		return errNotFound // names nothing, like an id that does not exist
+// query answers a Query route.
+func (s *Server) query(q Query) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		v, err := q.Get(ctx, s.pool, c.tenant, r.WithContext(ctx))
+		if errors.Is(err, ErrNotFound) {
+			return errNotFound
+		}
+		if err != nil {
+			return s.internal(r, err)
+		}
+		writeJSON(w, http.StatusOK, v)
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
-	err := s.pool.QueryRow(ctx, getAccountSQL, c.tenant, a.AccountID).Scan(&a.Balance, &a.Currency, &a.Status, &a.Version)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return errNotFound
-	}
-	if err != nil {
-		return s.internal(r, err)
-	}
-	writeJSON(w, http.StatusOK, a)
-	return nil
 }
 
 // commandStatus is the body of GET /v1/commands/{id}.

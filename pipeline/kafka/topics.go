@@ -14,8 +14,14 @@ import (
 // Topics names onceflow's topics (docs/architecture.md#topics-keys-and-headers)
 // and how to create them.
 type Topics struct {
-	// Prefix is ONCEFLOW_TOPIC_PREFIX. Default "ledger".
+	// Prefix starts every topic's name: the domain's (ONCEFLOW_TOPIC_PREFIX),
+	// or for one of a domain's several aggregate types
+	// "{domain prefix}.{aggregate type}". Default "ledger".
 	Prefix string
+	// EventsPrefix, if set, starts the events topic's name instead of
+	// Prefix: a domain's aggregate types share one events topic,
+	// "{domain prefix}.events".
+	EventsPrefix string
 	// Partitions of the commands, state and events topics (commands and
 	// state must be equal: state is co-partitioned with commands).
 	// Default 8. The DLQ gets the same count.
@@ -59,8 +65,13 @@ func (t Topics) withDefaults() Topics {
 // Commands is "{prefix}.commands", the pipeline's input.
 func (t Topics) Commands() string { return t.withDefaults().Prefix + ".commands" }
 
-// Events is "{prefix}.events", the replay source.
-func (t Topics) Events() string { return t.withDefaults().Prefix + ".events" }
+// Events is "{prefix}.events" (EventsPrefix if set), the replay source.
+func (t Topics) Events() string {
+	if t.EventsPrefix != "" {
+		return t.EventsPrefix + ".events"
+	}
+	return t.withDefaults().Prefix + ".events"
+}
 
 // State is "{prefix}.state", the processor's compacted snapshots.
 func (t Topics) State() string { return t.withDefaults().Prefix + ".state" }

@@ -56,17 +56,18 @@ func EmptyDatabaseURL(t testing.TB) string {
 }
 
 // DatabaseURL creates a database with every migration applied for the test
-// and drops it when the test ends. Databases are cloned from a template
-// migrated once per migration set, so this costs one CREATE DATABASE.
-func DatabaseURL(t testing.TB) string {
+// (onceflow's own and domains') and drops it when the test ends.
+// Databases are cloned from a template migrated once per migration set, so
+// this costs one CREATE DATABASE.
+func DatabaseURL(t testing.TB, domains ...postgres.Migrations) string {
 	t.Helper()
-	return createDatabase(t, template(t))
+	return createDatabase(t, template(t, domains))
 }
 
 // Pool is DatabaseURL opened as a pool that closes when the test ends.
-func Pool(t testing.TB) (*pgxpool.Pool, string) {
+func Pool(t testing.TB, domains ...postgres.Migrations) (*pgxpool.Pool, string) {
 	t.Helper()
-	url := DatabaseURL(t)
+	url := DatabaseURL(t, domains...)
 	pool, err := postgres.Connect(context.Background(), url, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -113,21 +114,24 @@ var templates sync.Map // name -> *sync.Once-guarded result
 
 // template returns the name of a database migrated to the current migration
 // set, creating it the first time any test binary asks for it.
-func template(t testing.TB) string {
+func template(t testing.TB, domains []postgres.Migrations) string {
 	t.Helper()
 	h := sha256.New()
-	fs.WalkDir(migrations.Migrations, ".", func(path string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			b, _ := migrations.Migrations.ReadFile(path)
-			h.Write([]byte(path))
-			h.Write(b)
-		}
-		return nil
-	})
+	for _, set := range append([]postgres.Migrations{{FS: migrations.Migrations}}, domains...) {
+		h.Write([]byte(set.Name + "\x00"))
+		fs.WalkDir(set.FS, ".", func(path string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				b, _ := fs.ReadFile(set.FS, path)
+				h.Write([]byte(path))
+				h.Write(b)
+			}
+			return nil
+		})
+	}
 	name := "onceflow_tmpl_" + hex.EncodeToString(h.Sum(nil))[:16]
 	v, _ := templates.LoadOrStore(name, new(templateOnce))
 	o := v.(*templateOnce)
-	o.Do(func() { o.err = ensureTemplate(ServerURL(t), name) })
+	o.Do(func() { o.err = ensureTemplate(ServerURL(t), name, domains) })
 	if o.err != nil {
 		t.Fatalf("migrated template database: %v", o.err)
 	}
@@ -139,7 +143,7 @@ type templateOnce struct {
 	err error
 }
 
-func ensureTemplate(base, name string) error {
+func ensureTemplate(base, name string, domains []postgres.Migrations) error {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
@@ -168,7 +172,7 @@ func ensureTemplate(base, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := postgres.Migrate(ctx, url, nil); err != nil {
+	if err := postgres.Migrate(ctx, url, nil, domains...); err != nil {
 		return err
 	}
 	_, err = conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH IS_TEMPLATE true")

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -17,19 +19,41 @@ import (
 // so components starting together migrate once and the rest wait.
 const migrationLockID = 0x6f6e6365666c6f77 // "onceflow"
 
-// newProvider returns a goose provider over the embedded migrations.
-func newProvider(db *sql.DB, logger *slog.Logger) (*goose.Provider, error) {
+// Migrations is one set of goose migrations with its own version table:
+// a domain's read models, applied after onceflow's own.
+type Migrations struct {
+	// Name names the set: its versions are in goose_db_version_{name}.
+	// Lowercase letters, digits and '_'.
+	Name string
+	// FS holds NNNNN_name.sql files at its root.
+	FS fs.FS
+}
+
+// table is the set's goose version table; the core migrations keep
+// goose's default.
+func (m Migrations) table() string {
+	if m.Name == "" {
+		return goose.DefaultTablename
+	}
+	return goose.DefaultTablename + "_" + strings.ReplaceAll(m.Name, "-", "_")
+}
+
+// core is onceflow's own migrations.
+var core = Migrations{FS: migrations.Migrations}
+
+// newProvider returns a goose provider over a set of migrations.
+func newProvider(db *sql.DB, set Migrations, logger *slog.Logger) (*goose.Provider, error) {
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID))
 	if err != nil {
 		return nil, fmt.Errorf("migration lock: %w", err)
 	}
-	opts := []goose.ProviderOption{goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true)}
+	opts := []goose.ProviderOption{goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true), goose.WithTableName(set.table())}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Migrations, opts...)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, set.FS, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("load migrations: %w", err)
+		return nil, fmt.Errorf("load migrations %s: %w", set.table(), err)
 	}
 	return p, nil
 }
@@ -44,22 +68,25 @@ func openDB(url string) (*sql.DB, error) {
 	return db, nil
 }
 
-// Migrate applies every pending migration. It is safe to call from many
-// processes at once: goose holds a session advisory lock while it works.
-// Its errors never quote url's password.
-func Migrate(ctx context.Context, url string, logger *slog.Logger) (err error) {
+// Migrate applies every pending migration: onceflow's own, then each of
+// domains in order. It is safe to call from many processes at once: goose
+// holds a session advisory lock while it works. Its errors never quote
+// url's password.
+func Migrate(ctx context.Context, url string, logger *slog.Logger, domains ...Migrations) (err error) {
 	defer func() { err = redactError(url, err) }()
 	db, err := openDB(url)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	p, err := newProvider(db, logger)
-	if err != nil {
-		return err
-	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("migrate up: %w", err)
+	for _, set := range append([]Migrations{core}, domains...) {
+		p, err := newProvider(db, set, logger)
+		if err != nil {
+			return err
+		}
+		if _, err := p.Up(ctx); err != nil {
+			return fmt.Errorf("migrate up %s: %w", set.table(), err)
+		}
 	}
 	return nil
 }
@@ -72,7 +99,7 @@ func MigrateDownTo(ctx context.Context, url string, version int64, logger *slog.
 		return err
 	}
 	defer db.Close()
-	p, err := newProvider(db, logger)
+	p, err := newProvider(db, core, logger)
 	if err != nil {
 		return err
 	}
@@ -91,7 +118,7 @@ func MigrationVersion(ctx context.Context, url string) (current, latest int64, e
 		return 0, 0, err
 	}
 	defer db.Close()
-	p, err := newProvider(db, nil)
+	p, err := newProvider(db, core, nil)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -17,7 +17,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := pipelinetest.EmptyDatabaseURL(t)
-	want := []string{"api_keys", "idempotency_keys", "outbox", "inbox", "consumer_offsets", "accounts", "command_status"}
+	want := []string{"api_keys", "idempotency_keys", "outbox", "inbox", "consumer_offsets", "command_status"}
 
 	if err := postgres.Migrate(ctx, url, nil); err != nil {
 		t.Fatalf("up: %v", err)

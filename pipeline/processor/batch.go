@@ -412,7 +412,7 @@ func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S],
 	}()
 	state, version := agg.snap.State, agg.snap.Version
 	d, err := b.p.decider.Decide(state, cmd)
-	base := pipeline.Event{CommandID: cmd.ID, Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
+	base := pipeline.Event{CommandID: cmd.ID, CommandType: cmd.Type(), Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
 	out = outcome[S]{effects: d.Commands, state: state, version: version}
 	if rej, ok := pipeline.AsRejection(err); ok {
 		ev := base
@@ -452,6 +452,9 @@ func (b *batch[S]) eventRecord(ev pipeline.Event) (*kgo.Record, error) {
 			{Key: pipeline.HeaderTenant, Value: []byte(ev.Tenant)},
 		},
 	}
+	if ev.CommandType != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderCommandType, Value: []byte(ev.CommandType)})
+	}
 	if ev.Traceparent != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderTraceparent, Value: []byte(ev.Traceparent)})
 	}
@@ -459,11 +462,15 @@ func (b *batch[S]) eventRecord(ev pipeline.Event) (*kgo.Record, error) {
 }
 
 func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*kgo.Record, error) {
-	value, err := b.p.serdes.Commands.Encode(b.ctx, ef.Payload)
+	topic, serde := b.p.commands, b.p.serdes.Commands
+	if t, ok := b.p.serdes.Targets[ef.Payload.MessageType()]; ok {
+		topic, serde = t.Topic, t.Commands
+	}
+	value, err := serde.Encode(b.ctx, ef.Payload)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	return CommandRecord(b.p.commands, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	return CommandRecord(topic, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
@@ -492,7 +499,7 @@ func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	}
 	at := b.notAfterNow(cmd.Time)
 	ev := pipeline.Event{
-		ID: pipeline.FailureEventID(cmd.AggregateID, cmd.ID, r.Partition, r.Offset), CommandID: cmd.ID,
+		ID: pipeline.FailureEventID(cmd.AggregateID, cmd.ID, r.Partition, r.Offset), CommandID: cmd.ID, CommandType: cmdType,
 		Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Version: agg.snap.Version, Time: at, Traceparent: cmd.Traceparent,
 		Payload: pipeline.CommandFailed{CommandType: cmdType, Reason: p.reason, Detail: detail},
 	}

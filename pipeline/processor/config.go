@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
@@ -42,7 +43,7 @@ type Config struct {
 	MaxCommandBytes int
 	// MaxStringBytes bounds every string field of a command; a longer one
 	// goes to the DLQ (invalid-field), as does one that is not UTF-8 or
-	// holds a NUL. Default 4096.
+	// holds a NUL. Default pipeline.DefaultMaxStringBytes.
 	MaxStringBytes int
 	// MaxPollRecords bounds a batch (one transaction). Default 5000.
 	MaxPollRecords int
@@ -83,7 +84,7 @@ func (c *Config) setDefaults() error {
 		c.MaxCommandBytes = 1 << 20
 	}
 	if c.MaxStringBytes == 0 {
-		c.MaxStringBytes = 4096
+		c.MaxStringBytes = pipeline.DefaultMaxStringBytes
 	}
 	if c.DedupWindow == 0 {
 		c.DedupWindow = 7 * 24 * time.Hour

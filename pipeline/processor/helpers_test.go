@@ -12,13 +12,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // env is one test's broker, topics, serdes and a plain client.
@@ -58,7 +57,8 @@ type serdes struct {
 
 func newSerdes(ctx context.Context, reg avro.Registry, topics kafka.Topics) (serdes, error) {
 	mk := func(topic, suffix string, types map[string]any) (*avro.Serde, error) {
-		schema, err := schemas.FS.ReadFile(schemas.File(suffix))
+		schemaText, err := ledger.SchemaOf(suffix)
+		schema := []byte(schemaText)
 		if err != nil {
 			return nil, err
 		}
@@ -71,13 +71,13 @@ func newSerdes(ctx context.Context, reg avro.Registry, topics kafka.Topics) (ser
 	}
 	var s serdes
 	var err error
-	if s.Commands, err = mk(topics.Commands(), schemas.Commands, ledger.CommandTypes()); err != nil {
+	if s.Commands, err = mk(topics.Commands(), ledger.Commands, ledger.CommandTypes()); err != nil {
 		return s, err
 	}
-	if s.Events, err = mk(topics.Events(), schemas.Events, ledger.EventTypes()); err != nil {
+	if s.Events, err = mk(topics.Events(), ledger.Events, ledger.EventTypes()); err != nil {
 		return s, err
 	}
-	s.State, err = mk(topics.State(), schemas.State, map[string]any{"onceflow.Snapshot": processor.Snapshot[ledger.Account]{}})
+	s.State, err = mk(topics.State(), ledger.State, map[string]any{"onceflow.Snapshot": processor.Snapshot[ledger.Account]{}})
 	return s, err
 }
 

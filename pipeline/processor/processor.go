@@ -30,6 +30,17 @@ type Serdes struct {
 	Commands Serde // decodes commands, encodes commands for other aggregates
 	Events   Serde
 	State    Serde // snapshots (Snapshot[S])
+	// Targets are the commands topics of other aggregate types, by the
+	// command types they handle: a decision's command (pipeline.Effect) of
+	// such a type goes to that topic, encoded with its serde; any other to
+	// the processor's own commands topic.
+	Targets map[string]Target
+}
+
+// Target is another aggregate type's commands topic and its serde.
+type Target struct {
+	Topic    string
+	Commands Serde
 }
 
 // Processor runs a Decider over the commands topic with exactly-once

@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -34,6 +35,11 @@ func (p *Processor[S]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 	defer cancel()
 	t := p.cfg.Topics
 	written := []string{t.Events(), t.State(), t.DLQ(), t.Dedup(), t.Commands()}
+	for _, target := range p.serdes.Targets {
+		if !slices.Contains(written, target.Topic) {
+			written = append(written, target.Topic)
+		}
+	}
 	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, written...)
 	if err != nil {
 		// The session's own errors will say more; the topics were

@@ -14,7 +14,7 @@ import (
 )
 
 // Snapshot is the value written to {prefix}.state for one aggregate
-// (schemas/state.avsc): its state and its version. Processed is what
+// (pipeline.SnapshotSchema): its state and its version. Processed is what
 // snapshots of earlier versions remembered for dedup (the command ids the
 // aggregate handled within the window); the dedup memory now lives in the
 // partition's idStore and its changelog ({prefix}.dedup), so new

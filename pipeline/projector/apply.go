@@ -551,6 +551,8 @@ func decode(ctx context.Context, dec Decoder, r *kgo.Record) (event, error) {
 			e.Version, err = strconv.ParseInt(string(h.Value), 10, 64)
 		case pipeline.HeaderTenant:
 			e.Tenant = string(h.Value)
+		case pipeline.HeaderCommandType:
+			e.CommandType = string(h.Value)
 		case pipeline.HeaderTraceparent:
 			e.Traceparent = string(h.Value)
 		}

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -198,10 +198,10 @@ func (e *env) runBaseline(ctx context.Context, want int64, parallelism int) floa
 					if err := baselineAccounts(ctx, tx, g); err != nil {
 						return err
 					}
-					if _, err := (ledger.CommandStatus{}).ApplyBatch(ctx, tx, g); err != nil {
+					if _, err := (projector.CommandStatus{}).ApplyBatch(ctx, tx, g); err != nil {
 						return err
 					}
-					_, err := (ledger.AuditLog{}).ApplyBatch(ctx, tx, g)
+					_, err := (projector.AuditLog{}).ApplyBatch(ctx, tx, g)
 					return err
 				})
 			}()

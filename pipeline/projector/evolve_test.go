@@ -10,12 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/projector"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // depositedV2 is Deposited as a second version of the events schema has
@@ -45,7 +44,8 @@ func (depositsProjection) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Even
 // evolveEvents returns events.avsc with Deposited given the extra fields.
 func evolveEvents(t *testing.T, fields string) string {
 	t.Helper()
-	events, err := schemas.FS.ReadFile(schemas.File(schemas.Events))
+	eventsText, err := ledger.SchemaOf(ledger.Events)
+	events := []byte(eventsText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,8 @@ func TestRebuildReadsEveryVersionOfTheEventsSchema(t *testing.T) {
 	subject := avro.ValueSubject(e.topics.Events())
 
 	// Version 1: the binary of today writes deposits without a memo.
-	events, err := schemas.FS.ReadFile(schemas.File(schemas.Events))
+	eventsText, err := ledger.SchemaOf(ledger.Events)
+	events := []byte(eventsText)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,10 +8,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/pipeline/ledger"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // FuzzDecodeEvent feeds arbitrary keys, headers and values to the
@@ -21,7 +20,8 @@ import (
 // id, command id, version and tenant its headers say.
 func FuzzDecodeEvent(f *testing.F) {
 	ctx := context.Background()
-	schema, err := schemas.FS.ReadFile(schemas.File(schemas.Events))
+	schemaText, err := ledger.SchemaOf(ledger.Events)
+	schema := []byte(schemaText)
 	if err != nil {
 		f.Fatal(err)
 	}

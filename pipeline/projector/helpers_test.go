@@ -16,13 +16,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // env is one test's broker, topics, database and events serde.
@@ -41,7 +41,7 @@ func newEnv(t testing.TB, partitions int32) *env {
 	b := pipelinetest.Broker(t)
 	e := &env{t: t, brokers: b.Addrs()}
 	e.topics = pipelinetest.Topics(t, e.brokers, partitions)
-	e.pool, e.url = pipelinetest.Pool(t)
+	e.pool, e.url = pipelinetest.Pool(t, ledgerapp.Migrations)
 	e.serde = eventsSerde(t, e.topics)
 	e.prod = pipelinetest.Client(t, e.brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.ProducerBatchMaxBytes(1<<20))
 	return e
@@ -50,7 +50,8 @@ func newEnv(t testing.TB, partitions int32) *env {
 func eventsSerde(t testing.TB, topics kafka.Topics) *avro.Serde {
 	t.Helper()
 	ctx := context.Background()
-	schema, err := schemas.FS.ReadFile(schemas.File(schemas.Events))
+	schemaText, err := ledger.SchemaOf(ledger.Events)
+	schema := []byte(schemaText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func (e *env) start(cfg projector.Config, projections ...pipeline.Projection[pgx
 		cfg.Topic = e.topics.Events()
 	}
 	if len(projections) == 0 {
-		projections = ledger.Projections()
+		projections = ledgerProjections()
 	}
 	reg := prometheus.NewRegistry()
 	p, err := projector.New(cfg, kafka.Config{Brokers: e.brokers}, e.pool, e.serde, projections, quietLogger(), reg)
@@ -312,4 +313,10 @@ func (e *env) count(sql string, args ...any) int64 {
 		e.t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// ledgerProjections are the read models the ledger's projector applies:
+// accounts, then command_status and audit_log.
+func ledgerProjections() []pipeline.Projection[pgx.Tx] {
+	return []pipeline.Projection[pgx.Tx]{ledgerapp.Accounts{}, projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}, projector.AuditLog{}}
 }

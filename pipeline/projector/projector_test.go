@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
@@ -353,7 +353,7 @@ func TestConnectionTerminatedInsideTransaction(t *testing.T) {
 			close(terminated)
 		})
 	}
-	projections := append(ledger.Projections(), counting{})
+	projections := append(ledgerProjections(), counting{})
 	r := e.start(projector.Config{Hold: hold, MaxBackoff: 100 * time.Millisecond}, projections...)
 	e.emit(evs...)
 	e.waitOffsets(projector.DefaultConsumer, e.endOffsets(), 30*time.Second)

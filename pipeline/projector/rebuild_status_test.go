@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -110,7 +110,7 @@ func TestRebuildCommandStatusKeepsFailuresAndIngestRows(t *testing.T) {
 	}
 	check("live")
 
-	rb, err := projector.NewRebuild(projector.RebuildConfig{Topic: e.topics.Events(), Projection: ledger.CommandStatus{}, Verify: true, MaxPollRecords: 3},
+	rb, err := projector.NewRebuild(projector.RebuildConfig{Topic: e.topics.Events(), Projection: projector.CommandStatus{}, Verify: true, MaxPollRecords: 3},
 		kafka.Config{Brokers: e.brokers}, e.pool, e.serde, quietLogger())
 	if err != nil {
 		t.Fatal(err)

@@ -12,9 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
@@ -149,7 +150,7 @@ func TestRebuildUnderLiveTraffic(t *testing.T) {
 	}
 
 	rb, err := projector.NewRebuild(projector.RebuildConfig{
-		Topic: e.topics.Events(), Projection: ledger.Accounts{}, Verify: true, MaxPollRecords: 500,
+		Topic: e.topics.Events(), Projection: ledgerapp.Accounts{}, Verify: true, MaxPollRecords: 500,
 	}, kafka.Config{Brokers: e.brokers}, e.pool, e.serde, quietLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +238,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 
 	// An interrupted rebuild leaves its shadow behind and is resumed.
 	ictx, cancel := context.WithCancel(ctx)
-	rb, err := projector.NewRebuild(projector.RebuildConfig{Topic: e.topics.Events(), Projection: ledger.Accounts{}, MaxPollRecords: 7,
+	rb, err := projector.NewRebuild(projector.RebuildConfig{Topic: e.topics.Events(), Projection: ledgerapp.Accounts{}, MaxPollRecords: 7,
 		Progress: func(p projector.RebuildProgress) {}}, kafka.Config{Brokers: e.brokers}, e.pool, e.serde, quietLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +260,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 		t.Fatalf("%d rebuilds building after the interruption, want 1", n)
 	}
 
-	res, err := build(ledger.Accounts{}, false)
+	res, err := build(ledgerapp.Accounts{}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 		t.Errorf("%d swapped rebuilds, want 1 (the interrupted one resumed, not replaced)", n)
 	}
 
-	res, err = build(ledger.CommandStatus{}, true)
+	res, err = build(projector.CommandStatus{}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +287,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 		t.Errorf("lost outcome after the rebuild: %q, %v", status, err)
 	}
 
-	res, err = build(ledger.AuditLog{}, false)
+	res, err = build(projector.AuditLog{}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +304,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('onceflow_rebuild:onceflow-projector:accounts', 0))`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := build(ledger.Accounts{}, false); !errors.Is(err, projector.ErrRebuildRunning) {
+	if _, err := build(ledgerapp.Accounts{}, false); !errors.Is(err, projector.ErrRebuildRunning) {
 		t.Errorf("second rebuild at once: %v, want ErrRebuildRunning", err)
 	}
 }

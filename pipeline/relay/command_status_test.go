@@ -16,13 +16,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/relay"
-	"github.com/onceflow/onceflow/schemas"
 )
 
 // ingestServer runs ingest on the env's database until the test ends and
@@ -30,7 +31,8 @@ import (
 func (e *env) ingestServer(t *testing.T) (url, key string) {
 	t.Helper()
 	ctx := context.Background()
-	schema, err := schemas.FS.ReadFile(schemas.File(schemas.Commands))
+	schemaText, err := ledger.SchemaOf(ledger.Commands)
+	schema := []byte(schemaText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +43,11 @@ func (e *env) ingestServer(t *testing.T) (url, key string) {
 	if _, err := serde.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ingest.New(ingest.Config{CommandsTopic: e.topics.Commands(), RateLimit: -1}, e.pool, serde, logger(t), prometheus.NewRegistry())
+	routes := ledgerapp.Routes()
+	for i := range routes {
+		routes[i].Topic, routes[i].Encoder = e.topics.Commands(), serde
+	}
+	srv, err := ingest.New(ingest.Config{RateLimit: -1}, routes, nil, e.pool, logger(t), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +146,7 @@ func TestDeadRowFailsItsCommand(t *testing.T) {
 	cmd, _ := pipeline.ParseID(id)
 	agg := pipeline.AggregateID("acme", "acc-1")
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		return ledger.CommandStatus{}.Apply(ctx, tx, pipeline.Event{ID: pipeline.EventID(agg, cmd, 0), CommandID: cmd, Tenant: "acme",
+		return projector.CommandStatus{}.Apply(ctx, tx, pipeline.Event{ID: pipeline.EventID(agg, cmd, 0), CommandID: cmd, Tenant: "acme",
 			AggregateID: agg, Version: 1, Time: time.Now(), Payload: ledger.Deposited{Amount: 5}})
 	})
 	if err != nil {

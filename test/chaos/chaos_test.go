@@ -16,8 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -100,7 +101,7 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 		t.Fatal(err)
 	}
 	topics := kafka.Topics{Prefix: c.pl.Prefix}
-	serdes, err := onceflow.NewSerdes(ctx, reg, topics)
+	serdes, err := onceflow.NewSerdes(ctx, reg, ledgerapp.Domain(), "", topics)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 )
 
 // sent is one command the workload knows the pipeline accepted: a 2xx over
@@ -145,9 +146,9 @@ func (w *workload) run(stop, finish context.Context, workers int) {
 	wg.Wait()
 }
 
-func (w *workload) client(rng *rand.Rand, t *tenant) *apiclient.Client {
+func (w *workload) client(rng *rand.Rand, t *tenant) *ledgerapp.Client {
 	urls := w.c.ingestURLs()
-	return &apiclient.Client{BaseURL: urls[rng.IntN(len(urls))], APIKey: t.key, HTTP: w.httpc}
+	return &ledgerapp.Client{Client: &apiclient.Client{BaseURL: urls[rng.IntN(len(urls))], APIKey: t.key, HTTP: w.httpc}}
 }
 
 // step runs one operation.

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/avro"
@@ -64,7 +65,7 @@ func registrySerdes(t *testing.T, ctx context.Context, pl *Pipeline) onceflow.Se
 	if err != nil {
 		t.Fatal(err)
 	}
-	serdes, err := onceflow.NewSerdes(ctx, reg, kafka.Topics{Prefix: pl.Prefix})
+	serdes, err := onceflow.NewSerdes(ctx, reg, ledgerapp.Domain(), "", kafka.Topics{Prefix: pl.Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func registrySerdes(t *testing.T, ctx context.Context, pl *Pipeline) onceflow.Se
 type deployment struct {
 	*Pipeline
 	pool   *pgxpool.Pool
-	client *apiclient.Client
+	client *ledgerapp.Client
 	comps  map[string]*Component
 }
 
@@ -110,7 +111,7 @@ func deployOn(t *testing.T, ctx context.Context, broker string, env map[string]s
 	if err := ingest.CreateAPIKey(ctx, pool, "acme", "e2e", key); err != nil {
 		t.Fatal(err)
 	}
-	d.client = &apiclient.Client{BaseURL: d.comps["ingest"].HTTP, APIKey: key}
+	d.client = &ledgerapp.Client{Client: &apiclient.Client{BaseURL: d.comps["ingest"].HTTP, APIKey: key}}
 	return d
 }
 
@@ -153,7 +154,7 @@ func (m *ledgerModel) accepted(cmdID, account string, amount int64) {
 // send posts until it gets an answer from the server (a client that
 // retries with the same key through timeouts, 429s, 503s and restarts), and
 // returns the command id.
-func send(ctx context.Context, c *apiclient.Client, key string, post func(key string) (apiclient.Accepted, *apiclient.Response, error)) (apiclient.Accepted, *apiclient.Response, error) {
+func send(ctx context.Context, c *ledgerapp.Client, key string, post func(key string) (apiclient.Accepted, *apiclient.Response, error)) (apiclient.Accepted, *apiclient.Response, error) {
 	for {
 		acc, resp, err := post(key)
 		if err == nil || (resp != nil && resp.Status < 500 && resp.Status != http.StatusTooManyRequests) {
@@ -171,7 +172,7 @@ func send(ctx context.Context, c *apiclient.Client, key string, post func(key st
 // retried with the same key (once right after the first answer, sometimes
 // concurrently with it), and a share is sent again with a new key on
 // purpose: the first must count once, the second twice.
-func workload(t *testing.T, ctx context.Context, c func() *apiclient.Client, m *ledgerModel, accounts, depositsPerAccount int, pace time.Duration) {
+func workload(t *testing.T, ctx context.Context, c func() *ledgerapp.Client, m *ledgerModel, accounts, depositsPerAccount int, pace time.Duration) {
 	t.Helper()
 	run := fmt.Sprintf("%x", rand.Uint32())
 	var wg sync.WaitGroup
@@ -346,7 +347,7 @@ func TestDepositsExactlyOnce(t *testing.T) {
 	defer cancel()
 	d := deploy(t, ctx)
 	m := newModel()
-	workload(t, ctx, func() *apiclient.Client { return d.client }, m, 20, 25, 0)
+	workload(t, ctx, func() *ledgerapp.Client { return d.client }, m, 20, 25, 0)
 	if t.Failed() {
 		return
 	}
@@ -363,10 +364,10 @@ func TestRestartMidStream(t *testing.T) {
 	m := newModel()
 
 	var mu sync.Mutex
-	current := func() *apiclient.Client {
+	current := func() *ledgerapp.Client {
 		mu.Lock()
 		defer mu.Unlock()
-		return &apiclient.Client{BaseURL: d.client.BaseURL, APIKey: d.client.APIKey, HTTP: d.client.HTTP}
+		return &ledgerapp.Client{Client: &apiclient.Client{BaseURL: d.client.BaseURL, APIKey: d.client.APIKey, HTTP: d.client.HTTP}}
 	}
 	done := make(chan struct{})
 	go func() {

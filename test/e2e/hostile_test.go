@@ -17,10 +17,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
@@ -51,11 +52,11 @@ func TestHostileProducer(t *testing.T) {
 	if err := ingest.CreateAPIKey(ctx, d.pool, "beta", "e2e", betaKey); err != nil {
 		t.Fatal(err)
 	}
-	beta := &apiclient.Client{BaseURL: d.client.BaseURL, APIKey: betaKey}
+	beta := &ledgerapp.Client{Client: &apiclient.Client{BaseURL: d.client.BaseURL, APIKey: betaKey}}
 	run := fmt.Sprintf("%x", rand.Uint32())
 	m := newModel()
 	accounts := make([]string, 8)
-	open := func(c *apiclient.Client, acct string) {
+	open := func(c *ledgerapp.Client, acct string) {
 		acc, _, err := send(ctx, c, "open-"+acct, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
 			return c.OpenAccount(ctx, k, acct, "EUR")
 		})
@@ -252,7 +253,7 @@ func TestHostileProducer(t *testing.T) {
 		}
 	}
 	for _, a := range []struct {
-		c   *apiclient.Client
+		c   *ledgerapp.Client
 		agg string
 	}{{d.client, agg("acme", acct0)}, {d.client, agg("acme", accounts[1])}, {beta, agg("beta", foreign)}} {
 		var cmd apiclient.Command

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -28,9 +29,9 @@ func TestTwoIngestProcessesOneKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := d.comps["ingest"]
-	clients := []*apiclient.Client{
-		{BaseURL: first.HTTP, APIKey: d.client.APIKey},
-		{BaseURL: second.HTTP, APIKey: d.client.APIKey},
+	clients := []*ledgerapp.Client{
+		{Client: &apiclient.Client{BaseURL: first.HTTP, APIKey: d.client.APIKey}},
+		{Client: &apiclient.Client{BaseURL: second.HTTP, APIKey: d.client.APIKey}},
 	}
 
 	const accounts, keysPerAccount, sendersPerKey = 4, 30, 6
@@ -147,7 +148,7 @@ func TestCommandRoutesEndToEnd(t *testing.T) {
 	if err := ingest.CreateAPIKey(ctx, d.pool, "beta", "e2e", keyB); err != nil {
 		t.Fatal(err)
 	}
-	b := &apiclient.Client{BaseURL: a.BaseURL, APIKey: keyB}
+	b := &ledgerapp.Client{Client: &apiclient.Client{BaseURL: a.BaseURL, APIKey: keyB}}
 
 	type step struct {
 		what   string

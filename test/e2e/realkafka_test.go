@@ -5,10 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/testcontainers/testcontainers-go"
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
-
-	"github.com/onceflow/onceflow/pipeline/apiclient"
 )
 
 // The same exactly-once workload as TestDepositsExactlyOnce, on Apache
@@ -36,7 +35,7 @@ func TestDepositsExactlyOnceOnApacheKafka(t *testing.T) {
 	}
 	d := deployOn(t, ctx, brokers[0], nil)
 	m := newModel()
-	workload(t, ctx, func() *apiclient.Client { return d.client }, m, 10, 20, 0)
+	workload(t, ctx, func() *ledgerapp.Client { return d.client }, m, 10, 20, 0)
 	if t.Failed() {
 		return
 	}

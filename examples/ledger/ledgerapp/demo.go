@@ -1,4 +1,4 @@
-package onceflow
+package ledgerapp
 
 import (
 	"context"
@@ -20,7 +20,8 @@ import (
 // new key, reuses a key for a different request, and opens an account
 // twice. It prints what happened and the resulting balances, and returns
 // an error unless the read models show exactly the expected numbers.
-func RunDemo(ctx context.Context, c *apiclient.Client, out io.Writer) error {
+func RunDemo(ctx context.Context, api *apiclient.Client, out io.Writer) error {
+	c := Client{api}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	runID := make([]byte, 3)

@@ -1,4 +1,4 @@
-package ledger
+package projector
 
 import (
 	"context"
@@ -35,7 +35,7 @@ const insertAuditSQL = `INSERT INTO audit_log (event_id, tenant, aggregate_id, v
 
 // Apply implements pipeline.Projection.
 func (a AuditLog) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
-	return single(a.ApplyBatch(ctx, tx, []pipeline.Event{ev}))
+	return ApplyOne(ctx, tx, a, ev)
 }
 
 // ApplyBatch implements pipeline.BatchProjection. The rows go in with COPY,

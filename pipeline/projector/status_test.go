@@ -1,4 +1,4 @@
-package ledger_test
+package projector_test
 
 import (
 	"context"
@@ -9,9 +9,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
 // projEvent is an event of aggregate agg at version v caused by command c.
@@ -22,7 +24,7 @@ func projEvent(agg string, v int64, c pipeline.ID, index int, m pipeline.Message
 
 func inTx(t *testing.T, fn func(ctx context.Context, tx pgx.Tx)) {
 	t.Helper()
-	pool, _ := pipelinetest.Pool(t)
+	pool, _ := pipelinetest.Pool(t, ledgerapp.Migrations)
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -47,64 +49,6 @@ func outcome(err error) string {
 	return err.Error()
 }
 
-// Accounts folds a batch per account on top of the stored version: a
-// duplicate is at or below it, a gap stops the account (nothing after it
-// applies), a rejection leaves it alone, an account must be opened first,
-// and a malformed aggregate id can never be applied.
-func TestAccountsBatchOutcomes(t *testing.T) {
-	t.Parallel()
-	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		acc := ledger.Accounts{}
-		c := pipeline.NewCommandID
-		batch1 := []pipeline.Event{
-			projEvent("acme/a", 1, c(), 0, ledger.AccountOpened{Currency: "EUR"}),
-			projEvent("acme/a", 2, c(), 0, ledger.Deposited{Amount: 100}),
-			projEvent("acme/b", 1, c(), 0, ledger.Deposited{Amount: 5}), // not opened
-			projEvent("acme/a", 3, c(), 0, ledger.Withdrawn{Amount: 30}),
-			projEvent("bad-id", 1, c(), 0, ledger.AccountOpened{Currency: "EUR"}),
-		}
-		out, err := acc.ApplyBatch(ctx, tx, batch1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkOutcomes(t, out, "ok", "ok", "gap", "ok", "permanent")
-
-		rejected := projEvent("acme/a", 4, c(), 0, pipeline.CommandRejected{CommandType: "Withdraw", Reason: "insufficient_funds"})
-		rejected.Version = 3 // a rejection carries the current version
-		batch2 := []pipeline.Event{
-			batch1[3], // already applied
-			projEvent("acme/a", 4, c(), 0, ledger.Deposited{Amount: 1}),
-			rejected,
-			projEvent("acme/a", 6, c(), 0, ledger.Deposited{Amount: 1000}), // 5 is missing
-			projEvent("acme/a", 7, c(), 0, ledger.Deposited{Amount: 1000}),
-		}
-		if out, err = acc.ApplyBatch(ctx, tx, batch2); err != nil {
-			t.Fatal(err)
-		}
-		checkOutcomes(t, out, "dup", "ok", "ok", "gap", "gap")
-		var bal, ver int64
-		var status string
-		if err := tx.QueryRow(ctx, `SELECT balance, version, status FROM accounts WHERE tenant = 'acme' AND account_id = 'a'`).Scan(&bal, &ver, &status); err != nil {
-			t.Fatal(err)
-		}
-		if bal != 71 || ver != 4 || status != "open" {
-			t.Errorf("account a: balance %d version %d %s, want 71, 4, open", bal, ver, status)
-		}
-
-		// Apply is ApplyBatch of one event.
-		if err := acc.Apply(ctx, tx, projEvent("acme/a", 5, c(), 0, ledger.AccountClosed{})); err != nil {
-			t.Fatal(err)
-		}
-		if got := outcome(acc.Apply(ctx, tx, projEvent("acme/a", 5, c(), 0, ledger.AccountClosed{}))); got != "dup" {
-			t.Errorf("closing twice: %s, want dup", got)
-		}
-		tx.QueryRow(ctx, `SELECT status, version FROM accounts WHERE account_id = 'a'`).Scan(&status, &ver)
-		if status != "closed" || ver != 5 {
-			t.Errorf("after closing: %s version %d", status, ver)
-		}
-	})
-}
-
 func checkOutcomes(t *testing.T, out []error, want ...string) {
 	t.Helper()
 	if len(out) != len(want) {
@@ -123,7 +67,7 @@ func checkOutcomes(t *testing.T, out []error, want ...string) {
 func TestCommandStatusBatch(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		cs := ledger.CommandStatus{}
+		cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
 		pending, direct, rejected := pipeline.NewCommandID(), pipeline.NewCommandID(), pipeline.NewCommandID()
 		if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status) VALUES ($1, 'acme', 'acme/a', 'Deposit', 'pending')`, pending.String()); err != nil {
 			t.Fatal(err)
@@ -172,7 +116,7 @@ func TestCommandStatusBatch(t *testing.T) {
 func TestAuditLogBatch(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		al := ledger.AuditLog{}
+		al := projector.AuditLog{}
 		c := pipeline.NewCommandID()
 		first := projEvent("acme/a", 1, c, 0, ledger.TransferDebited{TransferID: "t-1", To: "b", Amount: 7})
 		if out, err := al.ApplyBatch(ctx, tx, []pipeline.Event{first}); err != nil || outcome(out[0]) != "ok" {
@@ -238,7 +182,7 @@ func tenantEvent(tenant, local string, v int64, c pipeline.ID, index int, m pipe
 func TestCommandStatusIsScoped(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		cs := ledger.CommandStatus{}
+		cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
 		id := pipeline.NewCommandID()
 		if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
 			VALUES ($1, 'a', 'a/acc-1', 'Deposit', 'pending', true)`, id.String()); err != nil {
@@ -309,7 +253,7 @@ func TestCommandStatusFailed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			inTx(t, func(ctx context.Context, tx pgx.Tx) {
-				cs := ledger.CommandStatus{}
+				cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
 				id := pipeline.NewCommandID()
 				if tc.pending {
 					if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
@@ -351,7 +295,7 @@ func TestCommandStatusFailed(t *testing.T) {
 func TestCommandStatusFailureWithoutType(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		cs := ledger.CommandStatus{}
+		cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
 		id := pipeline.NewCommandID()
 		if err := cs.Apply(ctx, tx, projEvent("acme/a", 0, id, 0, pipeline.CommandFailed{Reason: "undecodable"})); err != nil {
 			t.Fatal(err)
@@ -364,46 +308,6 @@ func TestCommandStatusFailureWithoutType(t *testing.T) {
 		}
 		if got := readStatus(t, ctx, tx, "acme", "acme/a", id); got.status != "accepted" || got.cmdType != "OpenAccount" || got.reason != "" {
 			t.Errorf("got %+v, want accepted OpenAccount without a reason", got)
-		}
-	})
-}
-
-// A CommandFailed leaves the account alone, as a rejection does: not a
-// duplicate, not a version change, not a gap; the audit log records it
-// like any event.
-func TestCommandFailedInAccountsAndAudit(t *testing.T) {
-	t.Parallel()
-	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		acc, al := ledger.Accounts{}, ledger.AuditLog{}
-		c := pipeline.NewCommandID
-		opened := projEvent("acme/a", 1, c(), 0, ledger.AccountOpened{Currency: "EUR"})
-		failure := projEvent("acme/a", 1, c(), 0, pipeline.CommandFailed{CommandType: "Deposit", Reason: "decider-error", Detail: "boom"})
-		neverOpened := projEvent("acme/z", 0, c(), 0, pipeline.CommandFailed{CommandType: "Deposit", Reason: "decider-error"})
-		deposit := projEvent("acme/a", 2, c(), 0, ledger.Deposited{Amount: 5})
-		out, err := acc.ApplyBatch(ctx, tx, []pipeline.Event{opened, failure, neverOpened, deposit})
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkOutcomes(t, out, "ok", "ok", "ok", "ok")
-		var bal, ver int64
-		if err := tx.QueryRow(ctx, `SELECT balance, version FROM accounts WHERE tenant = 'acme' AND account_id = 'a'`).Scan(&bal, &ver); err != nil || bal != 5 || ver != 2 {
-			t.Errorf("account a: balance %d version %d (%v), want 5, 2", bal, ver, err)
-		}
-		if out := acc.Apply(ctx, tx, failure); out != nil {
-			t.Errorf("the failure again: %v, want nil (not a duplicate)", out)
-		}
-		var n int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM accounts WHERE account_id = 'z'`).Scan(&n); err != nil || n != 0 {
-			t.Errorf("a failure opened account z (%d rows, %v)", n, err)
-		}
-
-		if out, err := al.ApplyBatch(ctx, tx, []pipeline.Event{failure}); err != nil || outcome(out[0]) != "ok" {
-			t.Fatalf("audit: %v %v", out, err)
-		}
-		var typ, payload string
-		if err := tx.QueryRow(ctx, `SELECT event_type, payload::text FROM audit_log WHERE event_id = $1`, failure.ID.String()).Scan(&typ, &payload); err != nil ||
-			typ != "CommandFailed" || payload != `{"detail": "boom", "reason": "decider-error", "command_type": "Deposit"}` {
-			t.Errorf("audit row: %s %s (%v)", typ, payload, err)
 		}
 	})
 }

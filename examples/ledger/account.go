@@ -16,7 +16,7 @@ type Account struct {
 	Balance  int64  `avro:"balance"`
 }
 
-// MessageType names the state record in schemas/state.avsc.
+// MessageType names the state record, account.avsc.
 func (Account) MessageType() string { return "Account" }
 
 // Rejection reasons, as they appear in CommandRejected and command_status.
@@ -216,7 +216,8 @@ func ValidCurrency(c string) bool {
 }
 
 // Account reads and writes its own Avro binary form (processor.AvroState),
-// the "state" field of schemas/state.avsc: the union branch index 0, then
+// the "state" field of the snapshot schema (account.avsc in
+// pipeline.SnapshotSchema): the union branch index 0, then
 // open, closed, currency and balance. The processor uses it for every
 // snapshot written with the schema this binary registered, so a restore
 // decodes a million accounts without reflection. TestSnapshotCodecMatchesSerde

@@ -4,9 +4,10 @@
 // Every test, demo and benchmark runs it.
 //
 // It is written the way a user of onceflow writes a domain: command and
-// event types bound to the Avro schemas in schemas/, a pure Decider over the
-// Account state, and Postgres projections (accounts, command_status) that
-// the projector runtime applies inside its transaction.
+// event types bound to the Avro schemas beside them (commands.avsc,
+// events.avsc, account.avsc) and a pure Decider over the Account state.
+// It imports only the vocabulary (package pipeline); ledgerapp makes it an
+// onceflow.Domain with its read model and HTTP routes.
 //
 // Transfers cross aggregates. RequestTransfer on the source debits it and,
 // in the same Kafka transaction, sends CreditTransfer to the target with a

@@ -2,17 +2,17 @@ package ledger
 
 import "github.com/onceflow/onceflow/pipeline"
 
-// Commands (schemas/commands.avsc). The json tags name the fields as
+// Commands (commands.avsc). The json tags name the fields as
 // `onceflow produce` reads them, the same as the Avro fields.
 type (
 	OpenAccount struct {
-		Currency string `avro:"currency" json:"currency"`
+		Currency string `avro:"currency" json:"currency" pattern:"^[A-Z]{3}$" doc:"ISO 4217 code."`
 	}
 	Deposit struct {
-		Amount int64 `avro:"amount" json:"amount"`
+		Amount int64 `avro:"amount" json:"amount" doc:"Minor units (cents), above zero. Any JSON spelling of a whole number is accepted (100, 1e2, 100.0)."`
 	}
 	Withdraw struct {
-		Amount int64 `avro:"amount" json:"amount"`
+		Amount int64 `avro:"amount" json:"amount" doc:"Minor units (cents), above zero."`
 	}
 	CloseAccount    struct{}
 	RequestTransfer struct {
@@ -42,7 +42,7 @@ func (RequestTransfer) MessageType() string { return "RequestTransfer" }
 func (CreditTransfer) MessageType() string  { return "CreditTransfer" }
 func (RefundTransfer) MessageType() string  { return "RefundTransfer" }
 
-// Events (schemas/events.avsc).
+// Events (events.avsc).
 type (
 	AccountOpened struct {
 		Currency string `avro:"currency"`

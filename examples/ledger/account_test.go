@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 )
 
 func cmd(aggregate string, payload pipeline.Message) pipeline.Command {

@@ -1,0 +1,293 @@
+package onceflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/processor"
+)
+
+// Domain is one domain a deployment runs: its aggregate types, their
+// commands, events and state, the read models projected from its events
+// and the HTTP routes that accept its commands. docs/your-first-domain.md
+// builds one step by step.
+//
+// Each aggregate type has its own commands, state, dedup and DLQ topics and
+// its own processor group; the domain's events, from every aggregate type,
+// go to one events topic, which one projector (a consumer group) applies to
+// the domain's read models. Topic names (docs/architecture.md#topics):
+// {prefix}.events for the domain, and {prefix}.commands, .state, .dedup,
+// .commands.dlq for a domain with one aggregate type, or
+// {prefix}.{aggregate}.commands and so on for each of several.
+type Domain struct {
+	// Name names the domain: its topic prefix unless ONCEFLOW_TOPIC_PREFIX
+	// says otherwise (in a deployment of one domain), and its projector's
+	// consumer name. Required: lowercase letters, digits, '-' and '_'.
+	Name string
+	// Events is the schema of the domain's events: a union of records, one
+	// per event type. The records pipeline.CommandRejected and
+	// pipeline.CommandFailed are added to it (in the namespace of its first
+	// record) unless it declares them. Required.
+	Events Schema
+	// Aggregates are the domain's aggregate types (see Aggregate). At
+	// least one is required.
+	Aggregates []AggregateType
+	// Projections are the domain's read models in Postgres, applied in the
+	// projector's transactions (docs/projector.md). Every domain's
+	// projector also applies command_status and audit_log.
+	Projections []pipeline.Projection[pgx.Tx]
+	// Migrations holds the goose migrations of the read models' tables
+	// (NNNNN_name.sql at its root), applied after onceflow's own, with
+	// their version in a table of the domain's own
+	// (goose_db_version_{name}).
+	Migrations fs.FS
+	// Routes are the HTTP routes that accept the domain's commands; the
+	// application sets each one's topic and encoder from the aggregate
+	// type that handles its command.
+	Routes []Route
+	// Queries are its read routes.
+	Queries []Query
+	// Consumer is the projector's consumer name: its consumer group, its
+	// inbox rows and its stored offsets. Default
+	// "onceflow-projector-{name}".
+	Consumer string
+	// CommandTypeOf, if set, names the command an event answers, for the
+	// domain's events written before the processor recorded it in each
+	// event (the command-type header): command_status shows it for
+	// commands produced straight to Kafka. A new domain needs none.
+	CommandTypeOf func(event pipeline.Message) string
+	// Demo, if set, is the workload `onceflow demo` drives against a
+	// running ingest as the tenant of client; it returns an error unless
+	// the read models show what it expects. `make demo` runs it.
+	Demo func(ctx context.Context, client *apiclient.Client, out io.Writer) error
+}
+
+// Route is one HTTP route that accepts a command (ingest.Route).
+type Route = ingest.Route
+
+// Query is one HTTP route answered from the read models (ingest.Query).
+type Query = ingest.Query
+
+// ErrNotFound is a Query's answer for what the tenant does not have.
+var ErrNotFound = ingest.ErrNotFound
+
+// Schema is an Avro schema and the Go types of its records.
+type Schema struct {
+	// Avro is the schema's JSON text: a union of records.
+	Avro string
+	// Types are zero values of the records' Go types; each is matched to
+	// the record named by its MessageType (short or full name).
+	Types []pipeline.Message
+}
+
+// AggregateType is one aggregate type of a domain, made by Aggregate.
+type AggregateType interface {
+	aggregate() *aggregateSpec
+}
+
+// Aggregate is an aggregate type: its decider, the schema of the
+// commands it handles and of its state, and the names of its processor.
+// S is its state.
+type Aggregate[S any] struct {
+	// Name names the aggregate type within its domain ("account"): in the
+	// topics of a domain with several aggregate types, {prefix}.{name}.*.
+	// Required: lowercase letters, digits, '-' and '_'.
+	Name string
+	// Decider decides its commands: one decide function per command type
+	// (pipeline.Handle), one evolve. Required.
+	Decider *pipeline.Aggregate[S]
+	// Commands is the schema of its commands topic: a union with a record
+	// per command type the decider handles. Every command type belongs to
+	// one aggregate type: a decision that sends a command of another
+	// aggregate type's (pipeline.Effect) sends it to that type's topic.
+	Commands Schema
+	// State is the Avro schema of S: one record. The snapshots on the
+	// state topic wrap it (pipeline.SnapshotSchema). Implement
+	// processor.AvroState on *S for fast restores.
+	State string
+	// Group is its processor's consumer group, and its processors'
+	// transactional ids are "{group}-{instance id}". Default
+	// "onceflow-processor-{topic prefix}".
+	Group string
+}
+
+func (a Aggregate[S]) aggregate() *aggregateSpec {
+	spec := &aggregateSpec{
+		name: a.Name, commands: a.Commands, state: a.State, group: a.Group,
+		stateType: processor.Snapshot[S]{},
+	}
+	if a.Decider != nil {
+		spec.commandTypes = a.Decider.CommandTypes()
+		spec.newProcessor = func(cfg processor.Config, kcfg kafka.Config, serdes processor.Serdes, logger *slog.Logger, reg prometheus.Registerer) (runner, error) {
+			return processor.New(cfg, kcfg, a.Decider, serdes, logger, reg)
+		}
+	}
+	return spec
+}
+
+// aggregateSpec is an Aggregate without its state type.
+type aggregateSpec struct {
+	name         string
+	commands     Schema
+	state        string
+	group        string
+	commandTypes []string // what the decider handles
+	stateType    any      // processor.Snapshot[S]{}, for the state serde
+	newProcessor func(processor.Config, kafka.Config, processor.Serdes, *slog.Logger, prometheus.Registerer) (runner, error)
+}
+
+// runner is a component that runs until its context ends.
+type runner interface {
+	Run(ctx context.Context) error
+	Ready() <-chan struct{}
+}
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
+
+// deployment is the domains one process runs, with the names of their
+// topics and consumers resolved.
+type deployment struct {
+	domains []*domain
+}
+
+// domain is a Domain with its prefix and topics.
+type domain struct {
+	*Domain
+	prefix     string
+	aggregates []*aggregateType
+}
+
+// aggregateType is an aggregate type with its topics and names.
+type aggregateType struct {
+	*aggregateSpec
+	domain *domain
+	topics kafka.Topics
+}
+
+// events is the domain's events topic.
+func (d *domain) events() string { return kafka.Topics{Prefix: d.prefix}.Events() }
+
+// consumer is the domain's projector's consumer name.
+func (d *domain) consumer() string {
+	if d.Consumer != "" {
+		return d.Consumer
+	}
+	return "onceflow-projector-" + d.prefix
+}
+
+// newDeployment checks the domains and resolves their names: prefix, if
+// not empty, replaces the one domain's name as its topic prefix
+// (ONCEFLOW_TOPIC_PREFIX); topics gives the partitions and retentions.
+func newDeployment(domains []*Domain, prefix string, topics kafka.Topics) (*deployment, error) {
+	if len(domains) == 0 {
+		return nil, errors.New("no domain: give onceflow.Main the domains to run")
+	}
+	if prefix != "" && len(domains) > 1 {
+		return nil, fmt.Errorf("ONCEFLOW_TOPIC_PREFIX %q names the topics of one domain; this deployment runs %d (each uses its name)", prefix, len(domains))
+	}
+	dep := &deployment{}
+	seenPrefix, seenType, seenRoute := map[string]string{}, map[string]string{}, map[string]string{}
+	for _, d := range domains {
+		if d == nil || !nameRE.MatchString(d.Name) {
+			return nil, fmt.Errorf("domain name %q: want lowercase letters, digits, '-' and '_', starting with a letter", nameOf(d))
+		}
+		rd := &domain{Domain: d, prefix: d.Name}
+		if prefix != "" {
+			rd.prefix = prefix
+		}
+		if other, dup := seenPrefix[rd.prefix]; dup {
+			return nil, fmt.Errorf("domains %s and %s have the same topic prefix %q", other, d.Name, rd.prefix)
+		}
+		seenPrefix[rd.prefix] = d.Name
+		if d.Events.Avro == "" {
+			return nil, fmt.Errorf("domain %s: the Events schema is required", d.Name)
+		}
+		if len(d.Aggregates) == 0 {
+			return nil, fmt.Errorf("domain %s: at least one aggregate type is required", d.Name)
+		}
+		for _, a := range d.Aggregates {
+			spec := a.aggregate()
+			if !nameRE.MatchString(spec.name) {
+				return nil, fmt.Errorf("domain %s: aggregate type name %q: want lowercase letters, digits, '-' and '_'", d.Name, spec.name)
+			}
+			if spec.newProcessor == nil || spec.commands.Avro == "" || spec.state == "" {
+				return nil, fmt.Errorf("domain %s, aggregate type %s: Decider, Commands and State are required", d.Name, spec.name)
+			}
+			t := topics
+			t.Prefix = rd.prefix
+			if len(d.Aggregates) > 1 {
+				t.Prefix = rd.prefix + "." + spec.name
+				t.EventsPrefix = rd.prefix
+			}
+			at := &aggregateType{aggregateSpec: spec, domain: rd, topics: t}
+			if at.group == "" {
+				at.group = "onceflow-processor-" + t.Prefix
+			}
+			for _, ct := range spec.commandTypes {
+				if other, dup := seenType[ct]; dup {
+					return nil, fmt.Errorf("command type %s is handled by %s and by %s/%s: a command type belongs to one aggregate type", ct, other, d.Name, spec.name)
+				}
+				seenType[ct] = d.Name + "/" + spec.name
+			}
+			rd.aggregates = append(rd.aggregates, at)
+		}
+		for _, r := range d.Routes {
+			if other, dup := seenRoute[r.Pattern]; dup {
+				return nil, fmt.Errorf("route %s is declared by %s and by %s", r.Pattern, other, d.Name)
+			}
+			seenRoute[r.Pattern] = d.Name
+		}
+		dep.domains = append(dep.domains, rd)
+	}
+	return dep, nil
+}
+
+func nameOf(d *Domain) string {
+	if d == nil {
+		return "<nil>"
+	}
+	return d.Name
+}
+
+// aggregates is every aggregate type of the deployment.
+func (dep *deployment) aggregates() []*aggregateType {
+	var out []*aggregateType
+	for _, d := range dep.domains {
+		out = append(out, d.aggregates...)
+	}
+	return out
+}
+
+// handler is the aggregate type that handles commandType, or nil.
+func (dep *deployment) handler(commandType string) *aggregateType {
+	for _, a := range dep.aggregates() {
+		for _, ct := range a.commandTypes {
+			if ct == commandType {
+				return a
+			}
+		}
+	}
+	return nil
+}
+
+// commandTypes lists every command type of the deployment, for usages.
+func (dep *deployment) commandTypes() string {
+	var out []string
+	for _, a := range dep.aggregates() {
+		out = append(out, a.commandTypes...)
+	}
+	return strings.Join(out, ", ")
+}

@@ -1,0 +1,133 @@
+package onceflow
+
+// Tests of the assembly's internals, with a domain of the ledger's
+// aggregate type that needs no application package (examples/ledger's
+// ledgerapp imports this one).
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/twmb/franz-go/pkg/kadm"
+)
+
+// testDomain is the ledger's aggregate type without its read models and
+// routes.
+func testDomain() *Domain {
+	var events, commands []pipeline.Message
+	for _, t := range ledger.EventTypes() {
+		events = append(events, t.(pipeline.Message))
+	}
+	for _, t := range ledger.CommandTypes() {
+		commands = append(commands, t.(pipeline.Message))
+	}
+	return &Domain{
+		Name:   "ledger",
+		Events: Schema{Avro: ledger.EventsSchema, Types: events},
+		Aggregates: []AggregateType{Aggregate[ledger.Account]{
+			Name: "account", Decider: ledger.NewDecider(), Commands: Schema{Avro: ledger.CommandsSchema, Types: commands}, State: ledger.AccountSchema,
+		}},
+	}
+}
+
+// testDeployment is testDomain's deployment with topics' prefix.
+func testDeployment(t testing.TB, topics kafka.Topics) *deployment {
+	t.Helper()
+	dep, err := newDeployment([]*Domain{testDomain()}, topics.Prefix, topics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dep
+}
+
+// LagSources lists every group of the cluster and every consumer with
+// offsets in Postgres once, Postgres winning.
+func TestLagSources(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := pipelinetest.Broker(t).Addrs()
+	topics := pipelinetest.Topics(t, brokers, 1)
+	pool, _ := pipelinetest.Pool(t)
+	adm := kadm.NewClient(pipelinetest.Client(t, brokers))
+	for _, g := range []string{"b", "a"} {
+		o := kadm.Offsets{}
+		o.Add(kadm.Offset{Topic: topics.Events(), Partition: 0, At: 0, LeaderEpoch: -1})
+		if _, err := adm.CommitOffsets(ctx, g, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, partition, next_offset) VALUES ('a', $1, 0, 0), ('c', $1, 0, 0)`, topics.Events()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*pgxpool.Pool{pool, nil} {
+		sources, err := lagSources(ctx, pipelinetest.Client(t, brokers), p, testDeployment(t, topics))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for _, s := range sources {
+			in := "kafka"
+			if s.Offsets != nil {
+				in = "postgres"
+			}
+			got += fmt.Sprintf("%s:%s ", s.Group, in)
+		}
+		want := "a:postgres b:kafka c:postgres "
+		if p == nil {
+			want = "a:kafka b:kafka "
+		}
+		if got != want {
+			t.Errorf("with pool %v: got %q, want %q", p != nil, got, want)
+		}
+	}
+}
+
+// A database on another machine reached without verified TLS gets a
+// warning at start; a local one does not.
+func TestWarnPlaintextDatabase(t *testing.T) {
+	t.Setenv("PGSSLMODE", "")
+	for _, tc := range []struct {
+		url  string
+		warn bool
+	}{
+		{"postgres://u:SECRET@db.example:5432/x?sslmode=disable", true},
+		{"postgres://u:SECRET@db.example:5432/x", true},
+		{"postgres://u:SECRET@db.example:5432/x?sslmode=verify-full", false},
+		{"postgres://u:SECRET@127.0.0.1:5432/x?sslmode=disable", false},
+	} {
+		var out strings.Builder
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // OpenDatabase warns, then stops at the canceled context
+		openDatabase(ctx, Config{DatabaseURL: tc.url, Logger: slog.New(slog.NewTextHandler(&out, nil))}, testDeployment(t, kafka.Topics{}), 1)
+		if got := strings.Contains(out.String(), "sslmode=verify-full"); got != tc.warn {
+			t.Errorf("%s: warned %v, want %v:\n%s", tc.url, got, tc.warn, out.String())
+		}
+		if strings.Contains(out.String(), "SECRET") {
+			t.Errorf("the warning quotes the password:\n%s", out.String())
+		}
+	}
+}
+
+// The dev stack's admin server and schema registry listen on loopback
+// unless told otherwise.
+func TestDevListensOnLoopback(t *testing.T) {
+	t.Parallel()
+	var dc DevConfig
+	dc.setDefaults()
+	if dc.AdminAddr != "127.0.0.1:9090" || dc.RegistryAddr != "127.0.0.1:8081" || dc.BrokerAddr != "127.0.0.1:9092" {
+		t.Errorf("dev defaults: admin %q registry %q broker %q, want each on 127.0.0.1", dc.AdminAddr, dc.RegistryAddr, dc.BrokerAddr)
+	}
+	dc = DevConfig{RunConfig: RunConfig{AdminAddr: ":9999"}}
+	dc.setDefaults()
+	if dc.AdminAddr != ":9999" {
+		t.Errorf("ADMIN_ADDR=:9999 became %q", dc.AdminAddr)
+	}
+}
