@@ -24,11 +24,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
@@ -96,7 +97,8 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 		done <- onceflow.RunDev(runCtx, onceflow.DevConfig{
 			RunConfig: onceflow.RunConfig{
 				Config: onceflow.Config{
-					Topics: topics, DatabaseURL: pipelinetest.DatabaseURL(t),
+					Domains: []*onceflow.Domain{ledgerapp.Domain()},
+					Topics:  topics, DatabaseURL: pipelinetest.DatabaseURL(t),
 					Logger: slog.New(slog.DiscardHandler), InstanceID: "consumers-test",
 				},
 				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
@@ -121,7 +123,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 		t.Fatal("onceflow dev did not start")
 	}
 	brokers := []string{addrs.Kafka}
-	api := &apiclient.Client{BaseURL: "http://" + addrs.HTTP, APIKey: apiKey}
+	api := &ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + addrs.HTTP, APIKey: apiKey}}
 
 	// The workload: two accounts, a deposit with a trace context and its
 	// retry (the same Idempotency-Key: one command), a rejected
@@ -161,6 +163,12 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 	}
 	commandIDs = append(commandIDs, first)
 	send(api.Withdraw(ctx, "wd-b", "acc-b", 5000)) // rejected: insufficient funds
+	// Decided before the transfer is sent: the transfer's credit reaches
+	// acc-b through acc-a's partition and the processor, and would
+	// otherwise race the withdrawal, sent through the outbox to acc-b's.
+	if cmd, err := api.WaitCommand(ctx, commandIDs[len(commandIDs)-1]); err != nil || cmd.Status != "rejected" {
+		t.Fatalf("withdrawal: %+v, %v", cmd, err)
+	}
 	send(api.Transfer(ctx, "tr-1", "t-1", "acc-a", "acc-b", 300))
 	for _, id := range commandIDs {
 		if cmd, err := api.WaitCommand(ctx, id); err != nil || cmd.Status == "pending" {
@@ -172,7 +180,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serdes, err := onceflow.NewSerdes(ctx, reg, topics)
+	serdes, err := onceflow.NewSerdes(ctx, reg, ledgerapp.Domain(), "", topics)
 	if err != nil {
 		t.Fatal(err)
 	}
