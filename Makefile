@@ -74,9 +74,10 @@ fuzz: ## run each fuzz target for FUZZ_TIME (default 30s)
 	done
 
 .PHONY: lint
-lint: ## gofmt, go vet and the module's tidiness
+lint: ## gofmt, go vet, the import rules (library, application, domains) and the module's tidiness
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) test -count=1 -run '^TestImportRules$$' .
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 .PHONY: clean
