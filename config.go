@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
@@ -129,18 +130,18 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 		}
 		return b
 	}
-	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", "168h"), "how long the processor remembers a command id after handling it; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
-	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", "10s"), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
-	fs.StringVar(&c.ProcessorMaxClockSkew, "processor-max-clock-skew", env("ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW", ""), "how far ahead of the processor's clock a command's record time may be; a later one goes to the DLQ (future-timestamp); empty: 15m (ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW)")
-	fs.IntVar(&c.ProcessorMaxCommandBytes, "processor-max-command-bytes", envInt("ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES", 0), "largest command record value the processor decides; a larger one goes to the DLQ (too-large); 0: 1 MiB (ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES)")
-	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", "10s"), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
-	parallelism := envInt("ONCEFLOW_PROJECTOR_PARALLELISM", 2)
+	fs.StringVar(&c.DedupWindow, "dedup-window", env("ONCEFLOW_DEDUP_WINDOW", processor.DefaultDedupWindow.String()), "how long the processor remembers a command id after handling it; at least the commands topic's retention (ONCEFLOW_DEDUP_WINDOW)")
+	fs.StringVar(&c.ProcessorSessionTimeout, "processor-session-timeout", env("ONCEFLOW_PROCESSOR_SESSION_TIMEOUT", processor.DefaultSessionTimeout.String()), "processor group session timeout; its transaction timeout is 8/10 of it (ONCEFLOW_PROCESSOR_SESSION_TIMEOUT)")
+	fs.StringVar(&c.ProcessorMaxClockSkew, "processor-max-clock-skew", env("ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW", ""), "how far ahead of the processor's clock a command's record time may be; a later one goes to the DLQ (future-timestamp); empty: "+processor.DefaultMaxClockSkew.String()+" (ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW)")
+	fs.IntVar(&c.ProcessorMaxCommandBytes, "processor-max-command-bytes", envInt("ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES", 0), "largest command record value the processor decides; a larger one goes to the DLQ (too-large); 0: "+strconv.Itoa(processor.DefaultMaxCommandBytes)+" (ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES)")
+	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", projector.DefaultSessionTimeout.String()), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
+	parallelism := envInt("ONCEFLOW_PROJECTOR_PARALLELISM", projector.DefaultParallelism)
 	fs.IntVar(&c.ProjectorParallelism, "projector-parallelism", parallelism, "transactions a projector runs at once over disjoint partitions of a batch (ONCEFLOW_PROJECTOR_PARALLELISM)")
-	fs.StringVar(&c.RelayLease, "relay-lease", env("ONCEFLOW_RELAY_LEASE", "10s"), "relay shard lease period: a silent relay's shards move to the others after it (ONCEFLOW_RELAY_LEASE)")
-	batch := envInt("ONCEFLOW_RELAY_BATCH_SIZE", 500)
+	fs.StringVar(&c.RelayLease, "relay-lease", env("ONCEFLOW_RELAY_LEASE", relay.DefaultLeaseDuration.String()), "relay shard lease period: a silent relay's shards move to the others after it (ONCEFLOW_RELAY_LEASE)")
+	batch := envInt("ONCEFLOW_RELAY_BATCH_SIZE", relay.DefaultBatchSize)
 	fs.IntVar(&c.RelayBatchSize, "relay-batch-size", batch, "outbox rows per relay Kafka transaction (ONCEFLOW_RELAY_BATCH_SIZE)")
-	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", "24h"), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
-	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", "1000"), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
+	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", pipeline.DefaultIdempotencyRetention.String()), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
+	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", strconv.Itoa(ingest.DefaultRateLimit)), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.LagExport, "lag-export", env("ONCEFLOW_LAG_EXPORT", ""), "which consumers' lag to export on /metrics: own (this process's; the components' default), cluster (every group and Postgres consumer, once per cluster; onceflow dev's default) or off (ONCEFLOW_LAG_EXPORT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
@@ -149,7 +150,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	secretVar(fs, &c.SchemaRegistryPassword, "schema-registry-password", "SCHEMA_REGISTRY_PASSWORD", getenv, "schema registry basic auth `password`")
 	fs.StringVar(&c.SchemaRegistryCAFile, "schema-registry-ca-file", env("SCHEMA_REGISTRY_CA_FILE", ""), "extra CA bundle (PEM) for an https schema registry (SCHEMA_REGISTRY_CA_FILE)")
 	fs.StringVar(&c.TopicPrefix, "topic-prefix", env("ONCEFLOW_TOPIC_PREFIX", ""), "the topic prefix of a deployment of one domain; empty: the domain's name (ONCEFLOW_TOPIC_PREFIX)")
-	parts := envInt("ONCEFLOW_PARTITIONS", 8)
+	parts := envInt("ONCEFLOW_PARTITIONS", kafka.DefaultPartitions)
 	fs.IntVar(&c.Partitions, "partitions", parts, "partitions of topics created at start (ONCEFLOW_PARTITIONS)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", env("HTTP_ADDR", ":8080"), "ingest HTTP address (HTTP_ADDR)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", env("ADMIN_ADDR", ""), "metrics and health address; empty is :9090, or 127.0.0.1:9090 in onceflow dev (ADMIN_ADDR)")
@@ -250,7 +251,7 @@ func (c *Common) dedupRetention() time.Duration {
 	if err != nil || window <= 0 {
 		return 0
 	}
-	return window + 24*time.Hour
+	return window + kafka.DedupRetentionSlack
 }
 
 // Processor returns the processor settings.

@@ -111,6 +111,11 @@ func ValidateLocalID(s string) error {
 // refuses to start against an outbox leased with another count.
 const DefaultOutboxShards = 16
 
+// DefaultIdempotencyRetention is how long ingest remembers an
+// Idempotency-Key unless configured otherwise, and after how long the
+// relay's janitor drops its partition: both ends of the outbox use it.
+const DefaultIdempotencyRetention = 24 * time.Hour
+
 // OutboxShard returns the outbox shard of an aggregate: FNV-1a of the
 // aggregate id modulo shards. A shard is shipped by one relay at a time, so
 // one aggregate's commands leave the outbox in the order they entered it.

@@ -57,6 +57,9 @@ type Config struct {
 	OnAccept func()
 }
 
+// DefaultRateLimit is each tenant's default rate, requests per second.
+const DefaultRateLimit = 1000
+
 func (c *Config) setDefaults() {
 	if c.Addr == "" {
 		c.Addr = ":8080"
@@ -65,7 +68,7 @@ func (c *Config) setDefaults() {
 		c.Shards = pipeline.DefaultOutboxShards
 	}
 	if c.IdempotencyRetention == 0 {
-		c.IdempotencyRetention = 24 * time.Hour
+		c.IdempotencyRetention = pipeline.DefaultIdempotencyRetention
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
@@ -74,7 +77,7 @@ func (c *Config) setDefaults() {
 		c.MaxStringBytes = pipeline.DefaultMaxStringBytes
 	}
 	if c.RateLimit == 0 {
-		c.RateLimit = 1000
+		c.RateLimit = DefaultRateLimit
 	}
 	if c.RateBurst == 0 {
 		c.RateBurst = max(1, int(2*c.RateLimit))

@@ -16,7 +16,8 @@ import (
 type Topics struct {
 	// Prefix starts every topic's name: the domain's (ONCEFLOW_TOPIC_PREFIX),
 	// or for one of a domain's several aggregate types
-	// "{domain prefix}.{aggregate type}". Default "ledger".
+	// "{domain prefix}.{aggregate type}". Default "onceflow"; the application
+	// always sets it.
 	Prefix string
 	// EventsPrefix, if set, starts the events topic's name instead of
 	// Prefix: a domain's aggregate types share one events topic,
@@ -40,24 +41,34 @@ type Topics struct {
 	DedupRetention time.Duration
 }
 
+// Topic defaults.
+const (
+	DefaultPartitions        = 8
+	DefaultCommandsRetention = 7 * 24 * time.Hour
+	// DedupRetentionSlack is how much longer than the processor's dedup
+	// window the dedup changelog keeps records: a day for the clocks of
+	// processors and brokers to disagree.
+	DedupRetentionSlack = 24 * time.Hour
+)
+
 func (t Topics) withDefaults() Topics {
 	if t.Prefix == "" {
-		t.Prefix = "ledger"
+		t.Prefix = "onceflow"
 	}
 	if t.Partitions == 0 {
-		t.Partitions = 8
+		t.Partitions = DefaultPartitions
 	}
 	if t.ReplicationFactor == 0 {
 		t.ReplicationFactor = -1
 	}
 	if t.CommandsRetention == 0 {
-		t.CommandsRetention = 7 * 24 * time.Hour
+		t.CommandsRetention = DefaultCommandsRetention
 	}
 	if t.DLQRetention == 0 {
 		t.DLQRetention = 30 * 24 * time.Hour
 	}
 	if t.DedupRetention == 0 {
-		t.DedupRetention = 8 * 24 * time.Hour
+		t.DedupRetention = DefaultCommandsRetention + DedupRetentionSlack
 	}
 	return t
 }

@@ -15,7 +15,7 @@ const DefaultGroup = "onceflow-processor"
 
 // Config configures a processor. Zero values mean the defaults.
 type Config struct {
-	// Topics names the topics. Required (a zero value means prefix "ledger").
+	// Topics names the topics. Required (a zero value means prefix "onceflow").
 	Topics kafka.Topics
 	// Group is the consumer group. Default DefaultGroup.
 	Group string
@@ -62,6 +62,15 @@ type Config struct {
 	now func() time.Time
 }
 
+// The defaults of Config's settings that the application also shows (its
+// flags say what an unset variable means).
+const (
+	DefaultDedupWindow     = 7 * 24 * time.Hour
+	DefaultSessionTimeout  = 10 * time.Second
+	DefaultMaxClockSkew    = 15 * time.Minute
+	DefaultMaxCommandBytes = 1 << 20
+)
+
 func (c *Config) setDefaults() error {
 	if c.Group == "" {
 		c.Group = DefaultGroup
@@ -78,16 +87,16 @@ func (c *Config) setDefaults() error {
 		return errors.New("processor: negative DedupWindow, MaxPollRecords, SessionTimeout, TransactionTimeout, MaxClockSkew, MaxCommandBytes or MaxStringBytes")
 	}
 	if c.MaxClockSkew == 0 {
-		c.MaxClockSkew = 15 * time.Minute
+		c.MaxClockSkew = DefaultMaxClockSkew
 	}
 	if c.MaxCommandBytes == 0 {
-		c.MaxCommandBytes = 1 << 20
+		c.MaxCommandBytes = DefaultMaxCommandBytes
 	}
 	if c.MaxStringBytes == 0 {
 		c.MaxStringBytes = pipeline.DefaultMaxStringBytes
 	}
 	if c.DedupWindow == 0 {
-		c.DedupWindow = 7 * 24 * time.Hour
+		c.DedupWindow = DefaultDedupWindow
 	}
 	if c.now == nil {
 		c.now = time.Now
@@ -96,7 +105,7 @@ func (c *Config) setDefaults() error {
 		c.MaxPollRecords = 5000
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
+		c.SessionTimeout = DefaultSessionTimeout
 	}
 	if c.TransactionTimeout == 0 {
 		c.TransactionTimeout = c.SessionTimeout * 8 / 10

@@ -54,6 +54,12 @@ type Config struct {
 	Hold Hold
 }
 
+// The defaults of Config's settings that the application also shows.
+const (
+	DefaultSessionTimeout = 10 * time.Second
+	DefaultParallelism    = 2
+)
+
 func (c *Config) setDefaults() error {
 	if c.Topic == "" {
 		return errors.New("projector: Topic is required")
@@ -68,10 +74,10 @@ func (c *Config) setDefaults() error {
 		c.MaxBackoff = 5 * time.Second
 	}
 	if c.Parallelism <= 0 {
-		c.Parallelism = 2
+		c.Parallelism = DefaultParallelism
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
+		c.SessionTimeout = DefaultSessionTimeout
 	}
 	if c.ParkCheckInterval == 0 {
 		c.ParkCheckInterval = 2 * time.Second

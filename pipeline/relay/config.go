@@ -60,6 +60,12 @@ type Config struct {
 	BacklogMetricsTTL time.Duration
 }
 
+// The defaults of Config's settings that the application also shows.
+const (
+	DefaultLeaseDuration = 10 * time.Second
+	DefaultBatchSize     = 500
+)
+
 func (c *Config) setDefaults() {
 	if c.InstanceID == "" {
 		c.InstanceID, _ = os.Hostname()
@@ -71,13 +77,13 @@ func (c *Config) setDefaults() {
 		c.Shards = pipeline.DefaultOutboxShards
 	}
 	if c.LeaseDuration == 0 {
-		c.LeaseDuration = 10 * time.Second
+		c.LeaseDuration = DefaultLeaseDuration
 	}
 	if c.TransactionalIDPrefix == "" {
 		c.TransactionalIDPrefix = "onceflow-relay"
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 500
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 100 * time.Millisecond
@@ -86,7 +92,7 @@ func (c *Config) setDefaults() {
 		c.MaxBackoff = 5 * time.Second
 	}
 	if c.IdempotencyRetention == 0 {
-		c.IdempotencyRetention = 24 * time.Hour
+		c.IdempotencyRetention = pipeline.DefaultIdempotencyRetention
 	}
 	if c.InboxRetention == 0 {
 		c.InboxRetention = 30 * 24 * time.Hour
