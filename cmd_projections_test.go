@@ -206,12 +206,8 @@ func TestProjectionsCommands(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			recs = append(recs, &kgo.Record{Topic: c.topics.Events(), Key: []byte(agg), Value: value, Headers: []kgo.RecordHeader{
-				{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID(agg, cmd, int(v)).String())},
-				{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
-				{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(v, 10))},
-				{Key: pipeline.HeaderTenant, Value: []byte("acme")},
-			}})
+			recs = append(recs, kafka.EventRecord(c.topics.Events(), pipeline.Event{ID: pipeline.EventID(agg, cmd, int(v)), CommandID: cmd,
+				Tenant: "acme", AggregateID: agg, Version: v, Payload: m}, value))
 		}
 	}
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {

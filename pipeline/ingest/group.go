@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -517,13 +518,11 @@ func (c *committer) inputs(batch []*acceptItem) *inputs {
 		id := pipeline.NewCommandID()
 		resp := acceptedResponse(id)
 		aggregateID := pipeline.AggregateID(it.tenant, it.localID)
-		h := map[string]string{
-			pipeline.HeaderCommandID:   id.String(),
-			pipeline.HeaderTenant:      it.tenant,
-			pipeline.HeaderCommandType: it.commandType,
-		}
-		if it.traceparent != "" {
-			h[pipeline.HeaderTraceparent] = it.traceparent
+		// The outbox keeps the command record's headers (the relay
+		// produces them as they are) as a JSON object.
+		h := map[string]string{}
+		for _, x := range kafka.CommandHeaders(id, it.tenant, it.commandType, it.traceparent) {
+			h[x.Key] = string(x.Value)
 		}
 		hj, _ := json.Marshal(h)
 		rh, _ := json.Marshal(resp.Headers)

@@ -256,20 +256,9 @@ func (b *batch[S]) remember(part int32, d digest) {
 // once key and headers checked out): the processor then records the
 // failure on the aggregate (deadLetter).
 func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
-	var idHdr, tenant, cmdType, traceparent []byte
-	var haveID, haveTenant bool
-	for _, h := range r.Headers {
-		switch h.Key {
-		case pipeline.HeaderCommandID:
-			idHdr, haveID = h.Value, true
-		case pipeline.HeaderTenant:
-			tenant, haveTenant = h.Value, true
-		case pipeline.HeaderCommandType:
-			cmdType = h.Value
-		case pipeline.HeaderTraceparent:
-			traceparent = h.Value
-		}
-	}
+	f := kafka.CommandFieldsOf(r)
+	idHdr, tenant, cmdType, traceparent := f.CommandID, f.Tenant, f.CommandType, f.Traceparent
+	haveID, haveTenant := f.HasCommandID, f.HasTenant
 	var cmd pipeline.Command
 	if !haveID || len(idHdr) == 0 {
 		return cmd, poisoned(ReasonMissingCommandID, "record has no %s header", pipeline.HeaderCommandID), nil
@@ -442,23 +431,7 @@ func (b *batch[S]) eventRecord(ev pipeline.Event) (*kgo.Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ev.Type(), err)
 	}
-	rec := &kgo.Record{
-		Topic: b.p.events, Key: []byte(ev.AggregateID), Value: value, Timestamp: ev.Time,
-		Headers: []kgo.RecordHeader{
-			{Key: pipeline.HeaderEventID, Value: []byte(ev.ID.String())},
-			{Key: pipeline.HeaderEventType, Value: []byte(ev.Type())},
-			{Key: pipeline.HeaderCommandID, Value: []byte(ev.CommandID.String())},
-			{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(ev.Version, 10))},
-			{Key: pipeline.HeaderTenant, Value: []byte(ev.Tenant)},
-		},
-	}
-	if ev.CommandType != "" {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderCommandType, Value: []byte(ev.CommandType)})
-	}
-	if ev.Traceparent != "" {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderTraceparent, Value: []byte(ev.Traceparent)})
-	}
-	return rec, nil
+	return kafka.EventRecord(b.p.events, ev, value), nil
 }
 
 func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*kgo.Record, error) {
@@ -470,7 +443,7 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	return CommandRecord(topic, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	return kafka.CommandRecord(topic, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.

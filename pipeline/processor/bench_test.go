@@ -129,7 +129,7 @@ func throughputRun(b *testing.B, broker *kafka.Broker, atLeastOnce bool, instanc
 			}
 			values[payload] = value
 		}
-		r, err := processor.CommandRecord(e.topics.Commands(), acc(i), pipeline.NewCommandID(), payload.MessageType(), value, t0.Add(time.Duration(i)*time.Microsecond), "")
+		r, err := kafka.CommandRecord(e.topics.Commands(), acc(i), pipeline.NewCommandID(), payload.MessageType(), value, t0.Add(time.Duration(i)*time.Microsecond), "")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -200,7 +200,7 @@ func (e *env) record(c cmd) *kgo.Record {
 		e.t.Fatal(err)
 	}
 	e.nextSeq++
-	r, err := processor.CommandRecord(e.topics.Commands(), c.aggregate, c.id, c.payload.MessageType(), value,
+	r, err := kafka.CommandRecord(e.topics.Commands(), c.aggregate, c.id, c.payload.MessageType(), value,
 		time.UnixMilli(e.t0+int64(e.nextSeq)), "")
 	if err != nil {
 		e.t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // JSONCommand is a command written as JSON, as `onceflow produce` reads it
@@ -83,7 +84,7 @@ func (c JSONCommand) Record(ctx context.Context, topic string, enc Encoder, type
 	if at.IsZero() {
 		at = now
 	}
-	r, err := CommandRecord(topic, c.AggregateID, id, msg.MessageType(), value, at, c.Traceparent)
+	r, err := kafka.CommandRecord(topic, c.AggregateID, id, msg.MessageType(), value, at, c.Traceparent)
 	return r, id, err
 }
 

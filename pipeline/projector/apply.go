@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -537,31 +537,10 @@ func stopAtParks(evs []event, parks []park) []event {
 // decode turns a record into an event; errors that are the record's own
 // fault wrap errPoison.
 func decode(ctx context.Context, dec Decoder, r *kgo.Record) (event, error) {
-	e := event{partition: r.Partition, offset: r.Offset, epoch: r.LeaderEpoch}
-	e.AggregateID = string(r.Key)
-	e.Time = r.Timestamp
-	var err error
-	for _, h := range r.Headers {
-		switch h.Key {
-		case pipeline.HeaderEventID:
-			e.ID, err = pipeline.ParseID(string(h.Value))
-		case pipeline.HeaderCommandID:
-			e.CommandID, err = pipeline.ParseID(string(h.Value))
-		case pipeline.HeaderAggregateVersion:
-			e.Version, err = strconv.ParseInt(string(h.Value), 10, 64)
-		case pipeline.HeaderTenant:
-			e.Tenant = string(h.Value)
-		case pipeline.HeaderCommandType:
-			e.CommandType = string(h.Value)
-		case pipeline.HeaderTraceparent:
-			e.Traceparent = string(h.Value)
-		}
-		if err != nil {
-			return e, fmt.Errorf("%w: %s: %v", errPoison, h.Key, err)
-		}
-	}
-	if e.ID.IsZero() {
-		return e, fmt.Errorf("%w: no %s header", errPoison, pipeline.HeaderEventID)
+	envelope, err := kafka.EventOf(r)
+	e := event{Event: envelope, partition: r.Partition, offset: r.Offset, epoch: r.LeaderEpoch}
+	if err != nil {
+		return e, fmt.Errorf("%w: %v", errPoison, err)
 	}
 	v, err := dec.Decode(ctx, r.Value)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -72,16 +71,7 @@ func (e *env) record(ev pipeline.Event) *kgo.Record {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return &kgo.Record{
-		Topic: e.topics.Events(), Key: []byte(ev.AggregateID), Value: value, Timestamp: ev.Time,
-		Headers: []kgo.RecordHeader{
-			{Key: pipeline.HeaderEventID, Value: []byte(ev.ID.String())},
-			{Key: pipeline.HeaderEventType, Value: []byte(ev.Type())},
-			{Key: pipeline.HeaderCommandID, Value: []byte(ev.CommandID.String())},
-			{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(ev.Version, 10))},
-			{Key: pipeline.HeaderTenant, Value: []byte(ev.Tenant)},
-		},
-	}
+	return kafka.EventRecord(e.topics.Events(), ev, value)
 }
 
 // produce writes records and returns where each landed.

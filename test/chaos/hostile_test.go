@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
@@ -129,7 +130,7 @@ func (h hostileTarget) command(p pipeline.Message) *kgo.Record {
 	if err != nil {
 		panic(err) // the serde is ours; this is a bug
 	}
-	r, err := processor.CommandRecord(h.w.topic, pipeline.AggregateID(h.tenant, h.account), pipeline.NewCommandID(), p.MessageType(), value, time.Now(), "")
+	r, err := kafka.CommandRecord(h.w.topic, pipeline.AggregateID(h.tenant, h.account), pipeline.NewCommandID(), p.MessageType(), value, time.Now(), "")
 	if err != nil {
 		panic(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // sent is one command the workload knows the pipeline accepted: a 2xx over
@@ -267,14 +268,11 @@ func (w *workload) produceDeposit(ctx context.Context, id pipeline.ID, tenant, a
 		panic(err) // the serde is ours; this is a bug
 	}
 	rec := func() *kgo.Record {
-		return &kgo.Record{
-			Topic: w.topic, Key: []byte(pipeline.AggregateID(tenant, acct)), Value: value,
-			Headers: []kgo.RecordHeader{
-				{Key: pipeline.HeaderCommandID, Value: []byte(id.String())},
-				{Key: pipeline.HeaderTenant, Value: []byte(tenant)},
-				{Key: pipeline.HeaderCommandType, Value: []byte("Deposit")},
-			},
+		r, err := kafka.CommandRecord(w.topic, pipeline.AggregateID(tenant, acct), id, ledger.Deposit{}.MessageType(), value, time.Time{}, "")
+		if err != nil {
+			panic(err) // the account ids are ours; this is a bug
 		}
+		return r
 	}
 	for ctx.Err() == nil {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)

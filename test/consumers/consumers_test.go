@@ -31,7 +31,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
-	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
 // python returns a Python 3 that has confluent_kafka and avro, or skips.
@@ -195,7 +194,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 		id    pipeline.ID
 		value []byte
 	}{{twice, value}, {twice, value}, {poison, []byte("not avro")}} {
-		rec, err := processor.CommandRecord(topics.Commands(), onceflow.DemoTenant+"/acc-a", c.id, "Deposit", c.value, time.Time{}, "")
+		rec, err := kafka.CommandRecord(topics.Commands(), onceflow.DemoTenant+"/acc-a", c.id, "Deposit", c.value, time.Time{}, "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
@@ -115,7 +116,7 @@ func TestHostileProducer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec, err := processor.CommandRecord(topic, aggregate, id, payload.MessageType(), value, time.Now(), "")
+		rec, err := kafka.CommandRecord(topic, aggregate, id, payload.MessageType(), value, time.Now(), "")
 		if err != nil {
 			t.Fatal(err)
 		}

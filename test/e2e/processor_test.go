@@ -22,7 +22,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
-	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
 // Processor processes run with a short session timeout so a paused one is
@@ -110,7 +109,7 @@ func (r *procRig) command(m *procModel, aggregate string, payload pipeline.Messa
 		r.t.Fatal(err)
 	}
 	id := pipeline.NewCommandID()
-	rec, err := processor.CommandRecord(r.topics().Commands(), aggregate, id, payload.MessageType(), value, time.Now(), "")
+	rec, err := kafka.CommandRecord(r.topics().Commands(), aggregate, id, payload.MessageType(), value, time.Now(), "")
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
@@ -99,16 +100,8 @@ func (r *projRig) produce(ctx context.Context, n int) {
 		if err != nil {
 			r.t.Fatal(err)
 		}
-		recs = append(recs, &kgo.Record{
-			Topic: r.Prefix + ".events", Key: []byte("acme/" + id), Value: value,
-			Headers: []kgo.RecordHeader{
-				{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID("acme/"+id, cmd, 0).String())},
-				{Key: pipeline.HeaderEventType, Value: []byte(m.MessageType())},
-				{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
-				{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(a.version, 10))},
-				{Key: pipeline.HeaderTenant, Value: []byte("acme")},
-			},
-		})
+		recs = append(recs, kafka.EventRecord(r.Prefix+".events", pipeline.Event{ID: pipeline.EventID("acme/"+id, cmd, 0), CommandID: cmd,
+			Tenant: "acme", AggregateID: "acme/" + id, Version: a.version, Payload: m}, value))
 	}
 	r.events += n
 	if err := r.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
@@ -266,12 +259,8 @@ func TestProjectorParksOutOfOrderEvent(t *testing.T) {
 	mk := func(version int64) *kgo.Record {
 		cmd := pipeline.NewCommandID()
 		value, _ := r.serdes.Events.Encode(ctx, ledger.Deposited{Amount: 1})
-		return &kgo.Record{Topic: r.Prefix + ".events", Key: []byte("acme/acc-0"), Value: value, Headers: []kgo.RecordHeader{
-			{Key: pipeline.HeaderEventID, Value: []byte(pipeline.EventID("acme/acc-0", cmd, 0).String())},
-			{Key: pipeline.HeaderCommandID, Value: []byte(cmd.String())},
-			{Key: pipeline.HeaderAggregateVersion, Value: []byte(strconv.FormatInt(version, 10))},
-			{Key: pipeline.HeaderTenant, Value: []byte("acme")},
-		}}
+		return kafka.EventRecord(r.Prefix+".events", pipeline.Event{ID: pipeline.EventID("acme/acc-0", cmd, 0), CommandID: cmd,
+			Tenant: "acme", AggregateID: "acme/acc-0", Version: version, Payload: ledger.Deposited{Amount: 1}}, value)
 	}
 	gap := mk(a.version + 2)
 	if err := r.cl.ProduceSync(ctx, gap, mk(a.version+1)).FirstErr(); err != nil {
