@@ -17,8 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -71,7 +71,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if dc.GroupMinSessionTimeout > 0 {
 		brokerOpts = append(brokerOpts, kfake.GroupMinSessionTimeout(dc.GroupMinSessionTimeout))
 	}
-	broker, err := kafka.StartBroker(kafka.BrokerConfig{
+	broker, err := devbroker.Start(devbroker.Config{
 		Addr:    dc.BrokerAddr,
 		DataDir: filepath.Join(dc.DataDir, "kafka"),
 		Logger:  logger,

@@ -11,15 +11,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // Broker starts an in-memory embedded broker for the test, closed when the
 // test ends. Group session timeouts may go down to 100ms so tests of
 // rebalances and zombies run quickly.
-func Broker(t testing.TB, opts ...kfake.Opt) *kafka.Broker {
+func Broker(t testing.TB, opts ...kfake.Opt) *devbroker.Broker {
 	t.Helper()
-	b, err := kafka.StartBroker(kafka.BrokerConfig{
+	b, err := devbroker.Start(devbroker.Config{
 		Addr: "127.0.0.1:0",
 		Opts: append([]kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}, opts...),
 	})

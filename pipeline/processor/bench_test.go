@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
@@ -104,7 +105,7 @@ func cpuTime() time.Duration {
 // command. With remembered > 0, the first account's partition starts out
 // remembering that many command ids of that account (written to the dedup
 // changelog as a processor would have), inside the window.
-func throughputRun(b *testing.B, broker *kafka.Broker, atLeastOnce bool, instance string, n, accounts, remembered int) (cmdsPerSec, cpuPerCmd, commitMs, batchMs float64) {
+func throughputRun(b *testing.B, broker *devbroker.Broker, atLeastOnce bool, instance string, n, accounts, remembered int) (cmdsPerSec, cpuPerCmd, commitMs, batchMs float64) {
 	b.Helper()
 	ctx := context.Background()
 	e := benchEnv(b, broker, 8)
@@ -198,7 +199,7 @@ func histogram(b *testing.B, reg *prometheus.Registry, name string) (float64, ui
 }
 
 // benchEnv is an env on a shared broker (fresh topics).
-func benchEnv(b *testing.B, broker *kafka.Broker, partitions int32) *env {
+func benchEnv(b *testing.B, broker *devbroker.Broker, partitions int32) *env {
 	b.Helper()
 	topics := pipelinetest.Topics(b, broker.Addrs(), partitions)
 	s, err := newSerdes(context.Background(), avro.NewEmbedded(), topics)

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
@@ -23,7 +24,7 @@ import (
 // env is one test's broker, topics, serdes and a plain client.
 type env struct {
 	t       testing.TB
-	broker  *kafka.Broker
+	broker  *devbroker.Broker
 	kcfg    kafka.Config
 	topics  kafka.Topics
 	serdes  serdes

@@ -137,7 +137,7 @@ func (p *Proc) Kill() {
 }
 
 // CrashBroker crashes an embedded broker (`onceflow dev`) between two of
-// its requests: SIGUSR1, see kafka.Broker.CrashAtNextRequest. It waits for
+// its requests: SIGUSR1, see devbroker.Broker.CrashAtNextRequest. It waits for
 // the exit, and kills the process if it has not exited within 10s.
 func (p *Proc) CrashBroker() {
 	if p.Exited() {

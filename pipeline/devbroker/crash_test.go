@@ -1,4 +1,4 @@
-package kafka
+package devbroker
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -15,7 +16,7 @@ import (
 func openTransaction(t *testing.T, dir, topic string) (*Broker, *kgo.Client) {
 	t.Helper()
 	ctx := context.Background()
-	b, err := StartBroker(BrokerConfig{Addr: "127.0.0.1:0", DataDir: dir})
+	b, err := Start(Config{Addr: "127.0.0.1:0", DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func committedValues(t *testing.T, addrs []string, topic string) []string {
 	}
 	defer cl.Close()
 	var out []string
-	err = ReadPartition(context.Background(), cl, topic, 0, true, func(r *kgo.Record) error {
+	err = kafka.ReadPartition(context.Background(), cl, topic, 0, true, func(r *kgo.Record) error {
 		out = append(out, string(r.Value))
 		return nil
 	})
@@ -76,7 +77,7 @@ func TestCrashImageAbortsOpenTransactionOnDisk(t *testing.T) {
 		t.Fatalf("open transactions in the crash image: %+v, want one on crash/0", open)
 	}
 
-	b2, err := StartBroker(BrokerConfig{Addr: "127.0.0.1:0", DataDir: image})
+	b2, err := Start(Config{Addr: "127.0.0.1:0", DataDir: image})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func TestCleanStopKeepsOpenTransaction(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, cleanStopFile)); err != nil {
 		t.Fatalf("no clean-stop mark after Close: %v", err)
 	}
-	b2, err := StartBroker(BrokerConfig{Addr: addr, DataDir: dir})
+	b2, err := Start(Config{Addr: addr, DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestCleanStopKeepsOpenTransaction(t *testing.T) {
 	if err := os.CopyFS(image, os.DirFS(dir)); err != nil {
 		t.Fatal(err)
 	}
-	b3, err := StartBroker(BrokerConfig{Addr: "127.0.0.1:0", DataDir: image})
+	b3, err := Start(Config{Addr: "127.0.0.1:0", DataDir: image})
 	if err != nil {
 		t.Fatal(err)
 	}

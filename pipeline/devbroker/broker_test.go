@@ -1,4 +1,4 @@
-package kafka_test
+package devbroker_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
@@ -17,7 +18,7 @@ func TestBrokerDataDirSurvivesRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
-	b, err := kafka.StartBroker(kafka.BrokerConfig{Addr: "127.0.0.1:0", DataDir: dir})
+	b, err := devbroker.Start(devbroker.Config{Addr: "127.0.0.1:0", DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +34,7 @@ func TestBrokerDataDirSurvivesRestart(t *testing.T) {
 	cl.Close()
 	b.Close()
 
-	b2, err := kafka.StartBroker(kafka.BrokerConfig{Addr: addrs[0], DataDir: dir})
+	b2, err := devbroker.Start(devbroker.Config{Addr: addrs[0], DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,9 @@
-package kafka
+// Package devbroker is the embedded Kafka-compatible broker that `onceflow
+// dev` and the tests run: franz-go's kfake with a data directory, so its
+// topics survive restarts, and the repair of what a crash of it leaves
+// (crash.go; docs/decisions.md). It is a development broker; the Kafka
+// client adapter is package kafka.
+package devbroker
 
 import (
 	"context"
@@ -12,8 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// BrokerConfig configures the embedded broker.
-type BrokerConfig struct {
+// Config configures the embedded broker.
+type Config struct {
 	// Addr is host:port to listen on. The host must be 127.0.0.1 (kfake
 	// listens on loopback only). Port 0 picks a free port. Default
 	// "127.0.0.1:9092".
@@ -43,8 +48,8 @@ type Broker struct {
 	dataDir string
 }
 
-// StartBroker starts the broker and returns once it listens.
-func StartBroker(cfg BrokerConfig) (*Broker, error) {
+// Start starts the broker and returns once it listens.
+func Start(cfg Config) (*Broker, error) {
 	addr := cfg.Addr
 	if addr == "" {
 		addr = "127.0.0.1:9092"
