@@ -51,6 +51,10 @@ type Config struct {
 	RequestTimeout time.Duration
 	// MaxWait caps the ?wait= of GET /v1/commands/{id}. Default 30s.
 	MaxWait time.Duration
+	// WaitPoll is how often a ?wait= reads its command again when no
+	// notification of the projector woke it (one may be lost with its
+	// connection). Default 500ms.
+	WaitPoll time.Duration
 	// OnAccept, if set, is called after each transaction that accepted
 	// commands commits: `onceflow dev` wires it to the relay's wake-up so
 	// commands leave the outbox at once instead of at the next poll.
@@ -93,6 +97,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = 30 * time.Second
+	}
+	if c.WaitPoll == 0 {
+		c.WaitPoll = 500 * time.Millisecond
 	}
 }
 

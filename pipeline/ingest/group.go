@@ -22,6 +22,7 @@ import (
 // acceptItem is one validated request waiting for an accept transaction.
 type acceptItem struct {
 	ctx         context.Context // the request's: one that ended before its batch began is dropped
+	arrived     time.Time       // when the request came in, for the command's age at commit
 	tenant, key string
 	keyHash     []byte // the API key's hash, checked again in the transaction
 	route       string // the route pattern, kept with the key for operators
@@ -87,6 +88,7 @@ type committer struct {
 	logger  *slog.Logger
 	metrics *metrics
 	queue   chan *acceptItem
+	wake    *wakeups // tells the relays of each commit; nil in tests of the committer alone
 }
 
 func newCommitter(pool *pgxpool.Pool, cfg Config, logger *slog.Logger, m *metrics) *committer {
@@ -276,6 +278,15 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 		c.metrics.accepted.Add(float64(n))
 		if c.cfg.OnAccept != nil {
 			c.cfg.OnAccept()
+		}
+		if c.wake != nil {
+			c.wake.accepted()
+		}
+		now := time.Now()
+		for i, it := range batch {
+			if results[i].outcome == outcomeAccepted {
+				c.metrics.age.Observe(now.Sub(it.arrived).Seconds())
+			}
 		}
 	}
 }

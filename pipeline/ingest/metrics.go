@@ -1,6 +1,9 @@
 package ingest
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	requests  *prometheus.CounterVec
@@ -11,10 +14,16 @@ type metrics struct {
 
 	batchSize     prometheus.Histogram
 	batchDuration prometheus.Histogram
+	age           prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
+		age: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_api_command_age_seconds",
+			Help:    "Age of a command when the transaction that accepted it committed, from its request's arrival: the first stage of its way.",
+			Buckets: pipeline.StageAgeBuckets,
+		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_api_requests_total",
 			Help: "HTTP requests answered, by route and status code.",
@@ -47,6 +56,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
 		}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted, m.batchSize, m.batchDuration)
+	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted, m.batchSize, m.batchDuration, m.age)
 	return m
 }

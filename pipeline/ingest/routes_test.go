@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // Every command route (docs/ingest.md#routes) puts the right command, on
@@ -350,5 +352,50 @@ func TestCommandWait(t *testing.T) {
 	}
 	if r := s.do(t, req{method: http.MethodGet, path: "/v1/commands/not-a-uuid?wait=5s", apiKey: key}); r.Status != http.StatusNotFound {
 		t.Errorf("malformed id: got %s, want 404", r)
+	}
+}
+
+// A ?wait= answers when the projector notifies its command's outcome
+// (postgres.OutcomesChannel), not at its next read: here the reads
+// without a notification are a minute apart, so only the notification can
+// answer it in time. A notification of other commands does not.
+func TestCommandWaitWakesOnNotification(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := ledgerPool(t)
+	s := startServer(t, pool, ingest.Config{WaitPoll: time.Minute})
+	key := tenant(t, pool, "acme")
+	id := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "o", body: `{"account_id":"a","currency":"EUR"}`}))
+	done := make(chan response, 1)
+	go func() {
+		done <- s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + id + "?wait=30s", apiKey: key})
+	}()
+	time.Sleep(200 * time.Millisecond) // the request is waiting
+	if _, err := pool.Exec(ctx, `UPDATE command_status SET status = 'accepted' WHERE command_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	other := postgres.OutcomePayloads([]pipeline.ID{pipeline.NewCommandID()})
+	if err := postgres.Notify(ctx, pool, postgres.OutcomesChannel, other...); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("answered %s after another command's notification", r)
+	case <-time.After(time.Second):
+	}
+	start := time.Now()
+	if err := postgres.Notify(ctx, pool, postgres.OutcomesChannel, postgres.OutcomePayloads([]pipeline.ID{pipeline.MustParseID(id)})...); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		var body map[string]any
+		json.Unmarshal(r.Body, &body)
+		if r.Status != 200 || body["status"] != "accepted" {
+			t.Fatalf("woken: %s", r)
+		}
+		t.Logf("answered %v after the notification", time.Since(start))
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting request did not answer after its command's notification")
 	}
 }

@@ -38,6 +38,7 @@ type Server struct {
 	limiter   *limiter
 	keys      keyCache
 	committer *committer
+	wake      *wakeups
 	mux       *http.ServeMux
 	routes    []string // the API's routes, "METHOD /path", for the OpenAPI check
 }
@@ -60,8 +61,10 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 		cfg: cfg, pool: pool, logger: logger, metrics: m,
 		limiter:   newLimiter(cfg.RateLimit, cfg.RateBurst),
 		committer: newCommitter(pool, cfg, logger, m),
+		wake:      newWakeups(pool, logger),
 		mux:       http.NewServeMux(),
 	}
+	s.committer.wake = s.wake
 	seen := map[string]bool{commandPattern: true}
 	for i := range routes {
 		r := routes[i]
@@ -174,6 +177,7 @@ var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[
 // (tenant, Idempotency-Key) in a shared transaction (see the package doc).
 func (s *Server) accept(route *Route) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
+		start := time.Now()
 		key, p := idempotencyKey(r)
 		if p != nil {
 			return p
@@ -191,7 +195,7 @@ func (s *Server) accept(route *Route) handlerFunc {
 			return s.internal(r, fmt.Errorf("encode %s: %w", cmd.payload.MessageType(), err))
 		}
 		it := &acceptItem{
-			ctx: r.Context(), tenant: c.tenant, keyHash: c.keyHash, key: key, route: r.Pattern,
+			ctx: r.Context(), arrived: start, tenant: c.tenant, keyHash: c.keyHash, key: key, route: r.Pattern,
 			hash: requestHash(cmd), localID: cmd.localID, commandType: cmd.payload.MessageType(), topic: route.Topic, value: value,
 		}
 		if tp := r.Header.Get("traceparent"); traceparentRe.MatchString(tp) {
@@ -274,9 +278,11 @@ const getCommandSQL = `SELECT aggregate_id, status, command_type, reason, detail
 // getCommand answers a command's status. With ?wait=D (a Go duration such
 // as 5s, or seconds) it long-polls: it answers as soon as the status is
 // terminal (accepted, rejected or failed), or with the pending status after
-// D (capped at MaxWait). It polls the row with a growing interval (10ms to
-// 200ms) rather than holding a connection or listening for notifications,
-// so a waiting client costs a goroutine and a few cheap reads.
+// D (capped at MaxWait). The projector notifies the outcomes it commits
+// (wakeups), so the row is read again when its command's outcome may be in
+// it, and at least every WaitPoll besides, for a notification the
+// listening connection missed: a waiting client costs a goroutine and a
+// few cheap reads.
 // ?aggregate_id= chooses among commands of the same id (getCommandSQL).
 func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller caller) *Problem {
 	wait, p := parseWait(r.URL.Query().Get("wait"), s.cfg.MaxWait)
@@ -298,8 +304,8 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 		return errNotFound
 	}
 	deadline := time.Now().Add(wait)
-	delay := 10 * time.Millisecond
 	for {
+		woken, forget := s.wake.wait(id)
 		c, err := s.loadCommand(r.Context(), id, caller.tenant, aggregate)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Ingest writes the pending row with the command, so a command
@@ -311,15 +317,18 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 		}
 		left := time.Until(deadline)
 		if c.Status != "pending" || left <= 0 {
+			forget()
 			writeJSON(w, http.StatusOK, c)
 			return nil
 		}
 		select {
 		case <-r.Context().Done():
+			forget()
 			return nil // the client is gone
-		case <-time.After(min(delay, left)):
+		case <-woken:
+		case <-time.After(min(s.cfg.WaitPoll, left)):
+			forget()
 		}
-		delay = min(2*delay, 200*time.Millisecond)
 	}
 }
 
@@ -382,10 +391,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// flight wait for their transactions.
 	cctx, stopCommitters := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		s.committer.run(cctx)
+	}()
+	go func() {
+		defer wg.Done()
+		s.wake.run(cctx)
 	}()
 	defer func() {
 		stopCommitters()

@@ -86,6 +86,7 @@ type batch[S any] struct {
 	freshSet map[partDigest]struct{}
 
 	accepted, rejected, dedup int
+	decidedAt                 []int64 // the times (unix ms) of the commands decided, for their age at commit
 	dlq                       map[string]int
 	failed                    error    // a transient failure: the batch aborts
 	setAside                  []digest // refused commands this batch sent to the DLQ
@@ -223,6 +224,7 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	} else {
 		b.accepted++
 	}
+	b.decidedAt = append(b.decidedAt, cmd.Time.UnixMilli())
 	agg.snap.State, agg.snap.Version = out.state, out.version
 	agg.snap.forget(b.now - b.p.cfg.DedupWindow.Milliseconds())
 	agg.dirty, agg.last = true, d
@@ -640,6 +642,10 @@ func (b *batch[S]) commit() {
 	}
 	p.updateGaugesLocked()
 	p.mu.Unlock()
+	now := time.Now().UnixMilli()
+	for _, at := range b.decidedAt {
+		p.metrics.age.Observe(float64(max(now-at, 0)) / 1000)
+	}
 	p.metrics.commands.WithLabelValues("accepted").Add(float64(b.accepted))
 	p.metrics.commands.WithLabelValues("rejected").Add(float64(b.rejected))
 	p.metrics.dedup.Add(float64(b.dedup))

@@ -1,6 +1,9 @@
 package processor
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	commands     *prometheus.CounterVec
@@ -16,6 +19,7 @@ type metrics struct {
 	rememberedIDs prometheus.Gauge
 	dedupBytes    prometheus.Gauge
 	snapshotBytes prometheus.Histogram
+	age           prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -70,6 +74,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "onceflow_processor_dedup_memory_bytes",
 			Help: "Memory held by the dedup memory of the assigned partitions: the remembered ids and their index.",
 		}),
+		age: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_processor_command_age_seconds",
+			Help:    "Age of a command when the transaction that decided it committed, from its time (the record's timestamp: ingest's accept for commands from the outbox).",
+			Buckets: pipeline.StageAgeBuckets,
+		}),
 		snapshotBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceflow_processor_snapshot_size_bytes",
 			Help:    "Size of the aggregate snapshots written to the state topic.",
@@ -77,6 +86,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.aggregates, m.sessions,
-		m.rememberedIDs, m.dedupBytes, m.snapshotBytes)
+		m.rememberedIDs, m.dedupBytes, m.snapshotBytes, m.age)
 	return m
 }

@@ -63,6 +63,10 @@ type applier struct {
 	// notBefore, if set, is when the consumer first wrote to the inbox
 	// (less the clock skew): a rebuild's consumer has no older rows.
 	notBefore time.Time
+	// committed, if set, is told the events of each transaction that
+	// committed (the live projector's: their age, and the outcomes it
+	// notifies).
+	committed func(evs []event)
 }
 
 const (
@@ -148,6 +152,9 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return result{}, fmt.Errorf("commit: %w", err)
+		}
+		if a.committed != nil {
+			a.committed(evs)
 		}
 		if a.hold != nil {
 			a.hold(HoldAfterCommit, 0)

@@ -1,6 +1,10 @@
 package projector
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pipeline"
+)
 
 type metrics struct {
 	applied    prometheus.Counter
@@ -11,6 +15,7 @@ type metrics struct {
 	errors     *prometheus.CounterVec // by class (retryClasses)
 	retrying   *prometheus.GaugeVec   // by class (retryClasses)
 	batch      prometheus.Histogram
+	age        prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
@@ -41,6 +46,10 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 			Name: "onceflow_projector_batch_duration_seconds", Help: "Time to apply one batch in Postgres.", ConstLabels: l,
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		age: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "onceflow_projector_event_age_seconds", Help: "Age of an event when the transaction that applied it to the read models committed, from its time (its command's): the last stage of a command's way.", ConstLabels: l,
+			Buckets: pipeline.StageAgeBuckets,
+		}),
 	}
 	// Every series exists from the start, at zero, so a rate or an alert
 	// sees the first increase.
@@ -51,6 +60,6 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 		m.errors.WithLabelValues(c)
 		m.retrying.WithLabelValues(c)
 	}
-	reg.MustRegister(m.applied, m.duplicates, m.fenced, m.gaps, m.parked, m.errors, m.retrying, m.batch)
+	reg.MustRegister(m.applied, m.duplicates, m.fenced, m.gaps, m.parked, m.errors, m.retrying, m.batch, m.age)
 	return m
 }

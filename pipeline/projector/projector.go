@@ -122,7 +122,7 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 	if err := checkNames(projections); err != nil {
 		return nil, err
 	}
-	return &Projector{
+	p := &Projector{
 		cfg: cfg, kafka: kcfg, pool: pool, dec: dec,
 		app:      &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold},
 		logger:   logger.With("component", "projector", "consumer", cfg.Consumer),
@@ -130,7 +130,36 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 		parked:   make(map[int32]park),
 		retrying: make(map[int32]retrying),
 		ready:    make(chan struct{}),
-	}, nil
+	}
+	p.app.committed = p.committed
+	return p, nil
+}
+
+// committed is told the events of each transaction that committed: it
+// observes their age and tells ingest which commands' outcomes may have
+// changed (postgres.OutcomesChannel), so their ?wait= answer at once. The
+// notification follows the commit, in its own statement: see
+// postgres.Notify.
+func (p *Projector) committed(evs []event) {
+	now := time.Now()
+	ids := make([]pipeline.ID, 0, len(evs))
+	seen := make(map[pipeline.ID]bool, len(evs))
+	for _, e := range evs {
+		p.metrics.age.Observe(max(now.Sub(e.Time).Seconds(), 0))
+		if !seen[e.CommandID] {
+			seen[e.CommandID] = true
+			ids = append(ids, e.CommandID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := postgres.Notify(ctx, p.pool, postgres.OutcomesChannel, postgres.OutcomePayloads(ids)...); err != nil {
+		// A waiter polls too: a lost notification costs it waitPoll.
+		p.logger.Debug("notify outcomes", "err", err)
+	}
 }
 
 func checkNames(projections []pipeline.Projection[pgx.Tx]) error {

@@ -124,6 +124,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	g.Go(func() error { return r.keep(gctx) })
 	g.Go(func() error { return r.dispatch(gctx) })
 	g.Go(func() error { return r.vacuum(gctx) })
+	// Ingest processes notify after they commit outbox rows: a relay in
+	// another process wakes within a round trip instead of at its next
+	// poll, which stays for notifications a lost connection missed.
+	g.Go(func() error {
+		return postgres.Listen(gctx, r.pool, postgres.OutboxChannel, r.logger, func(string) { r.Wake() })
+	})
 	err := g.Wait()
 
 	// Workers see ctx end, finish their batch and release their leases.

@@ -27,6 +27,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/relay"
 )
 
@@ -155,10 +156,9 @@ func (e *env) insertOne(t *testing.T, q interface {
 }, agg string, seq, valueBytes int) command {
 	t.Helper()
 	id := pipeline.NewCommandID()
-	headers := map[string]string{
-		pipeline.HeaderCommandID:   id.String(),
-		pipeline.HeaderTenant:      strings.SplitN(agg, "/", 2)[0],
-		pipeline.HeaderCommandType: "Deposit",
+	headers := map[string]string{}
+	for _, h := range kafka.CommandHeaders(id, strings.SplitN(agg, "/", 2)[0], "Deposit", "") {
+		headers[h.Key] = string(h.Value)
 	}
 	// Random bytes: the size limits under test apply to compressed
 	// batches.
@@ -1079,4 +1079,33 @@ func TestVacuumsTheOutbox(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A relay whose ingest runs in another process wakes on the notification
+// ingest sends after each commit (postgres.OutboxChannel), long before its
+// next poll; without one, a row waits for the poll.
+func TestWakesOnNotification(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(t, relay.Config{PollInterval: time.Minute})
+	// The first poll runs at start: let it pass, with nothing to ship.
+	time.Sleep(500 * time.Millisecond)
+	ctx := context.Background()
+	for round := range 3 {
+		e.insertOne(t, e.pool, "acme/acc-1", round, 16)
+		start := time.Now()
+		if err := postgres.Notify(ctx, e.pool, postgres.OutboxChannel); err != nil {
+			t.Fatal(err)
+		}
+		e.waitEmpty(t, 10*time.Second)
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("round %d: shipped %v after the notification, want it well before the next poll", round, took)
+		}
+	}
+	// Without a notification the row waits for the poll, a minute away.
+	e.insertOne(t, e.pool, "acme/acc-1", 3, 16)
+	time.Sleep(time.Second)
+	if n := e.backlog(t); n != 1 {
+		t.Errorf("without a notification: %d rows in the outbox after a second, want 1 (the relay should not have looked)", n)
+	}
 }

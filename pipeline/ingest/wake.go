@@ -1,0 +1,125 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+)
+
+// wakeups are ingest's two ends of the components' notifications
+// (docs/decisions.md, "Waking up without polling"): after a transaction
+// commits outbox rows it tells the relays (OutboxChannel), and it listens
+// for the projector's committed outcomes (OutcomesChannel) to answer
+// GET /v1/commands/{id}?wait= as soon as the outcome is in command_status.
+type wakeups struct {
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+
+	committed chan struct{} // a commit to tell the relays about; 1 slot: commits coalesce
+
+	mu      sync.Mutex
+	waiters map[pipeline.ID]map[chan struct{}]struct{}
+}
+
+func newWakeups(pool *pgxpool.Pool, logger *slog.Logger) *wakeups {
+	return &wakeups{pool: pool, logger: logger, committed: make(chan struct{}, 1), waiters: map[pipeline.ID]map[chan struct{}]struct{}{}}
+}
+
+// run notifies the relays of commits and listens for outcomes until ctx
+// ends.
+func (w *wakeups) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		w.notifyCommits(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		postgres.Listen(ctx, w.pool, postgres.OutcomesChannel, w.logger, w.outcomes)
+	}()
+	wg.Wait()
+}
+
+// accepted records that a transaction committed outbox rows. It never
+// blocks: while a notification is on its way, later commits share the next
+// one, so a burst of commits costs the relays one wake-up, and the accept
+// transaction itself never notifies (which would serialize commits).
+func (w *wakeups) accepted() {
+	select {
+	case w.committed <- struct{}{}:
+	default:
+	}
+}
+
+func (w *wakeups) notifyCommits(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.committed:
+		}
+		if err := postgres.Notify(ctx, w.pool, postgres.OutboxChannel); err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+			// The relays poll as well: a lost notification costs them a poll
+			// interval, not a command.
+			w.logger.Debug("notify the relays", "err", err)
+		}
+	}
+}
+
+// outcomes wakes the waiters of the commands a payload names (all of
+// them for "*" or a fresh connection).
+func (w *wakeups) outcomes(payload string) {
+	ids, err := postgres.ParseOutcomePayload(payload)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if errors.Is(err, postgres.ErrAllOutcomes) {
+		for id, chs := range w.waiters {
+			wakeAll(chs)
+			delete(w.waiters, id)
+		}
+		return
+	}
+	for _, id := range ids {
+		if chs, ok := w.waiters[id]; ok {
+			wakeAll(chs)
+			delete(w.waiters, id)
+		}
+	}
+}
+
+func wakeAll(chs map[chan struct{}]struct{}) {
+	for ch := range chs {
+		close(ch)
+	}
+}
+
+// wait returns a channel closed when an outcome of id may have been
+// committed, and a function that forgets the waiter. Register before
+// reading the command's row, so an outcome committed between the read and
+// the wait is not missed.
+func (w *wakeups) wait(id pipeline.ID) (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	w.mu.Lock()
+	if w.waiters[id] == nil {
+		w.waiters[id] = map[chan struct{}]struct{}{}
+	}
+	w.waiters[id][ch] = struct{}{}
+	w.mu.Unlock()
+	return ch, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if chs, ok := w.waiters[id]; ok {
+			delete(chs, ch)
+			if len(chs) == 0 {
+				delete(w.waiters, id)
+			}
+		}
+	}
+}
