@@ -143,6 +143,7 @@ def main():
                 "command_id": headers["command-id"],
                 "aggregate_version": int(headers["aggregate-version"]),
                 "tenant": headers["tenant"],
+                "command_type": headers.get("command-type"),
                 "traceparent": headers.get("traceparent"),
                 "key": key.decode(),
                 "partition": msg.partition(),

@@ -59,6 +59,7 @@ type event struct {
 	CommandID        string          `json:"command_id"`
 	AggregateVersion int64           `json:"aggregate_version"`
 	Tenant           string          `json:"tenant"`
+	CommandType      *string         `json:"command_type"`
 	Traceparent      *string         `json:"traceparent"`
 	Key              string          `json:"key"`
 	Partition        int32           `json:"partition"`
@@ -298,6 +299,9 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 			if h := header(r, k); h != v {
 				t.Errorf("event %s: %s %q, want %q", e.EventID, k, v, h)
 			}
+		}
+		if ct := header(r, pipeline.HeaderCommandType); e.CommandType == nil || *e.CommandType != ct || ct == "" {
+			t.Errorf("event %s: command-type %v, want %q (every event names its command's type)", e.EventID, e.CommandType, ct)
 		}
 		if tp := header(r, pipeline.HeaderTraceparent); e.Traceparent == nil && tp != "" || e.Traceparent != nil && *e.Traceparent != tp {
 			t.Errorf("event %s: traceparent %v, want %q", e.EventID, e.Traceparent, tp)
