@@ -21,23 +21,33 @@ import (
 // when the log ends in transaction markers or a compacted gap, but the
 // offsets a fetch response covers say so.
 func ReadPartition(ctx context.Context, cl *kgo.Client, topic string, part int32, committed bool, fn func(*kgo.Record) error) error {
+	_, err := ReadPartitionFrom(ctx, cl, topic, part, 0, committed, fn)
+	return err
+}
+
+// ReadPartitionFrom is ReadPartition from offset from on (or from the log
+// start, if retention deleted what lies before it): it calls fn for every
+// record from there up to the end at the time of the call and returns
+// where a later call goes on reading (the end it read to), so a reader
+// that keeps up with a topic reads each record once.
+func ReadPartitionFrom(ctx context.Context, cl *kgo.Client, topic string, part int32, from int64, committed bool, fn func(*kgo.Record) error) (int64, error) {
 	isolation, level := kgo.ReadCommitted(), int8(1)
 	if !committed {
 		isolation, level = kgo.ReadUncommitted(), 0
 	}
 	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
 	if err != nil {
-		return fmt.Errorf("metadata of %s: %w", topic, err)
+		return from, fmt.Errorf("metadata of %s: %w", topic, err)
 	}
 	td, ok := details[topic]
 	if !ok || td.Err != nil {
-		return fmt.Errorf("metadata of %s: %v", topic, td.Err)
+		return from, fmt.Errorf("metadata of %s: %v", topic, td.Err)
 	}
 	pd, ok := td.Partitions[part]
 	if !ok {
-		return fmt.Errorf("%s has no partition %d", topic, part)
+		return from, fmt.Errorf("%s has no partition %d", topic, part)
 	}
-	next := int64(0)
+	next := max(from, 0)
 	end := int64(-1) // fixed by the first response
 	for {
 		req := kmsg.NewPtrFetchRequest()
@@ -61,14 +71,14 @@ func ReadPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 
 		kresp, err := cl.Broker(int(pd.Leader)).RetriableRequest(ctx, req)
 		if err != nil {
-			return fmt.Errorf("fetch %s/%d at %d: %w", topic, part, next, err)
+			return next, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, next, err)
 		}
 		resp := kresp.(*kmsg.FetchResponse)
 		if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-			return fmt.Errorf("fetch %s/%d: %w", topic, part, err)
+			return next, fmt.Errorf("fetch %s/%d: %w", topic, part, err)
 		}
 		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return fmt.Errorf("fetch %s/%d: unexpected response shape", topic, part)
+			return next, fmt.Errorf("fetch %s/%d: unexpected response shape", topic, part)
 		}
 		presp := &resp.Topics[0].Partitions[0]
 		if err := kerr.ErrorForCode(presp.ErrorCode); err != nil {
@@ -76,7 +86,7 @@ func ReadPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 				next = presp.LogStartOffset
 				continue
 			}
-			return fmt.Errorf("fetch %s/%d at %d: %w", topic, part, next, err)
+			return next, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, next, err)
 		}
 		if end < 0 {
 			end = presp.LastStableOffset
@@ -91,18 +101,21 @@ func ReadPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 			Partition:      part,
 		}, presp, kgo.DefaultDecompressor(), nil)
 		if fp.Err != nil {
-			return fmt.Errorf("read %s/%d at %d: %w", topic, part, next, fp.Err)
+			return next, fmt.Errorf("read %s/%d at %d: %w", topic, part, next, fp.Err)
 		}
 		for _, r := range fp.Records {
 			if r.Offset >= end {
-				return nil
+				return max(end, next), nil
 			}
 			if err := fn(r); err != nil {
-				return err
+				return r.Offset, err
 			}
 		}
-		if after <= next || after >= end {
-			return nil // nothing more is readable below the end
+		if after >= end {
+			return max(end, next), nil
+		}
+		if after <= next {
+			return next, nil // nothing more is readable below the end now; a later call goes on from here
 		}
 		next = after
 	}
