@@ -98,6 +98,15 @@ func (s *Server) SetToken(token string) {
 	s.token = token
 }
 
+// ActsEnabled reports whether the routes added with Act answer: an
+// operator token is set. A page says so rather than offering actions that
+// can only be refused.
+func (s *Server) ActsEnabled() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.token != ""
+}
+
 // Act adds a route that acts (unparks, redrives, changes state): it
 // answers only requests bearing the operator token (see RequireToken).
 func (s *Server) Act(pattern string, h http.Handler) {

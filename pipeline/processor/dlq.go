@@ -58,12 +58,13 @@ func ReadDLQ(ctx context.Context, cl *kgo.Client, topic string) ([]DeadLetter, e
 	}
 	out := make([]DeadLetter, len(recs))
 	for i, r := range recs {
-		out[i] = deadLetterOf(r)
+		out[i] = DeadLetterOf(r)
 	}
 	return out, nil
 }
 
-func deadLetterOf(r *kgo.Record) DeadLetter {
+// DeadLetterOf reads a record of the DLQ topic.
+func DeadLetterOf(r *kgo.Record) DeadLetter {
 	d := DeadLetter{Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp, Key: r.Key, Value: r.Value}
 	for _, h := range r.Headers {
 		switch h.Key {

@@ -34,7 +34,7 @@ func TestDeadLetterRecordFitsTheLimit(t *testing.T) {
 		r := &kgo.Record{Topic: "ledger.commands", Partition: 3, Offset: 77, Key: tc.key, Value: tc.value, Headers: tc.headers}
 		d := deadLetterRecord("ledger.commands.dlq", r, ReasonTooLarge, strings.Repeat("d", maxDetailBytes), time.Now(), limit)
 		size := len(d.Key) + len(d.Value) + headersSize(d.Headers)
-		got := deadLetterOf(d)
+		got := DeadLetterOf(d)
 		if size > limit || strings.Join(got.Omitted, ",") != tc.wantOmitted {
 			t.Errorf("%s: DLQ record of %d bytes omitting %v; want at most %d omitting %q", tc.name, size, got.Omitted, limit, tc.wantOmitted)
 		}
