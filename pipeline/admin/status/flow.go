@@ -1,0 +1,134 @@
+package status
+
+// stage is one part of the flow as the page shows it: counters as a rate
+// and a total, histograms (in seconds) as quantiles over the window. A
+// metric the process does not export (it does not run that component) is
+// left out; a stage with none is drawn as not in this process.
+type stage struct {
+	name      string
+	rates     []rate
+	latencies []latency
+	// into names the queue after the stage: where its output waits for the
+	// next one.
+	into queue
+}
+
+// rate is a counter, summed over its series; by, if set, also breaks it
+// down by that label.
+type rate struct {
+	title, metric, by string
+}
+
+// latency is a histogram of seconds, its buckets summed over its series.
+type latency struct {
+	title, metric string
+}
+
+type queue int
+
+const (
+	noQueue      queue = iota
+	outboxQueue        // the outbox rows ingest committed and the relay ships
+	commandTopic       // the commands topics: the processor groups' lag
+	eventTopic         // the events topics: the projectors' lag
+)
+
+// flow is the pipeline, in order. Each metric is one the components
+// export (docs/architecture.md#observability).
+var flow = []stage{
+	{
+		name: "ingest",
+		rates: []rate{
+			{"requests", "onceflow_api_requests_total", "code"},
+			{"commands accepted", "onceflow_api_commands_accepted_total", ""},
+			{"idempotent replays", "onceflow_api_idempotency_hits_total", ""},
+		},
+		latencies: []latency{
+			{"request", "onceflow_api_request_duration_seconds"},
+			{"accept transaction", "onceflow_api_accept_batch_duration_seconds"},
+		},
+		into: outboxQueue,
+	},
+	{
+		name: "relay",
+		rates: []rate{
+			{"rows shipped", "onceflow_outbox_shipped_rows_total", ""},
+			{"batch errors", "onceflow_outbox_ship_errors_total", ""},
+		},
+		latencies: []latency{
+			{"ship (accepted to acknowledged)", "onceflow_outbox_ship_latency_seconds"},
+			{"publish", "onceflow_outbox_publish_duration_seconds"},
+		},
+		into: commandTopic,
+	},
+	{
+		name: "processor",
+		rates: []rate{
+			{"commands", "onceflow_processor_commands_total", "outcome"},
+			{"duplicates skipped", "onceflow_command_dedup_total", ""},
+			{"to the DLQ", "onceflow_dlq_records_total", "reason"},
+		},
+		latencies: []latency{
+			{"batch", "onceflow_processor_batch_duration_seconds"},
+			{"commit", "onceflow_processor_commit_duration_seconds"},
+		},
+		into: eventTopic,
+	},
+	{
+		name: "projector",
+		rates: []rate{
+			{"events applied", "onceflow_projector_events_applied_total", ""},
+			{"duplicates absorbed", "onceflow_projector_duplicates_total", ""},
+		},
+		latencies: []latency{
+			{"batch", "onceflow_projector_batch_duration_seconds"},
+		},
+	},
+}
+
+// The other series the page reads from the registry.
+const (
+	lagMetric        = "kafka_consumergroup_group_lag"         // group, topic, partition
+	lagSecondsMetric = "kafka_consumergroup_group_lag_seconds" // group, topic, partition
+	sumLagMetric     = "kafka_consumergroup_group_sum_lag"     // group
+	maxSecondsMetric = "kafka_consumergroup_group_max_lag_seconds"
+
+	backlogMetric       = "onceflow_outbox_backlog_rows"
+	oldestMetric        = "onceflow_outbox_oldest_age_seconds"
+	deadMetric          = "onceflow_outbox_dead_rows"
+	pendingMetric       = "onceflow_commands_pending"
+	oldestPendingMetric = "onceflow_commands_oldest_pending_age_seconds"
+
+	dlqMetric = "onceflow_dlq_records_total" // reason
+)
+
+// tracked is every metric the page reads and how its series are keyed:
+// summed over every label but those kept.
+func tracked() map[string]track {
+	t := map[string]track{
+		lagMetric:           {keep: partitionLabels},
+		lagSecondsMetric:    {keep: partitionLabels},
+		sumLagMetric:        {keep: []string{"group"}},
+		maxSecondsMetric:    {keep: []string{"group"}},
+		backlogMetric:       {},
+		oldestMetric:        {},
+		deadMetric:          {},
+		pendingMetric:       {},
+		oldestPendingMetric: {},
+	}
+	for _, s := range flow {
+		for _, r := range s.rates {
+			if r.by != "" {
+				t[r.metric] = track{keep: []string{r.by}}
+			} else {
+				t[r.metric] = track{}
+			}
+		}
+		for _, l := range s.latencies {
+			t[l.metric] = track{}
+		}
+	}
+	return t
+}
+
+var partitionLabels = []string{"group", "topic", "partition"}

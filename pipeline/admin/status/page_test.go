@@ -1,0 +1,143 @@
+package status_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pipeline/admin"
+	"github.com/onceflow/onceflow/pipeline/admin/status"
+	"github.com/onceflow/onceflow/pipeline/admin/status/statustest"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+)
+
+// server is an admin server with the page, over a real database, with
+// the operator token given ("" disables the actions).
+func server(t *testing.T, token string) (*httptest.Server, *status.Page, *prometheus.Registry, context.Context) {
+	t.Helper()
+	pool, _ := pipelinetest.Pool(t)
+	reg := admin.NewRegistry()
+	adm := admin.New("", reg, slog.New(slog.DiscardHandler))
+	adm.SetToken(token)
+	page, err := status.New(status.Config{Gatherer: reg, Pool: pool, Components: []string{"projector"}, Interval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Register(adm)
+	srv := httptest.NewServer(adm.Handler())
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail)
+		VALUES ('proj', 'ledger.events', 3, 42, 'version-gap', 'SECRET-DETAIL acme/acc-1')`); err != nil {
+		t.Fatal(err)
+	}
+	return srv, page, reg, ctx
+}
+
+func post(t *testing.T, url, auth, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Without ONCEFLOW_ADMIN_TOKEN the page says its actions are disabled and
+// offers none (the unpark button is there, disabled), and the action
+// itself answers 403. It loads nothing but what the admin server serves,
+// and shows a parked partition without its detail.
+func TestPageSaysActionsAreDisabled(t *testing.T) {
+	t.Parallel()
+	tab := statustest.Browser(t)
+	srv, _, _, _ := server(t, "")
+
+	statustest.Open(t, tab, srv.URL+"/status")
+	got, err := statustest.Texts(tab, map[string]string{
+		"note":   "#actions-note",
+		"reason": `#parked-table tr[data-consumer="proj"][data-partition="3"] .reason`,
+		"page":   "body",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got["note"], "Actions are disabled: this process has no ONCEFLOW_ADMIN_TOKEN") {
+		t.Errorf("the page's note: %q, want it to say the actions are disabled", got["note"])
+	}
+	if got["reason"] != "version-gap" {
+		t.Errorf("the parked partition's reason on the page: %q, want version-gap", got["reason"])
+	}
+	if strings.Contains(got["page"], "SECRET-DETAIL") {
+		t.Error("the page shows a parked partition's detail")
+	}
+	disabled, err := chromedp.Run(tab, chromedp.Evaluate[bool](`document.querySelector('#parked-table button.unpark').disabled`))
+	if err != nil || !disabled {
+		t.Errorf("the unpark button is enabled without a token (%v)", err)
+	}
+	// A click on a disabled button opens no confirmation.
+	if err := statustest.Do(tab, chromedp.Click(chromedp.CSS("#parked-table button.unpark"))); err != nil {
+		t.Fatal(err)
+	}
+	if open, _ := chromedp.Run(tab, chromedp.Evaluate[bool](`document.querySelector('#confirm').open`)); open {
+		t.Error("a disabled action opened its confirmation")
+	}
+	others, err := chromedp.Run(tab, chromedp.Evaluate[[]string](
+		`performance.getEntriesByType('resource').map((e) => e.name).filter((n) => !n.startsWith(location.origin + '/'))`))
+	if err != nil || len(others) > 0 {
+		t.Errorf("the page loaded from elsewhere than the admin server: %q (%v)", others, err)
+	}
+
+	code, body := post(t, srv.URL+"/status/unpark", "Bearer anything", `{"consumer":"proj","topic":"ledger.events","partition":3}`)
+	if code != http.StatusForbidden || !strings.Contains(body, "ONCEFLOW_ADMIN_TOKEN") {
+		t.Errorf("unpark without a token configured: %d %q, want 403 naming ONCEFLOW_ADMIN_TOKEN", code, body)
+	}
+}
+
+// The actions check what they are asked before acting: a partition that
+// is not parked, a body that is not theirs, a topic that is not a DLQ of
+// the deployment; with the token, an unpark removes the row.
+func TestActionsCheckTheirRequest(t *testing.T) {
+	t.Parallel()
+	srv, page, _, ctx := server(t, "op-token")
+	const auth = "Bearer op-token"
+	for _, tc := range []struct {
+		path, body string
+		want       int
+	}{
+		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":4}`, http.StatusNotFound},
+		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events"}`, http.StatusBadRequest},
+		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":3,"all":true}`, http.StatusBadRequest},
+		{"/status/unpark", `not json`, http.StatusBadRequest},
+		{"/status/redrive", `{"topic":"ledger.commands","reason":"undecodable"}`, http.StatusBadRequest},
+		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":3}`, http.StatusOK},
+		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":3}`, http.StatusNotFound}, // done already
+	} {
+		if code, body := post(t, srv.URL+tc.path, auth, tc.body); code != tc.want {
+			t.Errorf("POST %s %s: %d %s, want %d", tc.path, tc.body, code, body, tc.want)
+		}
+	}
+	st := page.Build(ctx)
+	if len(st.Parked.Partitions) != 0 {
+		t.Errorf("after the unpark the page lists %+v parked", st.Parked.Partitions)
+	}
+	b, _ := json.Marshal(st)
+	if strings.Contains(string(b), "op-token") {
+		t.Error("/status.json carries the token")
+	}
+}
