@@ -51,6 +51,9 @@ type RunConfig struct {
 	// Admin, if set, also receives the process's routes (the dev stack
 	// adds the schema registry).
 	AdminRoutes func(*admin.Server)
+	// StatusInterval is how often the status page (/status on the admin
+	// address) samples the metrics for its rates and plots. Default 10s.
+	StatusInterval time.Duration
 	// LagExport is which consumers' lag the process exports
 	// (ONCEFLOW_LAG_EXPORT): LagExportOwn, LagExportCluster or
 	// LagExportOff. Default LagExportOwn.
@@ -211,6 +214,12 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 			g.Go(func() error { return proc.Run(gctx) })
 		}
 	}
+	page, closePage, err := statusPage(rc, adm, metrics, pool, dep)
+	if err != nil {
+		return err
+	}
+	defer closePage()
+	g.Go(func() error { return page.Run(gctx) })
 	g.Go(func() error { return adm.Serve(gctx, adminLn) })
 	if rc.Started != nil {
 		rc.Started(addrs)

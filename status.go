@@ -1,0 +1,49 @@
+package onceflow
+
+import (
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pipeline/admin"
+	"github.com/onceflow/onceflow/pipeline/admin/status"
+)
+
+// statusPage adds the status page (pipeline/admin/status) to the
+// process's admin server, reading the process's metrics, the database if
+// it has one, and the deployment's DLQ topics; Run the page for its
+// samples, and call done when the process ends.
+func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, pool *pgxpool.Pool, dep *deployment) (page *status.Page, done func(), err error) {
+	cl, err := rc.Kafka.NewClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := status.Config{
+		Gatherer: metrics,
+		Pool:     pool,
+		Kafka:    cl,
+		Interval: rc.StatusInterval,
+		Logger:   rc.Logger.With("component", "status"),
+	}
+	c := rc.Components
+	for _, on := range []struct {
+		run  bool
+		name string
+	}{{c.Ingest, "ingest"}, {c.Relay, "relay"}, {c.Processor, "processor"}, {c.Projector, "projector"}} {
+		if on.run {
+			cfg.Components = append(cfg.Components, on.name)
+		}
+	}
+	for _, a := range dep.aggregates() {
+		cfg.DLQs = append(cfg.DLQs, status.DLQTopicConfig{Topic: a.topics.DLQ(), Commands: a.topics.Commands()})
+		cfg.CommandTopics = append(cfg.CommandTopics, a.topics.Commands())
+	}
+	for _, d := range dep.domains {
+		cfg.EventTopics = append(cfg.EventTopics, d.events())
+	}
+	if page, err = status.New(cfg); err != nil {
+		cl.Close()
+		return nil, nil, err
+	}
+	page.Register(adm)
+	return page, cl.Close, nil
+}
