@@ -24,6 +24,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
@@ -65,7 +66,7 @@ func TestStatusPage(t *testing.T) {
 	tab := statustest.Browser(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	s := startDev(t, ctx)
+	s := startDev(t, ctx, 4, nil, time.Second)
 	page := "http://" + s.addrs.Admin + "/status"
 	statustest.Open(t, tab, page)
 
@@ -377,7 +378,10 @@ type devStack struct {
 	logs  *syncBuffer
 }
 
-func startDev(t *testing.T, ctx context.Context) *devStack {
+// startDev runs the embedded default with topics of partitions
+// partitions, its metrics into metrics if set, the status page sampling
+// every interval.
+func startDev(t testing.TB, ctx context.Context, partitions int32, metrics *prometheus.Registry, interval time.Duration) *devStack {
 	t.Helper()
 	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
 	logs := &syncBuffer{}
@@ -391,13 +395,13 @@ func startDev(t *testing.T, ctx context.Context) *devStack {
 			RunConfig: onceflow.RunConfig{
 				Config: onceflow.Config{
 					Domains: []*onceflow.Domain{ledgerapp.Domain()},
-					Topics:  kafka.Topics{Prefix: "ledger", Partitions: 4}, DatabaseURL: url,
+					Topics:  kafka.Topics{Prefix: "ledger", Partitions: partitions}, DatabaseURL: url,
 					Kafka:  kafka.Config{Logger: logger},
 					Logger: logger, InstanceID: "statuspage-test",
 				},
 				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", AdminToken: adminToken,
-				StatusInterval: time.Second,
-				Started:        func(a onceflow.Addrs) { started <- a },
+				StatusInterval: interval, Metrics: metrics,
+				Started: func(a onceflow.Addrs) { started <- a },
 			},
 			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
 			APIKey: apiKey, Out: io.Discard,
@@ -490,7 +494,7 @@ type sample struct {
 	value  float64
 }
 
-func (s *devStack) metrics(t *testing.T) scrape {
+func (s *devStack) metrics(t testing.TB) scrape {
 	t.Helper()
 	resp, err := http.Get("http://" + s.addrs.Admin + "/metrics")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -147,25 +148,23 @@ func summaryOf(rec *kgo.Record) DeadLetter {
 		Record:      d.Coordinates(),
 		Time:        d.Time,
 		Reason:      d.Reason,
-		CommandType: printable(d.Header(pipeline.HeaderCommandType), 64),
-		Source:      fmt.Sprintf("%s/%d@%d", printable(d.SourceTopic, 249), d.SourcePartition, d.SourceOffset),
+		CommandType: commandType(d.Header(pipeline.HeaderCommandType)),
+		Source:      fmt.Sprintf("%s/%d@%d", d.SourceTopic, d.SourcePartition, d.SourceOffset),
 		Redrivable:  len(d.Omitted) == 0,
 	}
 }
 
-// printable cuts a producer's text (a header of a poison record can be
-// anything) to n runes of printable characters.
-func printable(s string, n int) string {
-	var b strings.Builder
-	for i, c := range []rune(strings.ToValidUTF8(s, "\uFFFD")) {
-		if i >= n {
-			b.WriteString("…")
-			break
-		}
-		if c < 0x20 || c == 0x7f {
-			c = '\uFFFD'
-		}
-		b.WriteRune(c)
+// commandType is a poison record's command-type header if it reads as a
+// type name: a producer may have put anything there, and the page shows
+// no producer's text but names.
+func commandType(s string) string {
+	if commandTypeName.MatchString(s) {
+		return s
 	}
-	return b.String()
+	if s == "" {
+		return ""
+	}
+	return "(not a type name)"
 }
+
+var commandTypeName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,63}$`)

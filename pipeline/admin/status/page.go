@@ -1,6 +1,7 @@
 package status
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"encoding/json"
@@ -84,9 +85,10 @@ type Page struct {
 	tracks map[string]track
 	acts   func() bool // whether the admin server's actions answer
 
-	mu   sync.Mutex
-	ring *ring
-	dlq  *dlqReader
+	mu      sync.Mutex
+	ring    *ring
+	dlq     *dlqReader
+	failing map[string]string // what could not be read -> the error last logged for it
 }
 
 //go:embed web
@@ -99,7 +101,7 @@ func New(cfg Config) (*Page, error) {
 	}
 	cfg.setDefaults()
 	samples := int(cfg.History/cfg.Interval) + 1
-	p := &Page{cfg: cfg, tracks: tracked(), acts: func() bool { return false }, ring: newRing(samples)}
+	p := &Page{cfg: cfg, tracks: tracked(), acts: func() bool { return false }, ring: newRing(samples), failing: map[string]string{}}
 	p.dlq = newDLQReader(cfg.Kafka, cfg.DLQs, cfg.DLQInterval)
 	return p, nil
 }
@@ -123,16 +125,13 @@ func (p *Page) Register(s *admin.Server) {
 // what the binary serves: no CDN, no inline script, no framing.
 func page(assets fs.FS, name string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if name == "" || strings.ContainsAny(name, "/\\") || strings.HasPrefix(name, ".") {
-			http.NotFound(w, r)
-			return
-		}
-		if _, err := fs.Stat(assets, name); err != nil {
+		b, err := fs.ReadFile(assets, name)
+		if err != nil || name == "" || strings.ContainsAny(name, "/\\") {
 			http.NotFound(w, r)
 			return
 		}
 		securityHeaders(w)
-		http.ServeFileFS(w, r, assets, name)
+		http.ServeContent(w, r, name, time.Time{}, bytes.NewReader(b))
 	})
 }
 
@@ -161,12 +160,41 @@ func (p *Page) Run(ctx context.Context) error {
 // Sample gathers the registry once and keeps what the page tracks.
 func (p *Page) Sample() {
 	r, err := p.gather()
-	if err != nil {
-		p.cfg.Logger.Warn("status page: gather metrics", "err", err)
-	}
+	p.note("metrics", err)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ring.add(r)
+}
+
+// note logs a source's failure when it starts or its error changes, and
+// its recovery: a database down while a page polls every 2 s is one line,
+// not one per poll.
+func (p *Page) note(source string, err error) {
+	p.mu.Lock()
+	last, was := p.failing[source]
+	switch {
+	case err != nil && (!was || last != err.Error()):
+		p.failing[source] = err.Error()
+	case err == nil && was:
+		delete(p.failing, source)
+	default:
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	if err != nil {
+		p.cfg.Logger.Warn("status page: cannot read", "source", source, "err", err)
+	} else {
+		p.cfg.Logger.Info("status page: can read again", "source", source)
+	}
+}
+
+// Kept returns how many samples the ring holds and how many series each
+// has a column for: its memory is about samples × series × 8 bytes.
+func (p *Page) Kept() (samples, series int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ring.len(), len(p.ring.keys)
 }
 
 // gather reads the registry now. A collector that failed (a database
@@ -197,8 +225,8 @@ func (p *Page) Build(ctx context.Context) Status {
 			HistorySeconds:  p.cfg.History.Seconds(),
 		},
 	}
+	p.note("metrics", err)
 	if err != nil {
-		p.cfg.Logger.Warn("status page: gather metrics", "err", err)
 		st.Unavailable = append(st.Unavailable, "some metrics")
 	}
 
@@ -217,13 +245,14 @@ func (p *Page) Build(ctx context.Context) Status {
 		st.Parked.Read = true
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		var err error
-		if parked, err = projector.Parked(ctx, p.cfg.Pool); err != nil {
-			p.cfg.Logger.Warn("status page: read parked partitions", "err", err)
+		parked, err = projector.Parked(ctx, p.cfg.Pool)
+		p.note("parked partitions", err)
+		if err != nil {
 			st.Unavailable = append(st.Unavailable, "parked partitions")
 		}
 		retrying, err := projector.Retrying(ctx, p.cfg.Pool)
+		p.note("retrying partitions", err)
 		if err != nil {
-			p.cfg.Logger.Warn("status page: read retrying partitions", "err", err)
 			st.Unavailable = append(st.Unavailable, "retrying partitions")
 		}
 		cancel()
@@ -244,8 +273,8 @@ func (p *Page) Build(ctx context.Context) Status {
 	st.Outbox = outboxOf(&now)
 	st.DLQ.Sent = sentOf(&now)
 	topics, err := p.dlq.read(ctx)
+	p.note("DLQ topics", err)
 	if err != nil {
-		p.cfg.Logger.Warn("status page: read the DLQ topics", "err", err)
 		st.Unavailable = append(st.Unavailable, "DLQ topics")
 	}
 	st.DLQ.Topics = topics

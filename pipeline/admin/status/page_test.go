@@ -141,3 +141,32 @@ func TestActionsCheckTheirRequest(t *testing.T) {
 		t.Error("/status.json carries the token")
 	}
 }
+
+// A source that cannot be read is named in the answer and logged once
+// while it fails, not at every poll; its error's text is not in the
+// answer.
+func TestUnreadableSourceIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := pipelinetest.Pool(t)
+	pool.Close()
+	var logs strings.Builder
+	page, err := status.New(status.Config{Gatherer: prometheus.NewRegistry(), Pool: pool,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st status.Status
+	for range 3 {
+		st = page.Build(context.Background())
+	}
+	if got := strings.Join(st.Unavailable, ", "); got != "parked partitions, retrying partitions" {
+		t.Errorf("unavailable: %q, want the parked and retrying partitions", got)
+	}
+	if n := strings.Count(logs.String(), "status page: cannot read"); n != 2 {
+		t.Errorf("3 builds logged %d failures, want 2 (one per source):\n%s", n, logs.String())
+	}
+	b, _ := json.Marshal(st)
+	if strings.Contains(string(b), "closed") {
+		t.Errorf("the answer carries an error's text: %s", b)
+	}
+}
