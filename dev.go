@@ -172,7 +172,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
   registry   %s
   postgres   %s
   ingest     http://%s
-  admin      http://%s/metrics  /healthz  /readyz
+  admin      http://%s/status  (the status page; /metrics /healthz /readyz)
   tenant %q  API key: %s
 %s
 Every route, with its body: curl -s http://%s/openapi.json
