@@ -99,7 +99,8 @@ const (
 	pendingMetric       = "onceflow_commands_pending"
 	oldestPendingMetric = "onceflow_commands_oldest_pending_age_seconds"
 
-	dlqMetric = "onceflow_dlq_records_total" // reason
+	dlqMetric            = "onceflow_dlq_records_total" // reason
+	processorBatchMetric = "onceflow_processor_batch_duration_seconds"
 )
 
 // tracked is every metric the page reads and how its series are keyed:

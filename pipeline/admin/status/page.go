@@ -285,12 +285,30 @@ func (p *Page) flowOf(now, then *reading, lag Lag) []StageStatus {
 	out := make([]StageStatus, 0, len(flow))
 	for _, s := range flow {
 		ss := StageStatus{Name: s.name, Rates: []RateStatus{}, Latencies: []LatencyStatus{}}
+		// A stage is there when the process exports any of its metrics.
+		// Then a metric of it that is missing is a vector none of whose
+		// series exists yet (no request answered, no record sent to the
+		// DLQ): zero, not unknown.
 		for _, r := range s.rates {
-			total, ok := now.get(key{r.metric, ""})
-			if !ok {
-				continue
+			_, ok := now.get(key{r.metric, ""})
+			ss.Present = ss.Present || ok
+		}
+		for _, l := range s.latencies {
+			_, ok := now.get(key{l.metric, countKey})
+			ss.Present = ss.Present || ok
+		}
+		if !ss.Present {
+			out = append(out, ss)
+			continue
+		}
+		for _, r := range s.rates {
+			k := key{r.metric, ""}
+			total, ok := now.get(k)
+			rs := RateStatus{Title: r.title, Metric: r.metric, Total: total, PerSecond: perSecond(now, then, k), Label: r.by}
+			if !ok && then != nil {
+				zero := 0.0
+				rs.PerSecond = &zero
 			}
-			rs := RateStatus{Title: r.title, Metric: r.metric, Total: total, PerSecond: perSecond(now, then, key{r.metric, ""}), Label: r.by}
 			if r.by != "" {
 				for _, v := range labelValuesOf(now, r.metric) {
 					k := key{r.metric, v}
@@ -301,15 +319,11 @@ func (p *Page) flowOf(now, then *reading, lag Lag) []StageStatus {
 			ss.Rates = append(ss.Rates, rs)
 		}
 		for _, l := range s.latencies {
-			h, ok := histogramBetween(now, then, l.metric)
-			if !ok {
-				continue
-			}
+			h, _ := histogramBetween(now, then, l.metric)
 			total, _ := now.get(key{l.metric, countKey})
 			ss.Latencies = append(ss.Latencies, LatencyStatus{Title: l.title, Metric: l.metric, Count: h.count, Total: total,
 				P50: h.quantile(.5), P90: h.quantile(.9), P99: h.quantile(.99), Mean: h.mean()})
 		}
-		ss.Present = len(ss.Rates) > 0 || len(ss.Latencies) > 0
 		switch s.into {
 		case outboxQueue:
 			q := &Queue{Name: "outbox", Metric: backlogMetric}
@@ -454,9 +468,13 @@ func outboxOf(now *reading) *Outbox {
 	return o
 }
 
-// sentOf is onceflow_dlq_records_total by reason; nil without the metric.
+// sentOf is onceflow_dlq_records_total by reason; nil in a process that
+// runs no processor (which always exports its batch histogram; the DLQ
+// counter has no series before the first record).
 func sentOf(now *reading) []ReasonCount {
-	if _, ok := now.get(key{dlqMetric, ""}); !ok {
+	_, dlq := now.get(key{dlqMetric, ""})
+	_, processor := now.get(key{processorBatchMetric, countKey})
+	if !dlq && !processor {
 		return nil
 	}
 	out := []ReasonCount{}

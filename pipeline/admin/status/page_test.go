@@ -170,3 +170,45 @@ func TestUnreadableSourceIsLoggedOnce(t *testing.T) {
 		t.Errorf("the answer carries an error's text: %s", b)
 	}
 }
+
+// A stage is there when the process exports any of its metrics; then a
+// vector of it with no series yet (no record sent to the DLQ) is zero.
+// The stages of components the process does not run are not there.
+func TestStageOfTheProcess(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	batch := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_processor_batch_duration_seconds"})
+	dlq := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_dlq_records_total"}, []string{"reason"})
+	reg.MustRegister(batch, dlq)
+	batch.Observe(0.01)
+	page, err := status.New(status.Config{Gatherer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Sample()
+	st := page.Build(context.Background())
+	present := map[string]bool{}
+	for _, s := range st.Flow {
+		present[s.Name] = s.Present
+		if s.Name != "processor" {
+			continue
+		}
+		for _, r := range s.Rates {
+			if r.Metric == "onceflow_dlq_records_total" && (r.Total != 0 || r.PerSecond == nil || *r.PerSecond != 0) {
+				t.Errorf("the DLQ's rate with no record yet: %+v, want 0 and 0/s", r)
+			}
+		}
+		if len(s.Rates) != 3 || len(s.Latencies) != 2 {
+			t.Errorf("processor stage: %d rates and %d latencies, want every one of the table's (3, 2)", len(s.Rates), len(s.Latencies))
+		}
+	}
+	if !present["processor"] || present["ingest"] || present["relay"] || present["projector"] {
+		t.Errorf("stages present: %v, want the processor only", present)
+	}
+	if st.DLQ.Sent == nil || len(st.DLQ.Sent) != 0 {
+		t.Errorf("DLQ sent by a processor with none yet: %#v, want an empty list", st.DLQ.Sent)
+	}
+	if st.Outbox != nil || st.Lag.Exported || st.Parked.Read {
+		t.Errorf("a process without relay, lag or database shows %+v, %+v, %+v", st.Outbox, st.Lag, st.Parked)
+	}
+}

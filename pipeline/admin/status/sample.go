@@ -213,10 +213,11 @@ func (g *ring) get(r row, k key) (float64, bool) {
 	return r.v[i], true
 }
 
-// reading returns row i as a reading (for the rate and quantile arithmetic).
+// reading returns row i as a reading (for the rate and quantile
+// arithmetic, which takes the bounds from the reading now).
 func (g *ring) reading(i int) reading {
 	r := g.row(i)
-	out := reading{at: r.at, v: make(map[key]float64, len(r.v)), bounds: g.bounds}
+	out := reading{at: r.at, v: make(map[key]float64, len(r.v))}
 	for c, x := range r.v {
 		if !math.IsNaN(x) {
 			out.v[g.keys[c]] = x
