@@ -47,8 +47,8 @@ const (
 // TestStatusPage runs the embedded default, loads its status page in
 // headless Chromium during a workload, and checks:
 //
-//   - while commands flow, the page draws a rate for ingest and a lag plot
-//     from its samples;
+//   - while commands flow, the page draws a rate and a command's age for
+//     ingest, and a lag plot from its samples;
 //   - once the pipeline is quiet, each figure the page shows is the one
 //     /metrics serves: commands accepted and decided, the DLQ by reason
 //     (and what the DLQ topic holds), every group's lag, the lag of a
@@ -81,12 +81,16 @@ func TestStatusPage(t *testing.T) {
 	pipelinetest.Eventually(t, 60*time.Second, func() error {
 		got, err := statustest.Texts(tab, map[string]string{
 			"rate": `[data-stage="ingest"] tr.rate[data-metric="onceflow_api_requests_total"] .per-second`,
+			"age":  `[data-stage="ingest"] tr.latency[data-metric="onceflow_api_command_age_seconds"] .p50`,
 		})
 		if err != nil {
 			return err
 		}
 		if r, err := statustest.Number(got["rate"]); err != nil || r <= 0 {
 			return fmt.Errorf("ingest's request rate on the page: %q", got["rate"])
+		}
+		if a, err := statustest.Number(got["age"]); err != nil || a <= 0 {
+			return fmt.Errorf("the p50 age of a command when ingest accepted it, on the page: %q", got["age"])
 		}
 		n, err := chromedp.Run(tab, chromedp.Evaluate[int](`Math.max(0, ...[...document.querySelectorAll('svg.lag-plot polyline')].map((p) => Number(p.dataset.points)))`))
 		if err != nil {

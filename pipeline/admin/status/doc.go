@@ -34,7 +34,7 @@
 // per DLQInterval, so a page left open costs a fetch of the new records.
 //
 // The stages the page shows are the table in flow.go: a new metric of a
-// stage (a per-stage age histogram) is a line there.
+// stage is a line there.
 //
 // # What it shows to whom
 //

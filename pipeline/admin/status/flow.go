@@ -34,7 +34,10 @@ const (
 )
 
 // flow is the pipeline, in order. Each metric is one the components
-// export (docs/architecture.md#observability).
+// export (docs/architecture.md#observability); each stage's first
+// latency is a command's age when the stage finished with it, on the
+// same buckets at every stage, so they read as its way through the
+// pipeline.
 var flow = []stage{
 	{
 		name: "ingest",
@@ -44,6 +47,7 @@ var flow = []stage{
 			{"idempotent replays", "onceflow_api_idempotency_hits_total", ""},
 		},
 		latencies: []latency{
+			{"age when accepted", "onceflow_api_command_age_seconds"},
 			{"request", "onceflow_api_request_duration_seconds"},
 			{"accept transaction", "onceflow_api_accept_batch_duration_seconds"},
 		},
@@ -56,7 +60,7 @@ var flow = []stage{
 			{"batch errors", "onceflow_outbox_ship_errors_total", ""},
 		},
 		latencies: []latency{
-			{"ship (accepted to acknowledged)", "onceflow_outbox_ship_latency_seconds"},
+			{"age when shipped", "onceflow_outbox_ship_latency_seconds"},
 			{"publish", "onceflow_outbox_publish_duration_seconds"},
 		},
 		into: commandTopic,
@@ -69,6 +73,7 @@ var flow = []stage{
 			{"to the DLQ", "onceflow_dlq_records_total", "reason"},
 		},
 		latencies: []latency{
+			{"age when decided", "onceflow_processor_command_age_seconds"},
 			{"batch", "onceflow_processor_batch_duration_seconds"},
 			{"commit", "onceflow_processor_commit_duration_seconds"},
 		},
@@ -81,6 +86,7 @@ var flow = []stage{
 			{"duplicates absorbed", "onceflow_projector_duplicates_total", ""},
 		},
 		latencies: []latency{
+			{"age when projected", "onceflow_projector_event_age_seconds"},
 			{"batch", "onceflow_projector_batch_duration_seconds"},
 		},
 	},

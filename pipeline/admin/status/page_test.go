@@ -198,8 +198,8 @@ func TestStageOfTheProcess(t *testing.T) {
 				t.Errorf("the DLQ's rate with no record yet: %+v, want 0 and 0/s", r)
 			}
 		}
-		if len(s.Rates) != 3 || len(s.Latencies) != 2 {
-			t.Errorf("processor stage: %d rates and %d latencies, want every one of the table's (3, 2)", len(s.Rates), len(s.Latencies))
+		if len(s.Rates) != 3 || len(s.Latencies) != 3 {
+			t.Errorf("processor stage: %d rates and %d latencies, want every one of the table's (3, 3)", len(s.Rates), len(s.Latencies))
 		}
 	}
 	if !present["processor"] || present["ingest"] || present["relay"] || present["projector"] {
