@@ -81,6 +81,10 @@ type Route = ingest.Route
 // Query is one HTTP route answered from the read models (ingest.Query).
 type Query = ingest.Query
 
+// DB is what a Query's Get reads through: a read-only transaction scoped
+// to the caller's tenant (ingest.DB).
+type DB = ingest.DB
+
 // ErrNotFound is a Query's answer for what the tenant does not have.
 var ErrNotFound = ingest.ErrNotFound
 

@@ -7,8 +7,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,41 +76,114 @@ type caller struct {
 	keyHash []byte
 }
 
-// authenticate returns the caller of the bearer key, or a zero caller when
-// the key is missing, unknown or revoked.
+// authenticate returns the caller of r's bearer key, or the problem to
+// answer: 401 for a missing, unknown or revoked key, 429 for a client
+// address whose failures used its budget up, 503 when too many unknown
+// keys are being looked up at once or the database is away.
 //
-// Reads (GET) look the key up on every request, a primary-key read, so a
-// revocation applies to the next one. Commands (POST) may take the tenant
-// from the in-process cache (cached): their accept transaction checks the
-// key again, in the round trip that takes the idempotency locks, and
-// refuses a revoked key with 401 before anything is written. That keeps
-// revocation immediate for writes without a database round trip per
-// request on the hot path.
-func (s *Server) authenticate(ctx context.Context, header string, cached bool) (caller, error) {
-	key, ok := strings.CutPrefix(header, "Bearer ")
+// A key this process has seen valid is taken from the key cache on every
+// route, and checked again in the transaction that serves the request: a
+// command's accept transaction and a read's scoped transaction (scope.go)
+// both refuse a revoked key with 401 before anything is written or read,
+// so revocation applies to the next request without a round trip of its
+// own. Anything else costs at most one lookup, and only within bounds
+// that hold before anyone is authenticated (docs/security.md#starvation):
+//
+//   - a client address that failed AuthFailureBurst times (refilling at
+//     AuthFailureRate) is refused 429 without a lookup, unless its key is
+//     one this process knows valid;
+//   - a key found unknown or revoked is refused from the negative cache,
+//     without a lookup, for BadKeyTTL;
+//   - at most MaxKeyLookups lookups run at once (requests with the same
+//     key share one); beyond them 503 rather than a wait for a connection
+//     that tenants' requests need.
+func (s *Server) authenticate(r *http.Request) (caller, *Problem) {
+	key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	key = strings.TrimSpace(key)
-	if !ok || key == "" {
-		return caller{}, nil
-	}
-	c := caller{keyHash: hashKey(key)}
-	if cached {
+	now := time.Now()
+	var c caller
+	if ok && key != "" {
+		c.keyHash = hashKey(key)
 		if t, ok := s.keys.get(c.keyHash); ok {
 			c.tenant = t
 			return c, nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
-	defer cancel()
-	err := s.pool.QueryRow(ctx, tenantByKeySQL, c.keyHash).Scan(&c.tenant)
-	if errors.Is(err, pgx.ErrNoRows) {
-		s.keys.drop(c.keyHash)
-		return caller{}, nil
+	addr := clientAddr(r, s.cfg.TrustedProxies)
+	if blocked, retry := s.failures.blocked(addr, now); blocked {
+		s.metrics.authFailures.WithLabelValues("throttled").Inc()
+		return caller{}, errAuthThrottled(retry)
 	}
-	if err != nil {
-		return caller{}, err
+	if c.keyHash == nil {
+		return caller{}, s.authFailed(addr, "missing")
 	}
-	s.keys.put(c.keyHash, c.tenant)
+	if s.badKeys.has(c.keyHash, now) {
+		return caller{}, s.authFailed(addr, "unknown")
+	}
+	tenant, err := s.lookupKey(r.Context(), c.keyHash)
+	switch {
+	case errors.Is(err, errLookupsBusy):
+		s.metrics.authFailures.WithLabelValues("busy").Inc()
+		return caller{}, errUnavailable("too many requests with unknown API keys at once; retry")
+	case err != nil:
+		return caller{}, s.internal(r, err)
+	case tenant == "":
+		s.badKeys.put(c.keyHash, now)
+		return caller{}, s.authFailed(addr, "unknown")
+	}
+	c.tenant = tenant
 	return c, nil
+}
+
+// authFailed counts a failed authentication against addr and returns the
+// 401 to answer.
+func (s *Server) authFailed(addr, reason string) *Problem {
+	s.failures.spend(addr, time.Now())
+	s.metrics.authFailures.WithLabelValues(reason).Inc()
+	return errUnauthorized
+}
+
+// revoked forgets a key the database refused in the transaction that
+// served its request, and counts the failure: a revoked key never works
+// again.
+func (s *Server) revoked(r *http.Request, c caller) *Problem {
+	s.keys.drop(c.keyHash)
+	s.badKeys.put(c.keyHash, time.Now())
+	return s.authFailed(clientAddr(r, s.cfg.TrustedProxies), "revoked")
+}
+
+var errLookupsBusy = errors.New("too many key lookups at once")
+
+// lookupKey returns the tenant of the active key with hash h, or "" when
+// there is none. Concurrent lookups of one key share one query, and at
+// most MaxKeyLookups queries run at once.
+func (s *Server) lookupKey(ctx context.Context, h []byte) (string, error) {
+	v, err, _ := s.lookups.Do(string(h), func() (any, error) {
+		select {
+		case s.lookupSlots <- struct{}{}:
+		default:
+			return "", errLookupsBusy
+		}
+		defer func() { <-s.lookupSlots }()
+		// Not the request's context: the lookup is shared by every request
+		// with this key, and the first one's client may leave.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RequestTimeout)
+		defer cancel()
+		var tenant string
+		err := s.pool.QueryRow(ctx, tenantByKeySQL, h).Scan(&tenant)
+		if errors.Is(err, pgx.ErrNoRows) {
+			s.metrics.keyLookups.WithLabelValues("unknown").Inc()
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		s.metrics.keyLookups.WithLabelValues("found").Inc()
+		s.keys.put(h, tenant)
+		return tenant, nil
+	})
+	t, _ := v.(string)
+	return t, err
 }
 
 // keyCache maps the hashes of API keys seen valid to their tenants. Only
@@ -141,4 +216,50 @@ func (c *keyCache) drop(h []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, string(h))
+}
+
+// badKeyCache is the negative cache: hashes of keys found unknown or
+// revoked, each until its expiry. Anyone can fill it with made-up keys,
+// so it is bounded: when full, expired entries go, and if none has
+// expired an arbitrary one makes room (a key pushed out early costs one
+// more lookup, within the failure limit of whoever sent it).
+type badKeyCache struct {
+	size int
+	ttl  time.Duration
+
+	mu sync.Mutex
+	m  map[string]time.Time // hash -> expiry
+}
+
+func (c *badKeyCache) has(h []byte, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	exp, ok := c.m[string(h)]
+	if ok && !now.Before(exp) {
+		delete(c.m, string(h))
+		return false
+	}
+	return ok
+}
+
+func (c *badKeyCache) put(h []byte, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]time.Time)
+	}
+	if _, ok := c.m[string(h)]; !ok && len(c.m) >= c.size {
+		for k, exp := range c.m {
+			if !now.Before(exp) {
+				delete(c.m, k)
+			}
+		}
+		for k := range c.m {
+			if len(c.m) < c.size {
+				break
+			}
+			delete(c.m, k)
+		}
+	}
+	c.m[string(h)] = now.Add(c.ttl)
 }

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -55,6 +56,36 @@ type Config struct {
 	// notification of the projector woke it (one may be lost with its
 	// connection). Default 500ms.
 	WaitPoll time.Duration
+	// MaxWaits bounds the ?wait= long-polls in flight in this process, and
+	// MaxWaitsPerTenant those of one tenant: each polls the database a few
+	// times a second. A request beyond either answers at once with the
+	// command's current status and Retry-After: 1, as a wait that ran out
+	// would. Defaults 512 and 32.
+	MaxWaits, MaxWaitsPerTenant int
+
+	// BadKeyCacheSize bounds the negative cache: the hashes of keys found
+	// unknown or revoked, refused again without a database lookup for
+	// BadKeyTTL. Defaults 65536 and 10m.
+	BadKeyCacheSize int
+	BadKeyTTL       time.Duration
+	// AuthFailureRate is how many failed authentications per second one
+	// client address may sustain, AuthFailureBurst how many at once; beyond
+	// them its requests with a key this process does not know valid are a
+	// 429 with Retry-After before any lookup. Defaults 1 and 20; a negative
+	// rate: no limit. IPv6 clients are counted per /64.
+	AuthFailureRate  float64
+	AuthFailureBurst int
+	// TrustedProxies are the networks of the load balancers in front of
+	// ingest (ONCEFLOW_TRUSTED_PROXIES): from a peer in one of them, the
+	// client address is the last X-Forwarded-For hop outside them. Default
+	// none: the peer's own address, and X-Forwarded-For is ignored.
+	TrustedProxies []netip.Prefix
+	// MaxKeyLookups bounds the database lookups of keys this process does
+	// not know yet that run at once (a key's first request, unknown keys);
+	// concurrent requests with one key share its lookup. Beyond it a
+	// request is a 503 with Retry-After rather than a wait for a
+	// connection. Default a quarter of the pool's connections, at least 2.
+	MaxKeyLookups int
 	// OnAccept, if set, is called after each transaction that accepted
 	// commands commits: `onceflow dev` wires it to the relay's wake-up so
 	// commands leave the outbox at once instead of at the next poll.
@@ -101,6 +132,24 @@ func (c *Config) setDefaults() {
 	if c.WaitPoll == 0 {
 		c.WaitPoll = 500 * time.Millisecond
 	}
+	if c.MaxWaits == 0 {
+		c.MaxWaits = 512
+	}
+	if c.MaxWaitsPerTenant == 0 {
+		c.MaxWaitsPerTenant = 32
+	}
+	if c.BadKeyCacheSize == 0 {
+		c.BadKeyCacheSize = 65536
+	}
+	if c.BadKeyTTL == 0 {
+		c.BadKeyTTL = 10 * time.Minute
+	}
+	if c.AuthFailureRate == 0 {
+		c.AuthFailureRate = 1
+	}
+	if c.AuthFailureBurst == 0 {
+		c.AuthFailureBurst = 20
+	}
 }
 
 func (c *Config) validate() error {
@@ -122,6 +171,9 @@ func (c *Config) validate() error {
 	}
 	if c.RequestTimeout < 0 || c.MaxWait < 0 {
 		errs = append(errs, errors.New("ingest: RequestTimeout and MaxWait must not be negative"))
+	}
+	if c.MaxWaits < 1 || c.MaxWaitsPerTenant < 1 || c.BadKeyCacheSize < 1 || c.BadKeyTTL < 0 || c.AuthFailureBurst < 1 || c.MaxKeyLookups < 1 {
+		errs = append(errs, errors.New("ingest: MaxWaits, MaxWaitsPerTenant, BadKeyCacheSize, AuthFailureBurst and MaxKeyLookups must be positive, BadKeyTTL not negative"))
 	}
 	return errors.Join(errs...)
 }

@@ -5,3 +5,10 @@ func (s *Server) Routes() []string { return s.routes }
 
 // Queued returns how many accepts wait for a committer.
 func (s *Server) Queued() int { return len(s.committer.queue) }
+
+// Waiters returns how many ?wait= registrations the server holds.
+func (s *Server) Waiters() int {
+	s.wake.mu.Lock()
+	defer s.wake.mu.Unlock()
+	return len(s.wake.waiters)
+}

@@ -79,6 +79,9 @@ func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config) *server {
 	if cfg.RateLimit == 0 {
 		cfg.RateLimit = -1 // tests of the limit set their own
 	}
+	if cfg.AuthFailureRate == 0 {
+		cfg.AuthFailureRate = -1 // tests of the failure limit set their own
+	}
 	reg := prometheus.NewRegistry()
 	serde := commandSerde(t)
 	srv, err := ingest.New(cfg, ledgerRoutes(serde), ledgerapp.Queries(), pool, slog.New(slog.DiscardHandler), reg)

@@ -12,6 +12,11 @@ type metrics struct {
 	conflicts *prometheus.CounterVec
 	accepted  prometheus.Counter
 
+	keyLookups   *prometheus.CounterVec
+	authFailures *prometheus.CounterVec
+	waits        prometheus.Gauge
+	waitsRefused *prometheus.CounterVec
+
 	batchSize     prometheus.Histogram
 	batchDuration prometheus.Histogram
 	age           prometheus.Histogram
@@ -45,6 +50,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "onceflow_api_commands_accepted_total",
 			Help: "Commands accepted into the outbox.",
 		}),
+		keyLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_api_key_lookups_total",
+			Help: "API keys looked up in the database (keys this process did not know valid), by result: found or unknown.",
+		}, []string{"result"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_api_auth_failures_total",
+			Help: "Requests refused before reaching a route, by reason: missing, unknown or revoked key (401), throttled client address (429), too many key lookups at once (busy, 503).",
+		}, []string{"reason"}),
+		waits: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_api_command_waits",
+			Help: "GET /v1/commands/{id}?wait= long-polls in flight.",
+		}),
+		waitsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_api_command_waits_refused_total",
+			Help: "Long-polls answered at once because too many were in flight, by the bound that refused them: total or tenant.",
+		}, []string{"limit"}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceflow_api_accept_batch_size",
 			Help:    "Requests per accept transaction (group commit).",
@@ -56,6 +77,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
 		}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted, m.batchSize, m.batchDuration, m.age)
+	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted, m.batchSize, m.batchDuration, m.age,
+		m.keyLookups, m.authFailures, m.waits, m.waitsRefused)
 	return m
 }

@@ -37,6 +37,9 @@ func writeProblem(w http.ResponseWriter, p *Problem) {
 	if p.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int((p.retryAfter+time.Second-1)/time.Second)))
 	}
+	if p.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
+	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(p.Status)
 	json.NewEncoder(w).Encode(p)
@@ -61,6 +64,13 @@ func errRateLimited(retry time.Duration) *Problem {
 	p := problem(http.StatusTooManyRequests, "rate-limited", "Too many requests",
 		"this tenant sends more requests than its rate limit; retry after the time in Retry-After")
 	p.retryAfter = retry
+	return p
+}
+
+func errAuthThrottled(retry time.Duration) *Problem {
+	p := problem(http.StatusTooManyRequests, "auth-throttled", "Too many failed authentications",
+		"this address sent too many requests with missing, unknown or revoked API keys; retry after the time in Retry-After")
+	p.retryAfter = max(retry, time.Second)
 	return p
 }
 

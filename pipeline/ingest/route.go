@@ -9,8 +9,6 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/onceflow/onceflow/pipeline"
 )
 
@@ -64,9 +62,11 @@ type Query struct {
 	Pattern string
 	// Get answers the query for tenant with a value ingest writes as JSON
 	// (200), or ErrNotFound (404, also for another tenant's resource), or
-	// another error (503 when the database is away, else 500). db is the
-	// ingest's pool; r's context carries the request's timeout.
-	Get func(ctx context.Context, db *pgxpool.Pool, tenant string, r *http.Request) (any, error)
+	// another error (503 when the database is away, else 500). db is a
+	// read-only transaction scoped to tenant (TenantSetting): a read model
+	// with row-level security shows it only tenant's rows, but its queries
+	// still name their tenant. r's context carries the request's timeout.
+	Get func(ctx context.Context, db DB, tenant string, r *http.Request) (any, error)
 	// Response is a zero value of Get's answer, for the OpenAPI document.
 	Response any
 	// Summary and Description document the route.

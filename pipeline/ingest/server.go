@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/postgres"
@@ -31,16 +32,22 @@ type Encoder interface {
 
 // Server is the ingest HTTP server.
 type Server struct {
-	cfg       Config
-	pool      *pgxpool.Pool
-	logger    *slog.Logger
-	metrics   *metrics
-	limiter   *limiter
-	keys      keyCache
-	committer *committer
-	wake      *wakeups
-	mux       *http.ServeMux
-	routes    []string // the API's routes, "METHOD /path", for the OpenAPI check
+	cfg      Config
+	pool     *pgxpool.Pool
+	logger   *slog.Logger
+	metrics  *metrics
+	limiter  *limiter // per tenant
+	failures *limiter // failed authentications per client address
+	keys     keyCache
+	badKeys  badKeyCache
+	lookups  singleflight.Group
+	// lookupSlots bounds the key lookups running at once (MaxKeyLookups).
+	lookupSlots chan struct{}
+	waits       waits
+	committer   *committer
+	wake        *wakeups
+	mux         *http.ServeMux
+	routes      []string // the API's routes, "METHOD /path", for the OpenAPI check
 }
 
 // New returns a server for the command routes and the queries of the
@@ -52,6 +59,9 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 	if cfg.Committers == 0 {
 		cfg.Committers = max(1, min(2, int(pool.Config().MaxConns)/2))
 	}
+	if cfg.MaxKeyLookups == 0 {
+		cfg.MaxKeyLookups = max(2, int(pool.Config().MaxConns)/4)
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -59,10 +69,14 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 	m := newMetrics(reg)
 	s := &Server{
 		cfg: cfg, pool: pool, logger: logger, metrics: m,
-		limiter:   newLimiter(cfg.RateLimit, cfg.RateBurst),
-		committer: newCommitter(pool, cfg, logger, m),
-		wake:      newWakeups(pool, logger),
-		mux:       http.NewServeMux(),
+		limiter:     newLimiter(cfg.RateLimit, cfg.RateBurst, 0),
+		failures:    newLimiter(cfg.AuthFailureRate, cfg.AuthFailureBurst, maxTrackedAddrs),
+		badKeys:     badKeyCache{size: cfg.BadKeyCacheSize, ttl: cfg.BadKeyTTL},
+		lookupSlots: make(chan struct{}, cfg.MaxKeyLookups),
+		waits:       waits{max: cfg.MaxWaits, maxPerTenant: cfg.MaxWaitsPerTenant},
+		committer:   newCommitter(pool, cfg, logger, m),
+		wake:        newWakeups(pool, logger),
+		mux:         http.NewServeMux(),
 	}
 	s.committer.wake = s.wake
 	seen := map[string]bool{commandPattern: true}
@@ -78,7 +92,7 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 			return nil, fmt.Errorf("ingest: route %s declared twice", r.Pattern)
 		}
 		seen[r.Pattern] = true
-		s.route(r.Pattern, s.accept(&r), true)
+		s.route(r.Pattern, s.accept(&r))
 	}
 	for _, q := range queries {
 		if !strings.HasPrefix(q.Pattern, http.MethodGet+" /") || q.Get == nil {
@@ -88,9 +102,9 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 			return nil, fmt.Errorf("ingest: route %s declared twice", q.Pattern)
 		}
 		seen[q.Pattern] = true
-		s.route(q.Pattern, s.query(q), false)
+		s.route(q.Pattern, s.query(q))
 	}
-	s.route(commandPattern, s.getCommand, false)
+	s.route(commandPattern, s.getCommand)
 	doc, err := OpenAPI(routes, queries)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: %w", err)
@@ -109,9 +123,9 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 type handlerFunc func(w http.ResponseWriter, r *http.Request, c caller) *Problem
 
 // route registers h behind metrics, authentication and the tenant's rate
-// limit. cachedAuth lets the route take the tenant from the key cache
-// (commands, whose transaction checks the key again; see authenticate).
-func (s *Server) route(pattern string, h handlerFunc, cachedAuth bool) {
+// limit. h checks the key again in the transaction that serves the
+// request (see authenticate).
+func (s *Server) route(pattern string, h handlerFunc) {
 	s.routes = append(s.routes, pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -120,13 +134,9 @@ func (s *Server) route(pattern string, h handlerFunc, cachedAuth bool) {
 			s.metrics.requests.WithLabelValues(pattern, strconv.Itoa(rec.status)).Inc()
 			s.metrics.duration.WithLabelValues(pattern).Observe(time.Since(start).Seconds())
 		}()
-		c, err := s.authenticate(r.Context(), r.Header.Get("Authorization"), cachedAuth)
-		if err != nil {
-			writeProblem(rec, s.internal(r, err))
-			return
-		}
-		if c.tenant == "" {
-			unauthorized(rec)
+		c, p := s.authenticate(r)
+		if p != nil {
+			writeProblem(rec, p)
 			return
 		}
 		if ok, retry := s.limiter.allow(c.tenant, time.Now()); !ok {
@@ -152,11 +162,6 @@ func (s *Server) internal(r *http.Request, err error) *Problem {
 	}
 	s.logger.Error("request failed", "route", r.Pattern, "err", err)
 	return problem(http.StatusInternalServerError, "internal", "Internal error", "retry with the same Idempotency-Key")
-}
-
-func unauthorized(w http.ResponseWriter) {
-	w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
-	writeProblem(w, errUnauthorized)
 }
 
 type statusRecorder struct {
@@ -206,9 +211,7 @@ func (s *Server) accept(route *Route) handlerFunc {
 		case res.err != nil:
 			return s.internal(r, res.err)
 		case res.outcome == outcomeUnauthorized:
-			s.keys.drop(c.keyHash)
-			unauthorized(w)
-			return nil
+			return s.revoked(r, c)
 		case res.outcome == outcomeConflict:
 			s.metrics.conflicts.WithLabelValues(r.Pattern).Inc()
 			return errKeyReused
@@ -234,16 +237,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // commandPattern is the route of every command's outcome.
 const commandPattern = "GET /v1/commands/{id}"
 
-// query answers a Query route.
+// query answers a Query route, in a read-only transaction scoped to the
+// caller's tenant (readScoped).
 func (s *Server) query(q Query) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
-		v, err := q.Get(ctx, s.pool, c.tenant, r.WithContext(ctx))
-		if errors.Is(err, ErrNotFound) {
+		var v any
+		err := s.readScoped(ctx, c, func(ctx context.Context, db DB) error {
+			var err error
+			v, err = q.Get(ctx, db, c.tenant, r.WithContext(ctx))
+			return err
+		})
+		switch {
+		case errors.Is(err, errRevoked):
+			return s.revoked(r, c)
+		case errors.Is(err, ErrNotFound):
 			return errNotFound
-		}
-		if err != nil {
+		case err != nil:
 			return s.internal(r, err)
 		}
 		writeJSON(w, http.StatusOK, v)
@@ -282,7 +293,10 @@ const getCommandSQL = `SELECT aggregate_id, status, command_type, reason, detail
 // (wakeups), so the row is read again when its command's outcome may be in
 // it, and at least every WaitPoll besides, for a notification the
 // listening connection missed: a waiting client costs a goroutine and a
-// few cheap reads.
+// few cheap reads. At most MaxWaits clients wait at once, MaxWaitsPerTenant
+// of one tenant, so one tenant's waiters cannot take the database's time
+// from everyone's; a wait beyond them answers at once, as a wait that ran
+// out would, with Retry-After: 1 when the command is still pending.
 // ?aggregate_id= chooses among commands of the same id (getCommandSQL).
 func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller caller) *Problem {
 	wait, p := parseWait(r.URL.Query().Get("wait"), s.cfg.MaxWait)
@@ -303,10 +317,32 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 	if err != nil {
 		return errNotFound
 	}
+	refused := false
+	if wait > 0 {
+		ok, limit := s.waits.acquire(caller.tenant)
+		if ok {
+			defer s.waits.release(caller.tenant)
+			s.metrics.waits.Inc()
+			defer s.metrics.waits.Dec()
+		} else {
+			s.metrics.waitsRefused.WithLabelValues(limit).Inc()
+			wait, refused = 0, true
+		}
+	}
 	deadline := time.Now().Add(wait)
 	for {
 		woken, forget := s.wake.wait(id)
-		c, err := s.loadCommand(r.Context(), id, caller.tenant, aggregate)
+		c, err := s.loadCommand(r.Context(), id, caller, aggregate)
+		left := time.Until(deadline)
+		if err != nil || c.Status != "pending" || left <= 0 {
+			// Every answer forgets its registration: one left behind by a
+			// 404 cost memory for as long as the process ran, and anyone
+			// with a key could ask for any number of ids.
+			forget()
+		}
+		if errors.Is(err, errRevoked) {
+			return s.revoked(r, caller)
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Ingest writes the pending row with the command, so a command
 			// of this tenant that exists is always found: no need to wait.
@@ -315,9 +351,10 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 		if err != nil {
 			return s.internal(r, err)
 		}
-		left := time.Until(deadline)
 		if c.Status != "pending" || left <= 0 {
-			forget()
+			if refused && c.Status == "pending" {
+				w.Header().Set("Retry-After", "1")
+			}
 			writeJSON(w, http.StatusOK, c)
 			return nil
 		}
@@ -332,16 +369,47 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 	}
 }
 
-func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, tenant string, aggregate *string) (commandStatus, error) {
+// loadCommand reads a command of the caller's in a read-only transaction
+// scoped to its tenant (scope.go), in one round trip: errRevoked if the
+// key is no longer active, pgx.ErrNoRows if there is no such command.
+func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller, aggregate *string) (commandStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return commandStatus{}, fmt.Errorf("acquire a connection: %w", err)
+	}
+	defer conn.Release()
+	defer endRead(conn.Conn())
 	c := commandStatus{CommandID: id.String()}
-	err := s.pool.QueryRow(ctx, getCommandSQL, id.String(), tenant, aggregate).
-		Scan(&c.AggregateID, &c.Status, &c.CommandType, &c.Reason, &c.Detail, &c.EventIDs)
+	var tenant string
+	found := false
+	b := &pgx.Batch{}
+	b.Queue("BEGIN READ ONLY")
+	b.Queue(scopeSQL, caller.keyHash).QueryRow(func(row pgx.Row) error { return row.Scan(&tenant) })
+	b.Queue(getCommandSQL, id.String(), caller.tenant, aggregate).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			found = true
+			if err := rows.Scan(&c.AggregateID, &c.Status, &c.CommandType, &c.Reason, &c.Detail, &c.EventIDs); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return commandStatus{}, err
+	}
+	switch {
+	case tenant != caller.tenant:
+		return commandStatus{}, errRevoked
+	case !found:
+		return commandStatus{}, pgx.ErrNoRows
+	}
 	if c.EventIDs == nil {
 		c.EventIDs = []string{}
 	}
-	return c, err
+	return c, nil
 }
 
 // parseWait reads ?wait=: a Go duration (5s, 1500ms) or whole seconds.

@@ -14,7 +14,6 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger"
@@ -118,7 +117,7 @@ func Queries() []onceflow.Query { return []onceflow.Query{accountQuery} }
 var accountQuery = onceflow.Query{
 	Pattern: "GET /v1/accounts/{id}", Response: Account{}, Summary: "An account's balance",
 	Description: "The account as the projector last saw it. Another tenant's account, or an id that names nothing, is a 404.",
-	Get: func(ctx context.Context, db *pgxpool.Pool, tenant string, r *http.Request) (any, error) {
+	Get: func(ctx context.Context, db onceflow.DB, tenant string, r *http.Request) (any, error) {
 		a := Account{AccountID: r.PathValue("id")}
 		if pipeline.ValidateLocalID(a.AccountID) != nil {
 			return nil, onceflow.ErrNotFound // names nothing, like an id that does not exist
