@@ -170,8 +170,14 @@ func runMigrate(ctx context.Context, domains []*Domain, args []string, getenv fu
 	if err != nil {
 		return err
 	}
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("DATABASE_URL is required")
+	// The migration role owns the tables; DATABASE_URL may be the runtime
+	// role, which cannot (docs/security.md#database-roles).
+	url := c.DatabaseMigrationURL
+	if url == "" {
+		url = c.DatabaseURL
+	}
+	if url == "" {
+		return fmt.Errorf("DATABASE_MIGRATION_URL or DATABASE_URL is required")
 	}
 	cfg, err := setup(c, io.Discard)
 	if err != nil {
@@ -181,10 +187,10 @@ func runMigrate(ctx context.Context, domains []*Domain, args []string, getenv fu
 	if err != nil {
 		return err
 	}
-	if err := postgres.Migrate(ctx, c.DatabaseURL, nil, dep.migrations()...); err != nil {
+	if err := postgres.Migrate(ctx, url, nil, dep.migrations()...); err != nil {
 		return err
 	}
-	cur, _, err := postgres.MigrationVersion(ctx, c.DatabaseURL)
+	cur, _, err := postgres.MigrationVersion(ctx, url)
 	if err != nil {
 		return err
 	}

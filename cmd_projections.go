@@ -54,6 +54,11 @@ func runProjectionsRebuild(ctx context.Context, domains []*Domain, args []string
 	if consumer == "" {
 		consumer = d.consumer()
 	}
+	// A rebuild creates and swaps tables: it runs as the migration role,
+	// which owns them, when there is one (docs/security.md#database-roles).
+	if cfg.DatabaseMigrationURL != "" {
+		cfg.DatabaseURL = cfg.DatabaseMigrationURL
+	}
 	pool, err := openDatabase(ctx, cfg, dep, 4)
 	if err != nil {
 		return err

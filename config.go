@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -28,8 +30,13 @@ import (
 
 // Common holds the shared settings once flags are parsed.
 type Common struct {
-	Brokers           string
-	DatabaseURL       string
+	Brokers     string
+	DatabaseURL string
+	// DatabaseMigrationURL is the migration role's (DATABASE_MIGRATION_URL).
+	DatabaseMigrationURL string
+	DatabaseMaxConns     int
+	// TrustedProxies are ingest's load balancers (ONCEFLOW_TRUSTED_PROXIES).
+	TrustedProxies    string
 	SchemaRegistryURL string
 	TopicPrefix       string
 	Partitions        int
@@ -145,6 +152,10 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.LagExport, "lag-export", env("ONCEFLOW_LAG_EXPORT", ""), "which consumers' lag to export on /metrics: own (this process's; the components' default), cluster (every group and Postgres consumer, once per cluster; onceflow dev's default) or off (ONCEFLOW_LAG_EXPORT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
+	secretVar(fs, &c.DatabaseMigrationURL, "database-migration-url", "DATABASE_MIGRATION_URL", getenv, "Postgres `URL` of the role that owns the tables and migrates them; DATABASE_URL is then the runtime role (docs/security.md#database-roles)")
+	maxConns := envInt("DATABASE_MAX_CONNS", DefaultDatabaseMaxConns)
+	fs.IntVar(&c.DatabaseMaxConns, "database-max-conns", maxConns, "Postgres connections each component's pool may open; every process holds up to this many (DATABASE_MAX_CONNS)")
+	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("ONCEFLOW_TRUSTED_PROXIES", ""), "networks (CIDR, comma separated) of the load balancers in front of ingest: from them X-Forwarded-For names the client whose failed authentications are limited (ONCEFLOW_TRUSTED_PROXIES)")
 	secretVar(fs, &c.SchemaRegistryURL, "schema-registry-url", "SCHEMA_REGISTRY_URL", getenv, "Confluent-compatible schema registry `URL`, with user:password@ for basic auth if you like; empty uses the embedded registry")
 	fs.StringVar(&c.SchemaRegistryUser, "schema-registry-user", env("SCHEMA_REGISTRY_USER", ""), "schema registry basic auth user; wins over the URL's (SCHEMA_REGISTRY_USER)")
 	secretVar(fs, &c.SchemaRegistryPassword, "schema-registry-password", "SCHEMA_REGISTRY_PASSWORD", getenv, "schema registry basic auth `password`")
@@ -215,6 +226,9 @@ func (c *Common) Stack(logger *slog.Logger) (Config, error) {
 	if c.OutboxShards < 1 {
 		return Config{}, fmt.Errorf("ONCEFLOW_OUTBOX_SHARDS must be positive, got %d", c.OutboxShards)
 	}
+	if c.DatabaseMaxConns < 1 || c.DatabaseMaxConns > math.MaxInt32 {
+		return Config{}, fmt.Errorf("DATABASE_MAX_CONNS must be positive, got %d", c.DatabaseMaxConns)
+	}
 	retention, err := time.ParseDuration(c.IdempotencyRetention)
 	if err != nil || retention < time.Minute {
 		return Config{}, fmt.Errorf("ONCEFLOW_IDEMPOTENCY_RETENTION %q: want a duration of at least 1m, like 24h", c.IdempotencyRetention)
@@ -231,6 +245,9 @@ func (c *Common) Stack(logger *slog.Logger) (Config, error) {
 		Kafka:       k,
 		Topics:      kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions), DedupRetention: c.dedupRetention()},
 		DatabaseURL: c.DatabaseURL,
+
+		DatabaseMigrationURL: c.DatabaseMigrationURL,
+		DatabaseMaxConns:     int32(c.DatabaseMaxConns),
 		SchemaRegistry: avro.ClientConfig{
 			URL: c.SchemaRegistryURL, User: c.SchemaRegistryUser, Password: c.SchemaRegistryPassword, CAFile: c.SchemaRegistryCAFile,
 		},
@@ -321,8 +338,28 @@ func runComponent(ctx context.Context, name string, components Components, domai
 	if err != nil {
 		return err
 	}
+	icfg, err := c.ingest()
+	if err != nil {
+		return err
+	}
 	return RunComponents(ctx, RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
-		AdminToken: c.AdminToken, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport})
+		AdminToken: c.AdminToken, Ingest: icfg, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport})
+}
+
+// ingest returns ingest's own settings.
+func (c *Common) ingest() (ingest.Config, error) {
+	var cfg ingest.Config
+	for _, s := range strings.Split(c.TrustedProxies, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return ingest.Config{}, fmt.Errorf("ONCEFLOW_TRUSTED_PROXIES %q: want networks like 10.0.0.0/8, comma separated", c.TrustedProxies)
+		}
+		cfg.TrustedProxies = append(cfg.TrustedProxies, p.Masked())
+	}
+	return cfg, nil
 }
 
 // projector returns the projector's settings. It also installs the

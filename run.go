@@ -154,7 +154,7 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 	// even in a process that runs none of the components using it.
 	var pool *pgxpool.Pool
 	if c.Ingest || c.Relay || c.Projector || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
-		if pool, err = openDatabase(ctx, rc.Config, dep, 0); err != nil {
+		if pool, err = openDatabase(ctx, rc.Config, dep, rc.DatabaseMaxConns); err != nil {
 			return err
 		}
 		defer pool.Close()

@@ -45,6 +45,14 @@ type Config struct {
 	// topic prefix.
 	Topics      kafka.Topics
 	DatabaseURL string // DATABASE_URL
+	// DatabaseMigrationURL, if set, is the role that migrates
+	// (DATABASE_MIGRATION_URL), the owner of the tables; DatabaseURL is then
+	// the runtime role, which only reads and writes rows
+	// (docs/security.md#database-roles).
+	DatabaseMigrationURL string
+	// DatabaseMaxConns is each component's pool size (DATABASE_MAX_CONNS).
+	// Default 10.
+	DatabaseMaxConns int32
 	// SchemaRegistry is the registry to use (SCHEMA_REGISTRY_URL,
 	// SCHEMA_REGISTRY_USER, SCHEMA_REGISTRY_PASSWORD,
 	// SCHEMA_REGISTRY_CA_FILE); an empty URL uses the embedded registry.
@@ -221,19 +229,34 @@ func (dep *deployment) migrations() []postgres.Migrations {
 	return out
 }
 
-// openDatabase connects to DatabaseURL and applies pending migrations,
-// onceflow's and the domains' (under goose's advisory lock, so components
-// starting together migrate once), retrying while the database is not up
-// yet.
+// openDatabase applies pending migrations, onceflow's and the domains'
+// (under goose's advisory lock, so components starting together migrate
+// once), as DatabaseMigrationURL's role if set, retrying while the
+// database is not up yet; then connects to DatabaseURL with maxConns
+// connections (0: DatabaseMaxConns).
 func openDatabase(ctx context.Context, cfg Config, dep *deployment, maxConns int32) (*pgxpool.Pool, error) {
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("DATABASE_URL is required")
 	}
+	if maxConns == 0 {
+		maxConns = cfg.DatabaseMaxConns
+	}
+	if maxConns == 0 {
+		maxConns = DefaultDatabaseMaxConns
+	}
 	warnPlaintext(cfg.Logger, cfg.DatabaseURL)
+	migrateURL := cfg.DatabaseURL
+	if cfg.DatabaseMigrationURL != "" {
+		migrateURL = cfg.DatabaseMigrationURL
+		warnPlaintext(cfg.Logger, migrateURL)
+	}
 	var err error
 	for attempt := 0; attempt < 30; attempt++ {
-		if err = postgres.Migrate(ctx, cfg.DatabaseURL, nil, dep.migrations()...); err == nil {
+		if err = postgres.Migrate(ctx, migrateURL, nil, dep.migrations()...); err == nil {
 			break
+		}
+		if postgres.IsInsufficientPrivilege(err) {
+			return nil, fmt.Errorf("%w: the database needs migrations this role may not apply; run `onceflow migrate` with DATABASE_MIGRATION_URL, or give the components DATABASE_MIGRATION_URL (docs/security.md#database-roles)", err)
 		}
 		if !postgres.IsUnavailable(err) {
 			return nil, err
@@ -250,6 +273,14 @@ func openDatabase(ctx context.Context, cfg Config, dep *deployment, maxConns int
 	}
 	return postgres.Connect(ctx, cfg.DatabaseURL, maxConns)
 }
+
+// DefaultDatabaseMaxConns is a component's pool size unless
+// DATABASE_MAX_CONNS says otherwise: enough for ingest's committers, its
+// reads and its key lookups (a quarter of the pool) on any machine, where
+// pgx's default (the larger of 4 and the CPUs) left two connections for
+// every read on two cores. Budget it against the server's max_connections:
+// every process of every component holds up to this many.
+const DefaultDatabaseMaxConns = 10
 
 // warnPlaintext warns when the database is on another machine and the
 // connection may go without TLS: pgx's default sslmode, prefer, like

@@ -1,5 +1,10 @@
 package ingest
 
+import (
+	"net/http"
+	"net/netip"
+)
+
 // Routes returns the API routes the server registered ("METHOD /path").
 func (s *Server) Routes() []string { return s.routes }
 
@@ -12,3 +17,6 @@ func (s *Server) Waiters() int {
 	defer s.wake.mu.Unlock()
 	return len(s.wake.waiters)
 }
+
+// ClientAddr is clientAddr, for its table test.
+func ClientAddr(r *http.Request, trusted []netip.Prefix) string { return clientAddr(r, trusted) }

@@ -317,6 +317,21 @@ func (s *server) counter(t testing.TB, name string, labels map[string]string) fl
 	return 0
 }
 
+// gauge reads a gauge's value from the server's metrics.
+func (s *server) gauge(t testing.TB, name string) float64 {
+	t.Helper()
+	mfs, err := s.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
 func pgxpoolConnect(url string) (*pgxpool.Pool, error) {
 	return postgres.Connect(context.Background(), url, 0)
 }

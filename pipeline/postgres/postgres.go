@@ -102,6 +102,14 @@ func IsUnavailable(err error) bool {
 	return pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }
 
+// IsInsufficientPrivilege reports whether err is Postgres refusing a
+// statement to the role (SQLSTATE 42501): the runtime role trying what
+// only the migration role may do.
+func IsInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
+
 // IsMissingPartition reports whether err is an insert into the
 // partitioned table that found no partition for its row (no daily
 // partition for today yet). It goes by the error's code and table, not
