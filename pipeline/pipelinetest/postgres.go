@@ -10,10 +10,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
-	"net/url"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,6 +75,86 @@ func Pool(t testing.TB, domains ...postgres.Migrations) (*pgxpool.Pool, string) 
 	}
 	t.Cleanup(pool.Close)
 	return pool, url
+}
+
+// roles numbers the login roles RuntimeURL makes.
+var roles atomic.Int64
+
+// RuntimeURL returns url connecting as a login role of its own that is a
+// member of onceflow_runtime and nothing else: the components' role
+// under least privilege (sql/00036_runtime_role.sql). The role is dropped
+// when the test ends; close its pools before then (t.Cleanup runs last
+// registered first).
+func RuntimeURL(t testing.TB, url string) string {
+	t.Helper()
+	ctx := context.Background()
+	base := ServerURL(t) // a superuser: roles are the cluster's
+	conn := connect(t, base)
+	defer conn.Close(ctx)
+	name := fmt.Sprintf("test_runtime_%d_%d", os.Getpid(), roles.Add(1))
+	if _, err := conn.Exec(ctx, "CREATE ROLE "+pgx.Identifier{name}.Sanitize()+" LOGIN IN ROLE onceflow_runtime"); err != nil {
+		t.Fatalf("create the runtime login role: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		c.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
+	})
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User(name)
+	return u.String()
+}
+
+// LeastPrivilege returns the URLs of a new database deployed as
+// docs/security.md#database-roles says: owned and migrated (onceflow's
+// migrations and domains') by a migration role that is no superuser, and
+// served by a runtime login role, a member of onceflow_runtime. Both roles
+// and the database are dropped when the test ends.
+func LeastPrivilege(t testing.TB, domains ...postgres.Migrations) (ownerURL, runtimeURL string) {
+	t.Helper()
+	ctx := context.Background()
+	base := ServerURL(t)
+	conn := connect(t, base)
+	defer conn.Close(ctx)
+	n := roles.Add(1)
+	owner := fmt.Sprintf("test_owner_%d_%d", os.Getpid(), n)
+	db := fmt.Sprintf("test_lp_%d_%d_%d", os.Getpid(), n, time.Now().UnixNano())
+	// The cluster-wide group role, which the migration makes only where the
+	// migration role may make roles.
+	conn.Exec(ctx, "CREATE ROLE onceflow_runtime NOLOGIN")
+	for _, stmt := range []string{
+		"CREATE ROLE " + pgx.Identifier{owner}.Sanitize() + " LOGIN",
+		"CREATE DATABASE " + pgx.Identifier{db}.Sanitize() + " OWNER " + pgx.Identifier{owner}.Sanitize(),
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+		c.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{owner}.Sanitize())
+	})
+	u, err := neturl.Parse(withDatabase(t, base, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User(owner)
+	ownerURL = u.String()
+	if err := postgres.Migrate(ctx, ownerURL, nil, domains...); err != nil {
+		t.Fatalf("migrate as %s: %v", owner, err)
+	}
+	return ownerURL, RuntimeURL(t, ownerURL)
 }
 
 func createDatabase(t testing.TB, tmpl string) string {
@@ -200,7 +281,7 @@ func withDatabase(t testing.TB, url, db string) string {
 // replaceDatabase returns url naming database db instead. DATABASE_URL must
 // be a URL (postgres://...), not a key=value string.
 func replaceDatabase(raw, db string) (string, error) {
-	u, err := url.Parse(raw)
+	u, err := neturl.Parse(raw)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return "", fmt.Errorf("DATABASE_URL must be a postgres:// URL for tests")
 	}

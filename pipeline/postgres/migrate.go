@@ -79,16 +79,47 @@ func Migrate(ctx context.Context, url string, logger *slog.Logger, domains ...Mi
 		return err
 	}
 	defer db.Close()
+	applied := 0
 	for _, set := range append([]Migrations{core}, domains...) {
 		p, err := newProvider(db, set, logger)
 		if err != nil {
 			return err
 		}
-		if _, err := p.Up(ctx); err != nil {
+		res, err := p.Up(ctx)
+		if err != nil {
 			return fmt.Errorf("migrate up %s: %w", set.table(), err)
+		}
+		applied += len(res)
+	}
+	if applied > 0 {
+		// The runtime role's access to what the migrations made, a
+		// domain's new tables included (sql/00036_runtime_role.sql). Only
+		// after a run that applied something: an up-to-date database needs
+		// nothing, and the runtime role, which may call Migrate at start,
+		// may not grant.
+		if err := grantRuntime(ctx, db); err != nil {
+			return fmt.Errorf("grant the runtime role: %w", err)
 		}
 	}
 	return nil
+}
+
+// grantRuntime runs onceflow_grant_runtime under the migration lock: two
+// processes granting on one table at once can fail with "tuple
+// concurrently updated".
+func grantRuntime(ctx context.Context, db *sql.DB) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockID)); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT onceflow_grant_runtime()`); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // MigrateDownTo rolls back every migration above version (0 rolls back all).

@@ -709,6 +709,13 @@ func (b *builder) swap(ctx context.Context, res *RebuildResult) error {
 		res.Tables = append(res.Tables, sw)
 	}
 	for _, t := range b.tables {
+		// The copy has the live table's columns, constraints and indexes
+		// (LIKE ... INCLUDING ALL) but not its owner, row-level security
+		// policies or grants: without them the runtime role would lose the
+		// table and tenants' reads their policy (sql/00036_runtime_role.sql).
+		if _, err := tx.Exec(ctx, `SELECT onceflow_copy_table_access($1::regclass, $2::regclass)`, b.st.live(t), b.st.shadow(t)); err != nil {
+			return fmt.Errorf("copy the access of %s: %w", t, err)
+		}
 		if _, err := tx.Exec(ctx, `DROP TABLE `+b.st.live(t)); err != nil {
 			return err
 		}
