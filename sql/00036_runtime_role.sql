@@ -24,7 +24,9 @@
 -- projector, operators), every row. FORCE, so the owner is held to it too
 -- when it serves (a deployment with one role); superusers and roles with
 -- BYPASSRLS are not. A domain's read model opts in with
--- onceflow_tenant_rls('table') in its own migrations.
+-- onceflow_tenant_rls('table') in its own migrations. audit_log stays out:
+-- no tenant reads it (operators do), and the projector writes it with
+-- COPY, which Postgres refuses on a table under row-level security.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -206,7 +208,6 @@ $$;
 SELECT onceflow_tenant_rls('api_keys');
 SELECT onceflow_tenant_rls('idempotency_keys');
 SELECT onceflow_tenant_rls('command_status');
-SELECT onceflow_tenant_rls('audit_log');
 SELECT onceflow_grant_runtime();
 
 -- +goose Down
@@ -215,7 +216,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['api_keys', 'idempotency_keys', 'command_status', 'audit_log'] LOOP
+    FOREACH t IN ARRAY ARRAY['api_keys', 'idempotency_keys', 'command_status'] LOOP
         EXECUTE format('DROP POLICY IF EXISTS onceflow_tenant ON %I', t);
         EXECUTE format('ALTER TABLE %I NO FORCE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE %I DISABLE ROW LEVEL SECURITY', t);

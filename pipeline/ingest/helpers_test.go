@@ -73,8 +73,9 @@ type server struct {
 	client  *http.Client // nil: httpClient
 }
 
-// startServer runs an ingest server on pool until the test ends.
-func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config) *server {
+// startServer runs an ingest server on pool until the test ends, with the
+// ledger's routes and queries and extra queries.
+func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config, extra ...ingest.Query) *server {
 	t.Helper()
 	if cfg.RateLimit == 0 {
 		cfg.RateLimit = -1 // tests of the limit set their own
@@ -84,7 +85,7 @@ func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config) *server {
 	}
 	reg := prometheus.NewRegistry()
 	serde := commandSerde(t)
-	srv, err := ingest.New(cfg, ledgerRoutes(serde), ledgerapp.Queries(), pool, slog.New(slog.DiscardHandler), reg)
+	srv, err := ingest.New(cfg, ledgerRoutes(serde), append(ledgerapp.Queries(), extra...), pool, slog.New(slog.DiscardHandler), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
