@@ -8,6 +8,21 @@ PKGS    := ./...
 # Packages that start goroutines; `make test` runs them under the race detector.
 RACE_PKGS := ./pipeline/...
 TEST_TIMEOUT ?= 30m
+# The linters, pinned, run from the module proxy rather than as tool
+# dependencies of go.mod (DEVELOPERS.md, Static analysis).
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+GOSEC       := github.com/securego/gosec/v2/cmd/gosec@v2.30.0
+# gosec's rules left out, each for its reason:
+#   G104  unchecked errors: the ones left unchecked are best effort on
+#         purpose (Close of a read, a write to a client that left, a
+#         rollback in a defer) and reviewed as code; go vet and staticcheck
+#         catch the ones that matter (SA4006, SA5001...);
+#   G115  narrowing integer conversions: onceflow's are bit layouts (ids,
+#         hashes, varints, wire headers) or values bounded where they come
+#         in (configuration checked at start, decoders fuzzed);
+# and test/ (the end-to-end and chaos harnesses, which build and start the
+# binaries they test, and write their logs where the tests read them).
+GOSEC_FLAGS := -quiet -exclude=G104,G115 -exclude-dir=test
 BENCH_TIME   ?= 1x
 # PG_URL sets url to the Postgres the tests use: DATABASE_URL when it
 # answers, else the private cluster's. `onceflow postgres up` prints a
@@ -74,9 +89,11 @@ fuzz: ## run each fuzz target for FUZZ_TIME (default 30s)
 	done
 
 .PHONY: lint
-lint: ## gofmt, go vet, the import rules (library, application, domains) and the module's tidiness
+lint: ## gofmt, go vet, staticcheck, gosec, the import rules (library, application, domains) and the module's tidiness
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+	$(GO) run $(GOSEC) $(GOSEC_FLAGS) $(PKGS)
 	$(GO) test -count=1 -run '^TestImportRules$$' .
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 

@@ -91,10 +91,20 @@ type secret struct{ p *string }
 func (s secret) String() string     { return "" }
 func (s secret) Set(v string) error { *s.p = v; return nil }
 
-// secretVar defines a secret flag defaulting to the variable env.
-func secretVar(fs *flag.FlagSet, p *string, name, env string, getenv func(string) string, usage string) {
+// secretVar defines a secret flag defaulting to the variable env, or to
+// the contents of the file env_FILE names (a container secret such as
+// /run/secrets/kafka_password, which no process listing or `docker
+// inspect` shows); a file that cannot be read is reported in errs.
+func secretVar(fs *flag.FlagSet, p *string, name, env string, getenv func(string) string, errs *[]error, usage string) {
 	*p = getenv(env)
-	usage += " (" + env + ")"
+	if f := getenv(env + "_FILE"); *p == "" && f != "" {
+		b, err := os.ReadFile(f) // #nosec G304 -- the operator names the file
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf("%s_FILE: %w", env, err))
+		}
+		*p = strings.TrimRight(string(b), "\r\n")
+	}
+	usage += " (" + env + " or " + env + "_FILE)"
 	if *p != "" {
 		usage += " (set)"
 	}
@@ -151,21 +161,21 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", strconv.Itoa(ingest.DefaultRateLimit)), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.LagExport, "lag-export", env("ONCEFLOW_LAG_EXPORT", ""), "which consumers' lag to export on /metrics: own (this process's; the components' default), cluster (every group and Postgres consumer, once per cluster; onceflow dev's default) or off (ONCEFLOW_LAG_EXPORT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
-	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
-	secretVar(fs, &c.DatabaseMigrationURL, "database-migration-url", "DATABASE_MIGRATION_URL", getenv, "Postgres `URL` of the role that owns the tables and migrates them; DATABASE_URL is then the runtime role (docs/security.md#database-roles)")
+	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, &c.envErrs, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
+	secretVar(fs, &c.DatabaseMigrationURL, "database-migration-url", "DATABASE_MIGRATION_URL", getenv, &c.envErrs, "Postgres `URL` of the role that owns the tables and migrates them; DATABASE_URL is then the runtime role (docs/security.md#database-roles)")
 	maxConns := envInt("DATABASE_MAX_CONNS", DefaultDatabaseMaxConns)
 	fs.IntVar(&c.DatabaseMaxConns, "database-max-conns", maxConns, "Postgres connections each component's pool may open; every process holds up to this many (DATABASE_MAX_CONNS)")
 	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("ONCEFLOW_TRUSTED_PROXIES", ""), "networks (CIDR, comma separated) of the load balancers in front of ingest: from them X-Forwarded-For names the client whose failed authentications are limited (ONCEFLOW_TRUSTED_PROXIES)")
-	secretVar(fs, &c.SchemaRegistryURL, "schema-registry-url", "SCHEMA_REGISTRY_URL", getenv, "Confluent-compatible schema registry `URL`, with user:password@ for basic auth if you like; empty uses the embedded registry")
+	secretVar(fs, &c.SchemaRegistryURL, "schema-registry-url", "SCHEMA_REGISTRY_URL", getenv, &c.envErrs, "Confluent-compatible schema registry `URL`, with user:password@ for basic auth if you like; empty uses the embedded registry")
 	fs.StringVar(&c.SchemaRegistryUser, "schema-registry-user", env("SCHEMA_REGISTRY_USER", ""), "schema registry basic auth user; wins over the URL's (SCHEMA_REGISTRY_USER)")
-	secretVar(fs, &c.SchemaRegistryPassword, "schema-registry-password", "SCHEMA_REGISTRY_PASSWORD", getenv, "schema registry basic auth `password`")
+	secretVar(fs, &c.SchemaRegistryPassword, "schema-registry-password", "SCHEMA_REGISTRY_PASSWORD", getenv, &c.envErrs, "schema registry basic auth `password`")
 	fs.StringVar(&c.SchemaRegistryCAFile, "schema-registry-ca-file", env("SCHEMA_REGISTRY_CA_FILE", ""), "extra CA bundle (PEM) for an https schema registry (SCHEMA_REGISTRY_CA_FILE)")
 	fs.StringVar(&c.TopicPrefix, "topic-prefix", env("ONCEFLOW_TOPIC_PREFIX", ""), "the topic prefix of a deployment of one domain; empty: the domain's name (ONCEFLOW_TOPIC_PREFIX)")
 	parts := envInt("ONCEFLOW_PARTITIONS", kafka.DefaultPartitions)
 	fs.IntVar(&c.Partitions, "partitions", parts, "partitions of topics created at start (ONCEFLOW_PARTITIONS)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", env("HTTP_ADDR", ":8080"), "ingest HTTP address (HTTP_ADDR)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", env("ADMIN_ADDR", ""), "metrics and health address; empty is :9090, or 127.0.0.1:9090 in onceflow dev (ADMIN_ADDR)")
-	secretVar(fs, &c.AdminToken, "admin-token", "ONCEFLOW_ADMIN_TOKEN", getenv, "bearer `token` the admin routes that act require; unset, they are disabled")
+	secretVar(fs, &c.AdminToken, "admin-token", "ONCEFLOW_ADMIN_TOKEN", getenv, &c.envErrs, "bearer `token` the admin routes that act require; unset, they are disabled")
 	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (LOG_FORMAT)")
 	host, _ := os.Hostname()
@@ -174,7 +184,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.IntVar(&c.OutboxShards, "outbox-shards", shards, "outbox shards; every ingest and relay must use the same count (ONCEFLOW_OUTBOX_SHARDS)")
 	fs.StringVar(&c.SASLMechanism, "kafka-sasl-mechanism", env("KAFKA_SASL_MECHANISM", ""), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (KAFKA_SASL_MECHANISM)")
 	fs.StringVar(&c.SASLUser, "kafka-sasl-user", env("KAFKA_SASL_USER", ""), "SASL user (KAFKA_SASL_USER)")
-	secretVar(fs, &c.SASLPassword, "kafka-sasl-password", "KAFKA_SASL_PASSWORD", getenv, "SASL `password`")
+	secretVar(fs, &c.SASLPassword, "kafka-sasl-password", "KAFKA_SASL_PASSWORD", getenv, &c.envErrs, "SASL `password`")
 	fs.BoolVar(&c.TLS, "kafka-tls", envBool("KAFKA_TLS"), "connect to Kafka over TLS (KAFKA_TLS=true)")
 	fs.BoolVar(&c.AllowPlaintextSASL, "kafka-allow-plaintext-sasl", envBool("KAFKA_ALLOW_PLAINTEXT_SASL"), "let SASL run without TLS, on a network you trust (KAFKA_ALLOW_PLAINTEXT_SASL=true)")
 	fs.StringVar(&c.TLSCAFile, "kafka-tls-ca-file", env("KAFKA_TLS_CA_FILE", ""), "extra CA bundle for Kafka TLS (KAFKA_TLS_CA_FILE)")

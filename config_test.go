@@ -6,6 +6,8 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -29,6 +31,7 @@ func TestMalformedNumericVariable(t *testing.T) {
 // look for in what a binary prints.
 var secretEnv = map[string]string{
 	"DATABASE_URL":             "postgres://onceflow:SECRET-DB@db.example:5432/onceflow",
+	"DATABASE_MIGRATION_URL":   "postgres://owner:SECRET-OWNER@db.example:5432/onceflow",
 	"KAFKA_SASL_MECHANISM":     "PLAIN",
 	"KAFKA_SASL_USER":          "onceflow",
 	"KAFKA_SASL_PASSWORD":      "SECRET-SASL",
@@ -52,7 +55,7 @@ func TestUsageHidesSecrets(t *testing.T) {
 			if strings.Contains(text, "SECRET") {
 				t.Errorf("%s %v prints a secret:\n%s", name, args, text)
 			}
-			if args[0] == "-h" && !strings.Contains(text, "(DATABASE_URL) (set)") {
+			if args[0] == "-h" && !strings.Contains(text, "(DATABASE_URL or DATABASE_URL_FILE) (set)") {
 				t.Errorf("%s -h does not say DATABASE_URL is set:\n%s", name, text)
 			}
 		}
@@ -149,5 +152,65 @@ func TestProcessorLimits(t *testing.T) {
 		if skew != tc.skew || cfg.MaxCommandBytes != tc.bytes {
 			t.Errorf("%v: skew %q, max command bytes %d; want %q and %d", tc.env, skew, cfg.MaxCommandBytes, tc.skew, tc.bytes)
 		}
+	}
+}
+
+// A secret may come from the file its _FILE variable names (a container
+// secret), with the trailing newline editors leave; the variable itself
+// wins; a file that cannot be read stops the start, naming the variable.
+func TestSecretsFromFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	env := map[string]string{
+		"KAFKA_SASL_PASSWORD_FILE":      write("sasl", "from-file\n"),
+		"SCHEMA_REGISTRY_PASSWORD_FILE": write("registry", "ignored"),
+		"SCHEMA_REGISTRY_PASSWORD":      "from-env",
+		"DATABASE_URL_FILE":             write("db", "postgres://app@db/onceflow\n"),
+	}
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	c := Register(fs, func(k string) string { return env[k] })
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if c.SASLPassword != "from-file" || c.SchemaRegistryPassword != "from-env" || c.DatabaseURL != "postgres://app@db/onceflow" {
+		t.Errorf("got SASL %q, registry %q, database %q; want from-file, from-env and the file's URL", c.SASLPassword, c.SchemaRegistryPassword, c.DatabaseURL)
+	}
+	env = map[string]string{"ONCEFLOW_ADMIN_TOKEN_FILE": filepath.Join(dir, "missing")}
+	c = Register(flag.NewFlagSet("test", flag.ContinueOnError), func(k string) string { return env[k] })
+	if _, err := c.Stack(slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "ONCEFLOW_ADMIN_TOKEN_FILE") {
+		t.Errorf("an unreadable ONCEFLOW_ADMIN_TOKEN_FILE: %v, want an error naming it", err)
+	}
+}
+
+// DATABASE_MAX_CONNS sizes the pools (default 10) and must be positive;
+// ONCEFLOW_TRUSTED_PROXIES is a list of networks, and nothing else.
+func TestPoolAndProxySettings(t *testing.T) {
+	parse := func(env map[string]string) *Common {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		c := Register(fs, func(k string) string { return env[k] })
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cfg, err := parse(nil).Stack(slog.New(slog.DiscardHandler))
+	if err != nil || cfg.DatabaseMaxConns != DefaultDatabaseMaxConns {
+		t.Errorf("default pool size %d (%v), want %d", cfg.DatabaseMaxConns, err, DefaultDatabaseMaxConns)
+	}
+	if _, err := parse(map[string]string{"DATABASE_MAX_CONNS": "0"}).Stack(slog.New(slog.DiscardHandler)); err == nil {
+		t.Error("DATABASE_MAX_CONNS=0 was accepted")
+	}
+	icfg, err := parse(map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "10.0.0.0/8, fd00::/8"}).ingest()
+	if err != nil || len(icfg.TrustedProxies) != 2 || icfg.TrustedProxies[1].String() != "fd00::/8" {
+		t.Errorf("trusted proxies %v (%v)", icfg.TrustedProxies, err)
+	}
+	if _, err := parse(map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "10.0.0.1"}).ingest(); err == nil {
+		t.Error("an address without a prefix length was accepted as a network")
 	}
 }

@@ -108,7 +108,7 @@ func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 func (b *Broker) Close() {
 	b.cluster.Close()
 	if b.dataDir != "" {
-		os.WriteFile(filepath.Join(b.dataDir, cleanStopFile), nil, 0o644)
+		os.WriteFile(filepath.Join(b.dataDir, cleanStopFile), nil, 0o600)
 	}
 }
 

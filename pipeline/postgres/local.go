@@ -80,7 +80,7 @@ func (l Local) Ensure(ctx context.Context) (string, error) {
 		l.Logf("postgres: the postgres user cannot reach %s; using %s", dir, alt)
 		dir = alt
 	}
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil { // #nosec G301 -- run as root, the postgres user must reach its data directory through it
 		return "", fmt.Errorf("create %s: %w", filepath.Dir(dir), err)
 	}
 	unlock, err := lockFile(dir + ".lock")
@@ -179,7 +179,7 @@ func (l Local) start(ctx context.Context, dir string, pg *user.User) error {
 	l.Logf("postgres: starting on 127.0.0.1:%d (data %s)", l.Port, dir)
 	if err := run(ctx, pg, dir, filepath.Join(bin, "pg_ctl"),
 		"-D", dir, "-l", filepath.Join(dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+		log, _ := os.ReadFile(filepath.Join(dir, "server.log")) // #nosec G304 -- the cluster's own log, in the directory we run it in
 		return fmt.Errorf("pg_ctl start: %w\n%s", err, tail(string(log), 2000))
 	}
 	return nil
@@ -264,7 +264,7 @@ func chown(dir string, u *user.User) error {
 // run runs a server binary, as u when u is not nil, in its own session so
 // the server it may start outlives us and our terminal's signals.
 func run(ctx context.Context, u *user.User, dir, name string, args ...string) error {
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := exec.CommandContext(ctx, name, args...) // #nosec G204 -- the PostgreSQL binaries found next to initdb, with arguments of our own
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8")
@@ -282,7 +282,7 @@ func run(ctx context.Context, u *user.User, dir, name string, args ...string) er
 }
 
 func lockFile(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}

@@ -73,7 +73,6 @@ type batch[S any] struct {
 	cl      *kgo.Client
 	promise *kgo.FirstErrPromise
 	overlay map[aggregateKey]*staged[S]
-	buf     []byte // scratch for snapshot encoding
 
 	// now is the batch's time on the processor's clock (unix ms): the time
 	// the ids it handles are remembered at, and what a command's time is

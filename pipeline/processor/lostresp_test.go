@@ -15,10 +15,9 @@ import (
 // client can trust); this is the other half of an indeterminate commit.
 type lossyListener struct {
 	net.Listener
-	key   int16        // the request key whose responses are lost
-	lose  atomic.Int32 // responses still to lose
-	lost  atomic.Int32 // responses lost so far
-	conns sync.Map
+	key  int16        // the request key whose responses are lost
+	lose atomic.Int32 // responses still to lose
+	lost atomic.Int32 // responses lost so far
 }
 
 func (l *lossyListener) Accept() (net.Conn, error) {

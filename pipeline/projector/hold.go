@@ -38,7 +38,7 @@ func HoldInDir(dir string) Hold {
 		}
 		held := filepath.Join(dir, point+".held")
 		tmp := held + ".tmp"
-		if os.WriteFile(tmp, []byte(strconv.FormatUint(uint64(pid), 10)), 0o644) != nil || os.Rename(tmp, held) != nil {
+		if os.WriteFile(tmp, []byte(strconv.FormatUint(uint64(pid), 10)), 0o600) != nil || os.Rename(tmp, held) != nil {
 			return
 		}
 		for {

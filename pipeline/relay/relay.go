@@ -280,7 +280,7 @@ func jitter(d time.Duration) time.Duration {
 	if d <= 1 {
 		return d
 	}
-	return d/2 + rand.N(d/2)
+	return d/2 + rand.N(d/2) // #nosec G404 -- jitter of a poll interval: nothing to guess
 }
 
 // sleep waits d or until ctx ends; it reports whether it waited the full d.
