@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -308,6 +309,9 @@ func TestComposeConfiguresComponents(t *testing.T) {
 		"KAFKA_BROKERS": true, "DATABASE_URL": true, "SCHEMA_REGISTRY_URL": true, "ONCEFLOW_TOPIC_PREFIX": true,
 		"HTTP_ADDR": true, "ADMIN_ADDR": true, "LOG_LEVEL": true, "LOG_FORMAT": true, "ONCEFLOW_PARTITIONS": true,
 		"ONCEFLOW_INSTANCE_ID": true, "ONCEFLOW_DEV_API_KEY": true, "ONCEFLOW_LAG_EXPORT": true,
+		"KAFKA_SASL_MECHANISM": true, "KAFKA_SASL_USER": true, "KAFKA_SASL_PASSWORD_FILE": true, "KAFKA_ALLOW_PLAINTEXT_SASL": true,
+		"SCHEMA_REGISTRY_USER": true, "SCHEMA_REGISTRY_PASSWORD_FILE": true, "SCHEMA_REGISTRY_CA_FILE": true,
+		"ONCEFLOW_TRUSTED_PROXIES": true,
 	}
 	for _, c := range []string{"ingest", "relay", "processor", "projector"} {
 		s, ok := doc.Services[c]
@@ -328,5 +332,117 @@ func TestComposeConfiguresComponents(t *testing.T) {
 				t.Errorf("service %s does not set %s", c, k)
 			}
 		}
+	}
+}
+
+// composeFile is the part of docker-compose.yml the security checks read.
+type composeFile struct {
+	Services map[string]struct {
+		Image       string            `yaml:"image"`
+		Build       any               `yaml:"build"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+		Secrets     []string          `yaml:"secrets"`
+		Ports       []string          `yaml:"ports"`
+	} `yaml:"services"`
+	Secrets map[string]struct {
+		File string `yaml:"file"`
+	} `yaml:"secrets"`
+}
+
+// The stack authenticates everything and holds no secret in the file
+// (docs/security.md#the-compose-stack): images pinned by digest; no
+// password, token or key as a value, only files under /run/secrets (or
+// values compose/secrets.sh writes into compose/.env); Kafka's clients on
+// SASL listeners; the registry on https with basic auth; Postgres with
+// TLS, passwords and no trust over the network, reached with verify-full;
+// the components as the runtime role and only migrate as the owner;
+// Grafana without anonymous access. Every secret a service mounts is
+// declared and made by compose/secrets.sh.
+func TestComposeIsAuthenticated(t *testing.T) {
+	b, err := os.ReadFile("docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc composeFile
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	script, err := os.ReadFile("secrets.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := regexp.MustCompile(`^[a-z0-9./-]+:[A-Za-z0-9._-]+@sha256:[0-9a-f]{64}$`)
+	secretKey := regexp.MustCompile(`PASSWORD|TOKEN|SECRET|JAAS_CONFIG`)
+	components := map[string]bool{"ingest": true, "relay": true, "processor": true, "projector": true, "lag": true}
+	for name, s := range doc.Services {
+		if s.Build == nil && !pinned.MatchString(s.Image) {
+			t.Errorf("service %s: image %q is not pinned by digest (name:tag@sha256:...)", name, s.Image)
+		}
+		for k, v := range s.Environment {
+			fromFile := strings.HasSuffix(k, "_FILE") && strings.HasPrefix(v, "/run/secrets/")
+			fromEnvFile := strings.HasPrefix(v, "${ONCEFLOW_") && strings.Contains(v, ":?")
+			if secretKey.MatchString(k) && !fromFile && !fromEnvFile && k != "ONCEFLOW_DEV_API_KEY" {
+				t.Errorf("service %s: %s is set in the file; read it from a secret (%s_FILE=/run/secrets/...)", name, k, k)
+			}
+			if strings.HasPrefix(v, "postgres://") {
+				if regexp.MustCompile(`//[^/@]*:[^/@]*@`).MatchString(v) || !strings.Contains(v, "sslmode=verify-full") || !strings.Contains(v, "passfile=/run/secrets/") {
+					t.Errorf("service %s: %s=%s: want no password in the URL, sslmode=verify-full and a passfile", name, k, v)
+				}
+			}
+		}
+		if components[name] {
+			if s.Environment["DATABASE_MIGRATION_URL"] != "" || !strings.Contains(s.Environment["DATABASE_URL"], "//onceflow_app@") {
+				t.Errorf("service %s: want the runtime role (onceflow_app) and no DATABASE_MIGRATION_URL", name)
+			}
+			if s.Environment["KAFKA_SASL_MECHANISM"] == "" || !strings.HasPrefix(s.Environment["SCHEMA_REGISTRY_URL"], "https://") {
+				t.Errorf("service %s: want SASL to Kafka and https to the registry", name)
+			}
+		}
+		for _, sec := range s.Secrets {
+			f, ok := doc.Secrets[sec]
+			if !ok {
+				t.Errorf("service %s mounts secret %s, which is not declared", name, sec)
+				continue
+			}
+			if base := filepath.Base(f.File); !strings.Contains(string(script), base) && !strings.Contains(string(script), strings.TrimSuffix(base, filepath.Ext(base))) {
+				t.Errorf("secret %s (%s) is not made by compose/secrets.sh", sec, f.File)
+			}
+		}
+	}
+	svc := doc.Services
+	if !strings.Contains(svc["migrate"].Environment["DATABASE_MIGRATION_URL"], "//onceflow_owner@") {
+		t.Error("migrate: want DATABASE_MIGRATION_URL as the owner")
+	}
+	kafka := svc["kafka"].Environment
+	for _, l := range strings.Split(kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"], ",") {
+		name, proto, _ := strings.Cut(l, ":")
+		if name != "CONTROLLER" && !strings.HasPrefix(proto, "SASL_") {
+			t.Errorf("kafka: listener %s is %s; clients must authenticate (SASL)", name, proto)
+		}
+	}
+	if reg := svc["schema-registry"].Environment; reg["SCHEMA_REGISTRY_AUTHENTICATION_METHOD"] != "BASIC" || !strings.HasPrefix(reg["SCHEMA_REGISTRY_LISTENERS"], "https://") ||
+		reg["SCHEMA_REGISTRY_KAFKASTORE_SECURITY_PROTOCOL"] != "SASL_PLAINTEXT" {
+		t.Errorf("schema-registry: want basic auth over https, and SASL to Kafka: %v", reg)
+	}
+	pg := svc["postgres"]
+	if pg.Environment["POSTGRES_PASSWORD_FILE"] == "" || !slices.Contains(pg.Command, "ssl=on") {
+		t.Errorf("postgres: want POSTGRES_PASSWORD_FILE and ssl=on: %v %v", pg.Environment, pg.Command)
+	}
+	hba, err := os.ReadFile("postgres/pg_hba.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(hba), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] != "local" && !strings.HasPrefix(f[0], "#") && f[len(f)-1] != "scram-sha-256" && f[len(f)-1] != "reject" {
+			t.Errorf("pg_hba.conf: %q lets a connection in without TLS and a password", line)
+		}
+		if len(f) > 0 && f[0] == "host" && f[len(f)-1] != "reject" {
+			t.Errorf("pg_hba.conf: %q allows a connection without TLS", line)
+		}
+	}
+	if g := svc["grafana"].Environment; g["GF_AUTH_ANONYMOUS_ENABLED"] != "false" || g["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "" {
+		t.Errorf("grafana: want anonymous access off and the admin password from a secret: %v", g)
 	}
 }

@@ -282,7 +282,7 @@ func run(ctx context.Context, u *user.User, dir, name string, args ...string) er
 }
 
 func lockFile(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600) // #nosec G304 -- the lock next to the cluster's own data directory
 	if err != nil {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
