@@ -22,7 +22,7 @@ import (
 // leastPrivilege is a database deployed with separate roles (the owner
 // for fixtures, as operators and the projector would write them; ingest
 // on the runtime role).
-func leastPrivilege(t *testing.T) (owner, runtime *pgxpool.Pool) {
+func leastPrivilege(t testing.TB) (owner, runtime *pgxpool.Pool) {
 	t.Helper()
 	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, ledgerapp.Migrations)
 	var err error
