@@ -161,7 +161,7 @@ func backoff(p Retry, attempt int) time.Duration {
 	if ceiling <= 0 || ceiling > p.MaxDelay {
 		ceiling = p.MaxDelay
 	}
-	return time.Duration(rand.Int64N(int64(ceiling) + 1))
+	return time.Duration(rand.Int64N(int64(ceiling) + 1)) // #nosec G404 -- full-jitter backoff: nothing to guess
 }
 
 // retryAfter reads a response's Retry-After: whole seconds or an HTTP
