@@ -10,12 +10,14 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
@@ -129,5 +131,41 @@ func TestDevListensOnLoopback(t *testing.T) {
 	dc.setDefaults()
 	if dc.AdminAddr != ":9999" {
 		t.Errorf("ADMIN_ADDR=:9999 became %q", dc.AdminAddr)
+	}
+}
+
+// Under least privilege a component serves as the runtime role: given
+// only DATABASE_URL it refuses a database that needs a migration, naming
+// DATABASE_MIGRATION_URL; given both, it migrates as the owner and its
+// pool is the runtime role's.
+func TestOpenDatabaseWithTwoRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t)
+	d := testDomain()
+	d.Migrations = fstest.MapFS{"00001_notes.sql": {Data: []byte("-- +goose Up\nCREATE TABLE notes (tenant text, body text);\n-- +goose Down\nDROP TABLE notes;\n")}}
+	dep, err := newDeployment([]*Domain{d}, "", kafka.Topics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	if _, err := openDatabase(ctx, Config{DatabaseURL: runtimeURL, Logger: logger}, dep, 2); err == nil || !strings.Contains(err.Error(), "DATABASE_MIGRATION_URL") {
+		t.Fatalf("a pending migration with the runtime role only: %v, want an error naming DATABASE_MIGRATION_URL", err)
+	}
+	pool, err := openDatabase(ctx, Config{DatabaseURL: runtimeURL, DatabaseMigrationURL: ownerURL, Logger: logger}, dep, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var user string
+	if err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil || !strings.HasPrefix(user, "test_runtime_") {
+		t.Errorf("the pool connects as %q (%v), want the runtime role", user, err)
+	}
+	// The domain's new table is the runtime role's to write, not to drop.
+	if _, err := pool.Exec(ctx, `INSERT INTO notes VALUES ('a', 'x')`); err != nil {
+		t.Errorf("the runtime role writing the domain's new table: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `DROP TABLE notes`); !postgres.IsInsufficientPrivilege(err) {
+		t.Errorf("the runtime role dropping it: %v, want insufficient_privilege", err)
 	}
 }
