@@ -120,17 +120,28 @@ func (s *Server) authenticate(r *http.Request) (caller, *Problem) {
 	if s.badKeys.has(c.keyHash, now) {
 		return caller{}, s.authFailed(addr, "unknown")
 	}
+	// A lookup takes its token before it runs, and gives it back if the
+	// key was valid: taken after, every request that found a token left
+	// would look up at once, and the budget would bound nothing.
+	if ok, retry := s.failures.allow(addr, now); !ok {
+		s.metrics.authFailures.WithLabelValues("throttled").Inc()
+		return caller{}, errAuthThrottled(retry)
+	}
 	tenant, err := s.lookupKey(r.Context(), c.keyHash)
 	switch {
 	case errors.Is(err, errLookupsBusy):
+		s.failures.refund(addr)
 		s.metrics.authFailures.WithLabelValues("busy").Inc()
 		return caller{}, errUnavailable("too many requests with unknown API keys at once; retry")
 	case err != nil:
+		s.failures.refund(addr)
 		return caller{}, s.internal(r, err)
 	case tenant == "":
 		s.badKeys.put(c.keyHash, now)
-		return caller{}, s.authFailed(addr, "unknown")
+		s.metrics.authFailures.WithLabelValues("unknown").Inc()
+		return caller{}, errUnauthorized
 	}
+	s.failures.refund(addr)
 	c.tenant = tenant
 	return c, nil
 }

@@ -87,6 +87,19 @@ func (l *limiter) spend(key string, now time.Time) {
 	}
 }
 
+// refund gives back a token taken for what turned out not to be a
+// failure.
+func (l *limiter) refund(key string) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b, ok := l.buckets[key]; ok {
+		b.tokens = min(l.burst, b.tokens+1)
+	}
+}
+
 func (l *limiter) wait(b *bucket) time.Duration {
 	return time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
 }
