@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -299,7 +301,17 @@ func TestCommandWaitWakesOnNotification(t *testing.T) {
 	go func() {
 		done <- s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + id + "?wait=30s", apiKey: key})
 	}()
-	time.Sleep(200 * time.Millisecond) // the request is waiting
+	// The request registers for its command's notifications, then reads
+	// the row once: wait for the registration, then give the read time to
+	// finish before the outcome is written behind it (a sleep alone was
+	// too short on a loaded machine: the read saw the outcome).
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if s.Waiters() != 1 {
+			return errors.New("the request has not registered yet")
+		}
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond)
 	if _, err := pool.Exec(ctx, `UPDATE command_status SET status = 'accepted' WHERE command_id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
