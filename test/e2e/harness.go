@@ -295,6 +295,11 @@ type Pipeline struct {
 	BrokerAddr  string
 	RegistryURL string
 	Prefix      string
+	// App, if set, is the binary (of onceflow.Main, in Bin) the deployment
+	// runs: its broker is `App dev --broker-only` and each component
+	// `App KIND`. Empty: the ledger's binaries, onceflow and one per
+	// component.
+	App string
 	// BrokerEnv is added to the broker's environment (e.g.
 	// ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT for quick rebalances).
 	BrokerEnv map[string]string
@@ -325,7 +330,7 @@ func (pl *Pipeline) StartBroker(ctx context.Context) (*Proc, error) {
 	for k, v := range pl.BrokerEnv {
 		env[k] = v
 	}
-	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "broker",
+	p, err := Start(filepath.Join(pl.Bin, orDefault(pl.App, "onceflow")), "broker",
 		[]string{"dev", "--broker-only", "--data-dir", filepath.Join(pl.Dir, "data"), "--registry-addr", reg},
 		env, filepath.Join(pl.Dir, "broker.log"), "")
 	if err != nil {
@@ -382,7 +387,11 @@ func (pl *Pipeline) StartComponent(ctx context.Context, kind, instance string, e
 			env[k] = v
 		}
 	}
-	p, err := Start(filepath.Join(pl.Bin, kind), instance, nil, env, filepath.Join(pl.Dir, instance+".log"), "http://"+admin)
+	bin, args := kind, []string(nil)
+	if pl.App != "" {
+		bin, args = pl.App, []string{kind}
+	}
+	p, err := Start(filepath.Join(pl.Bin, bin), instance, args, env, filepath.Join(pl.Dir, instance+".log"), "http://"+admin)
 	if err != nil {
 		return nil, err
 	}
@@ -418,4 +427,11 @@ func (pl *Pipeline) Logs(n int) string {
 		fmt.Fprintf(&b, "----- %s -----\n%s\n", name, p.Tail(n))
 	}
 	return b.String()
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
