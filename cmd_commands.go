@@ -115,13 +115,17 @@ func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(s
 	if err != nil {
 		return err
 	}
+	icfg, err := c.ingest(getenv)
+	if err != nil {
+		return err
+	}
 	minSessionTimeout, err := time.ParseDuration(minSession)
 	if err != nil || minSessionTimeout <= 0 {
 		return fmt.Errorf("-group-min-session-timeout %q: want a positive duration", minSession)
 	}
 	return RunDev(ctx, DevConfig{
 		RunConfig: RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
-			Processor: pcfg, Relay: rcfg, LagExport: c.LagExport},
+			Ingest: icfg, Processor: pcfg, Relay: rcfg, LagExport: c.LagExport},
 		DataDir:      dataDir,
 		BrokerAddr:   cfg.Kafka.Brokers[0],
 		RegistryAddr: registryAddr,

@@ -63,6 +63,10 @@ type Common struct {
 	// Stack parses them).
 	IdempotencyRetention string
 	TenantRateLimit      string
+	// Inbound webhooks: the providers' file and how long event ids are
+	// kept (docs/inbound.md).
+	InboundConfig    string
+	InboundRetention string
 	// The processor's (strings until Processor parses them).
 	DedupWindow             string
 	ProcessorSessionTimeout string
@@ -159,6 +163,8 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.IntVar(&c.RelayBatchSize, "relay-batch-size", batch, "outbox rows per relay Kafka transaction (ONCEFLOW_RELAY_BATCH_SIZE)")
 	fs.StringVar(&c.IdempotencyRetention, "idempotency-retention", env("ONCEFLOW_IDEMPOTENCY_RETENTION", pipeline.DefaultIdempotencyRetention.String()), "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same (ONCEFLOW_IDEMPOTENCY_RETENTION)")
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", strconv.Itoa(ingest.DefaultRateLimit)), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
+	fs.StringVar(&c.InboundConfig, "inbound-config", env("ONCEFLOW_INBOUND_CONFIG", ""), "JSON `file` of the webhook providers ingest accepts at POST /v1/inbound/{provider} (docs/inbound.md); secrets may stay in the environment (secrets_env) (ONCEFLOW_INBOUND_CONFIG)")
+	fs.StringVar(&c.InboundRetention, "inbound-retention", env("ONCEFLOW_INBOUND_RETENTION", ingest.DefaultInboundRetention.String()), "how long ingest remembers a provider's event ids; longer than any provider retries (ONCEFLOW_INBOUND_RETENTION)")
 	fs.StringVar(&c.LagExport, "lag-export", env("ONCEFLOW_LAG_EXPORT", ""), "which consumers' lag to export on /metrics: own (this process's; the components' default), cluster (every group and Postgres consumer, once per cluster; onceflow dev's default) or off (ONCEFLOW_LAG_EXPORT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, &c.envErrs, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
@@ -348,7 +354,7 @@ func runComponent(ctx context.Context, name string, components Components, domai
 	if err != nil {
 		return err
 	}
-	icfg, err := c.ingest()
+	icfg, err := c.ingest(getenv)
 	if err != nil {
 		return err
 	}
@@ -356,9 +362,27 @@ func runComponent(ctx context.Context, name string, components Components, domai
 		AdminToken: c.AdminToken, Ingest: icfg, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport})
 }
 
-// ingest returns ingest's own settings.
-func (c *Common) ingest() (ingest.Config, error) {
+// ingest returns ingest's own settings: the trusted proxies and the
+// inbound providers (their file, with secrets from getenv).
+func (c *Common) ingest(getenv func(string) string) (ingest.Config, error) {
 	var cfg ingest.Config
+	if c.InboundConfig != "" {
+		b, err := os.ReadFile(c.InboundConfig)
+		if err != nil {
+			return ingest.Config{}, fmt.Errorf("ONCEFLOW_INBOUND_CONFIG: %w", err)
+		}
+		if cfg.Providers, err = ingest.ParseProviders(b, getenv); err != nil {
+			return ingest.Config{}, fmt.Errorf("ONCEFLOW_INBOUND_CONFIG %s: %w", c.InboundConfig, err)
+		}
+	}
+	d, err := time.ParseDuration(c.InboundRetention)
+	if err != nil || d < time.Hour {
+		return ingest.Config{}, fmt.Errorf("ONCEFLOW_INBOUND_RETENTION %q: want a duration of an hour or more, like 720h", c.InboundRetention)
+	}
+	cfg.InboundRetention = d
+	if prefix := getenv(ingest.InboundHoldEnv); prefix != "" {
+		cfg.AfterInbound = ingest.HoldInbound(prefix)
+	}
 	for _, s := range strings.Split(c.TrustedProxies, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

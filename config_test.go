@@ -206,11 +206,11 @@ func TestPoolAndProxySettings(t *testing.T) {
 	if _, err := parse(map[string]string{"DATABASE_MAX_CONNS": "0"}).Stack(slog.New(slog.DiscardHandler)); err == nil {
 		t.Error("DATABASE_MAX_CONNS=0 was accepted")
 	}
-	icfg, err := parse(map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "10.0.0.0/8, fd00::/8"}).ingest()
+	icfg, err := parse(map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "10.0.0.0/8, fd00::/8"}).ingest(func(string) string { return "" })
 	if err != nil || len(icfg.TrustedProxies) != 2 || icfg.TrustedProxies[1].String() != "fd00::/8" {
 		t.Errorf("trusted proxies %v (%v)", icfg.TrustedProxies, err)
 	}
-	if _, err := parse(map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "10.0.0.1"}).ingest(); err == nil {
+	if _, err := parse(map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "10.0.0.1"}).ingest(func(string) string { return "" }); err == nil {
 		t.Error("an address without a prefix length was accepted as a network")
 	}
 }

@@ -8,7 +8,12 @@
 // 00020-00029 relay and jobs, 00030-00039 projector. A new migration takes
 // the next number above the highest, whatever its part: goose refuses to
 // apply one numbered below what a database already has (a database at 30
-// would not start with a new 00023).
+// would not start with a new 00023). Two ranges were handed out at once to
+// work done side by side: 00037-00039 (jobs and outbound webhooks) and
+// 00040-00044 (inbound webhooks, reconciliation). A database that applied
+// 00040 before 00037 existed must be migrated by a build that has both
+// from a database below 00037, or from scratch; fresh databases (every
+// test) take both ranges in order.
 package sql
 
 import "embed"

@@ -86,6 +86,21 @@ type Config struct {
 	// request is a 503 with Retry-After rather than a wait for a
 	// connection. Default a quarter of the pool's connections, at least 2.
 	MaxKeyLookups int
+	// Providers are the senders of webhooks accepted at POST
+	// /v1/inbound/{provider} (ONCEFLOW_INBOUND_CONFIG, docs/inbound.md).
+	// Default none: the route answers 404 for every name.
+	Providers []Provider
+	// InboundRetention is how long a provider's event ids are remembered
+	// (ONCEFLOW_INBOUND_RETENTION); a delivery of an event older than
+	// that is a new event. Default 30 days (DefaultInboundRetention); at
+	// least an hour.
+	InboundRetention time.Duration
+	// AfterInbound, if set, is called after the transaction that stored
+	// an inbound event committed and before the delivery is answered.
+	// Test-only (InboundHoldEnv): a test that kills ingest there proves a
+	// stored but unanswered event makes one command when it is delivered
+	// again.
+	AfterInbound func(eventID string)
 	// OnAccept, if set, is called after each transaction that accepted
 	// commands commits: `onceflow dev` wires it to the relay's wake-up so
 	// commands leave the outbox at once instead of at the next poll.
@@ -138,6 +153,9 @@ func (c *Config) setDefaults() {
 	if c.MaxWaitsPerTenant == 0 {
 		c.MaxWaitsPerTenant = 32
 	}
+	if c.InboundRetention == 0 {
+		c.InboundRetention = DefaultInboundRetention
+	}
 	if c.BadKeyCacheSize == 0 {
 		c.BadKeyCacheSize = 65536
 	}
@@ -174,6 +192,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxWaits < 1 || c.MaxWaitsPerTenant < 1 || c.BadKeyCacheSize < 1 || c.BadKeyTTL < 0 || c.AuthFailureBurst < 1 || c.MaxKeyLookups < 1 {
 		errs = append(errs, errors.New("ingest: MaxWaits, MaxWaitsPerTenant, BadKeyCacheSize, AuthFailureBurst and MaxKeyLookups must be positive, BadKeyTTL not negative"))
+	}
+	if c.InboundRetention < time.Hour {
+		errs = append(errs, errors.New("ingest: InboundRetention must be at least an hour"))
 	}
 	return errors.Join(errs...)
 }

@@ -114,4 +114,18 @@
 // them), the id alone answers the one ingest accepted, else the earliest,
 // and ?aggregate_id= picks one. The OpenAPI 3.1 document of all routes is
 // served at /openapi.json (package openapi).
+// # Inbound webhooks
+//
+// POST /v1/inbound/{provider} takes a configured provider's webhooks
+// (Config.Providers, docs/inbound.md): the signature (Standard Webhooks or
+// Stripe's scheme) and the signed timestamp are checked before anything
+// is read or written; the event's id, type, aggregate and version are read
+// where the configuration points; one transaction stores the event under
+// (provider, event id) and, if it wins over its aggregate's last winner
+// (precedence, then version: inbound_aggregates under its row lock),
+// writes its command as the accept protocol does (outbox row, pending
+// command_status row), with a command id derived from (provider, event
+// id). A delivery of a stored event only counts itself and answers what
+// the first did, so a crash between the commit and the answer makes no
+// second command.
 package ingest

@@ -20,10 +20,22 @@ type metrics struct {
 	batchSize     prometheus.Histogram
 	batchDuration prometheus.Histogram
 	age           prometheus.Histogram
+
+	inbound         *prometheus.CounterVec
+	inboundDuration prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
+		inbound: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_api_inbound_deliveries_total",
+			Help: "Webhook deliveries answered, by provider and outcome: enqueued, recorded, superseded, ignored, duplicate, bad-signature, stale, invalid, refused, error.",
+		}, []string{"provider", "outcome"}),
+		inboundDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_api_inbound_duration_seconds",
+			Help:    "Time to answer a webhook delivery, verification and the transaction that stored it included.",
+			Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
+		}),
 		age: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceflow_api_command_age_seconds",
 			Help:    "Age of a command when the transaction that accepted it committed, from its request's arrival: the first stage of its way.",
@@ -78,6 +90,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted, m.batchSize, m.batchDuration, m.age,
-		m.keyLookups, m.authFailures, m.waits, m.waitsRefused)
+		m.keyLookups, m.authFailures, m.waits, m.waitsRefused, m.inbound, m.inboundDuration)
 	return m
 }

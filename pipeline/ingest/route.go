@@ -161,6 +161,13 @@ func (r *Route) parse(req *http.Request, body []byte, maxString int) (command, *
 			errs = append(errs, FieldError{r.PathID, err.Error()})
 		}
 	}
+	return r.build(localID, obj, errs, maxString)
+}
+
+// build makes the route's command from the members of obj, for the
+// aggregate localID, adding to errs (a request's, or an inbound event's:
+// its fields are members picked out of the delivery).
+func (r *Route) build(localID string, obj object, errs []FieldError, maxString int) (command, *Problem) {
 	v := reflect.New(reflect.TypeOf(r.Command)).Elem()
 	canon := []any{r.Name, localID}
 	failed := map[string]bool{}

@@ -48,6 +48,7 @@ type Server struct {
 	wake        *wakeups
 	mux         *http.ServeMux
 	routes      []string // the API's routes, "METHOD /path", for the OpenAPI check
+	providers   map[string]*inboundProvider
 }
 
 // New returns a server for the command routes and the queries of the
@@ -80,6 +81,7 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 	}
 	s.committer.wake = s.wake
 	seen := map[string]bool{commandPattern: true}
+	prepared := make([]*Route, 0, len(routes))
 	for i := range routes {
 		r := routes[i]
 		if err := r.prepare(); err != nil {
@@ -92,6 +94,7 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 			return nil, fmt.Errorf("ingest: route %s declared twice", r.Pattern)
 		}
 		seen[r.Pattern] = true
+		prepared = append(prepared, &r)
 		s.route(r.Pattern, s.accept(&r))
 	}
 	for _, q := range queries {
@@ -105,6 +108,13 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 		s.route(q.Pattern, s.query(q))
 	}
 	s.route(commandPattern, s.getCommand)
+	// Inbound webhooks authenticate by their signature, not an API key.
+	providers, err := s.prepareProviders(cfg.Providers, prepared)
+	if err != nil {
+		return nil, err
+	}
+	s.providers = providers
+	s.mux.HandleFunc(inboundPattern, s.inbound)
 	doc, err := OpenAPI(routes, queries)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: %w", err)
@@ -464,6 +474,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		defer wg.Done()
 		s.committer.run(cctx)
 	}()
+	if len(s.providers) > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.expireInbound(cctx)
+		}()
+	}
 	go func() {
 		defer wg.Done()
 		s.wake.run(cctx)
