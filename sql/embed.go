@@ -5,7 +5,7 @@
 //
 // The first migrations were numbered by part, so that work on different
 // parts did not collide: 00001-00009 foundation, 00010-00019 ingest,
-// 00020-00029 relay and jobs, 00030-00039 projector. A new migration takes
+// 00020-00029 relay and jobs, 00030-00036 projector, 00037-00039 jobs (River's schema, the fence, webhooks). A new migration takes
 // the next number above the highest, whatever its part: goose refuses to
 // apply one numbered below what a database already has (a database at 30
 // would not start with a new 00023). Two ranges were handed out at once to

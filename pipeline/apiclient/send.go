@@ -7,10 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"time"
+
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 // Retry is how Send retries one intention. Zero values mean the defaults.
@@ -154,14 +154,9 @@ func (c *Client) Send(ctx context.Context, in Intention, policy Retry) (Sent, er
 	return out, fmt.Errorf("apiclient: %d attempts without a definite answer (last: %v)", out.Attempts, last)
 }
 
-// backoff is the wait before retry number attempt: a random duration up
-// to BaseDelay × 2^(attempt-1), at most MaxDelay.
+// backoff is the wait before retry number attempt (pipeline.Backoff).
 func backoff(p Retry, attempt int) time.Duration {
-	ceiling := p.BaseDelay << min(attempt-1, 30)
-	if ceiling <= 0 || ceiling > p.MaxDelay {
-		ceiling = p.MaxDelay
-	}
-	return time.Duration(rand.Int64N(int64(ceiling) + 1)) // #nosec G404 -- full-jitter backoff: nothing to guess
+	return pipeline.Backoff(p.BaseDelay, p.MaxDelay, attempt)
 }
 
 // retryAfter reads a response's Retry-After: whole seconds or an HTTP
@@ -170,15 +165,5 @@ func retryAfter(resp *Response) (time.Duration, bool) {
 	if resp == nil {
 		return 0, false
 	}
-	v := resp.Header.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
-	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second, true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(time.Until(t), 0), true
-	}
-	return 0, false
+	return pipeline.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 }

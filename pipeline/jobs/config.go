@@ -1,0 +1,94 @@
+package jobs
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultQueue       = "onceflow"
+	DefaultMaxWorkers  = 50
+	DefaultLease       = time.Minute
+	DefaultMaxAttempts = 10
+	DefaultBaseDelay   = time.Second
+	DefaultMaxDelay    = 10 * time.Minute
+)
+
+// Config is one worker process's settings; zero means the default.
+type Config struct {
+	// Queue is the River queue the worker takes jobs from and Projection
+	// puts them in. Default "onceflow".
+	Queue string
+	// MaxWorkers is how many jobs the process runs at once. Default 50.
+	MaxWorkers int
+	// Lease is how long an attempt may run before River's rescuer gives
+	// the job to another worker (River's RescueStuckJobsAfter); the
+	// rescuer looks every 30 s, so a job waits up to Lease + 30 s after
+	// its worker died. Default 1m.
+	Lease time.Duration
+	// AttemptTimeout bounds one attempt (River's JobTimeout); below Lease,
+	// so that a live attempt ends before its job is rescued. Default
+	// Lease / 2.
+	AttemptTimeout time.Duration
+	// MaxAttempts bounds the attempts of a job; after the last it is
+	// discarded with its errors kept. Default 10.
+	MaxAttempts int
+	// BaseDelay and MaxDelay bound the wait before a retry (full jitter):
+	// a random duration up to BaseDelay × 2^(attempt-1), at most MaxDelay,
+	// unless the attempt asked for longer (pipeline.RetryAfter). Defaults
+	// 1s and 10m.
+	BaseDelay, MaxDelay time.Duration
+	// FetchPollInterval is how often the worker looks for jobs when no
+	// insert notification came (River LISTENs for inserts). Default
+	// River's, 1s.
+	FetchPollInterval time.Duration
+	// ID names the worker process in River (attempted_by). Default River's
+	// (host name and time).
+	ID string
+}
+
+func (c *Config) setDefaults() {
+	if c.Queue == "" {
+		c.Queue = DefaultQueue
+	}
+	if c.MaxWorkers == 0 {
+		c.MaxWorkers = DefaultMaxWorkers
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = c.Lease / 2
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.BaseDelay == 0 {
+		c.BaseDelay = DefaultBaseDelay
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = DefaultMaxDelay
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.MaxWorkers < 1 {
+		errs = append(errs, fmt.Errorf("jobs: MaxWorkers %d: want 1 or more", c.MaxWorkers))
+	}
+	if c.Lease < time.Second {
+		errs = append(errs, fmt.Errorf("jobs: Lease %s: want at least 1s", c.Lease))
+	}
+	if c.AttemptTimeout <= 0 || c.AttemptTimeout >= c.Lease {
+		errs = append(errs, fmt.Errorf("jobs: AttemptTimeout %s: want more than 0 and less than the lease (%s)", c.AttemptTimeout, c.Lease))
+	}
+	if c.MaxAttempts < 1 || c.MaxAttempts > 1000 {
+		errs = append(errs, fmt.Errorf("jobs: MaxAttempts %d: want 1 to 1000", c.MaxAttempts))
+	}
+	if c.BaseDelay <= 0 || c.MaxDelay < c.BaseDelay {
+		errs = append(errs, errors.New("jobs: want 0 < BaseDelay <= MaxDelay"))
+	}
+	return errors.Join(errs...)
+}
