@@ -48,6 +48,13 @@ var instances = []struct{ kind, name string }{
 
 func startCluster(t *testing.T, ctx context.Context, bin string) *cluster {
 	t.Helper()
+	return startClusterOf(t, ctx, bin, "")
+}
+
+// startClusterOf is startCluster running app's binaries (e2e.Pipeline.App):
+// "" the ledger's, "inventory" the inventory's.
+func startClusterOf(t *testing.T, ctx context.Context, bin, app string) *cluster {
+	t.Helper()
 	dir := t.TempDir()
 	c := &cluster{t: t, comps: map[string]*e2e.Component{}, kinds: map[string]string{}}
 	// A cluster of its own: the run restarts it.
@@ -68,6 +75,9 @@ func startCluster(t *testing.T, ctx context.Context, bin string) *cluster {
 	t.Cleanup(c.pool.Close)
 
 	c.pl = e2e.NewPipeline(bin, dir, url)
+	if app != "" {
+		c.pl.App, c.pl.Prefix = app, "" // the domain's own names
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("process logs:\n%s", c.pl.Logs(40))

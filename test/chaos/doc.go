@@ -52,6 +52,20 @@
 //     failed in command_status; the oversized record is refused with
 //     MESSAGE_TOO_LARGE and is nowhere.
 //
+// TestChaosInventory is a second workload shape on the same cluster and
+// fault schedule, running the inventory binary (examples/inventory): three
+// tenants add stock to items and place orders, a share of them for an
+// item that never gets stock, with the same retries as the bank's and
+// orders placed again with a new key. Every order is a saga across two
+// aggregate types (the order's processor sends ReserveStock to the item's
+// topic, the item's sends ConfirmOrder or RejectOrder back). Its
+// invariant: each order placed once and decided once, no item's available
+// stock ever negative, available + reserved = the stock added, every
+// reservation a confirmed order's and every confirmed order reserved, and
+// the read models equal to the events (test/e2e/inventory.go). `make
+// test` runs seed 1 for 30 s (-chaos.inventory.duration; -chaos.duration
+// sets both shapes).
+//
 // It ends with a summary table: commands sent (and how many went to the
 // hot accounts), hostile records by kind, faults by kind, duplicates
 // absorbed at each boundary, losses and double effects (both must be 0),
