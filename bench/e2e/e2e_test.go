@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary be the no-op server and the profiled
+// `onceflow dev` too, as the benchmark's own binary is: it starts them by
+// running itself (os.Executable).
+func TestMain(m *testing.M) {
+	if os.Getenv(envNoop) != "" || os.Getenv(envProfiledDev) != "" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestSmoke runs the whole benchmark briefly at a tiny rate against every
+// system (onceflow dev, the Watermill peer, the no-op server) and checks
+// the report is whole and its figures sane: every operation answered, no
+// error, latencies above zero and below the bounds any of them holds, each
+// onceflow stage seen, the markdown and the PNG written. It checks no
+// speed: the figures are for make bench-e2e on a quiet machine.
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts onceflow dev, the Watermill peer and two brokers as processes; skipped with -short")
+	}
+	dbURL := os.Getenv("DATABASE_URL")
+	if dbURL == "" {
+		t.Skip("needs DATABASE_URL (a Postgres server on which it may create databases; make test sets it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	md, png := filepath.Join(dir, "report.md"), filepath.Join(dir, "plot.png")
+	var out bytes.Buffer
+	rep, err := runReport(ctx, []string{
+		"-targets", "dev,watermill,noop", "-rates", "20", "-step", "2s", "-warmup", "1s",
+		"-closed", "2s", "-clients", "4", "-search", "0", "-tenants", "2", "-accounts", "4",
+		"-md", md, "-png", png,
+	}, os.Getenv, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Targets) != 3 {
+		t.Fatalf("got %d systems in the report, want 3", len(rep.Targets))
+	}
+	for _, tr := range rep.Targets {
+		if tr.Err != "" {
+			t.Fatalf("%s: %s", tr.Name, tr.Err)
+		}
+		if len(tr.Steps) != 1 || len(tr.Closed) != 1 {
+			t.Fatalf("%s: got %d open-loop steps and %d closed-loop runs, want 1 and 1", tr.Name, len(tr.Steps), len(tr.Closed))
+		}
+		s := tr.Steps[0]
+		if s.N != 40 || s.Errs != 0 {
+			t.Errorf("%s at 20/s for 2s: got %d operations, %d errors (first: %s), want 40 and none", tr.Name, s.N, s.Errs, s.FirstErr)
+		}
+		if s.Visible.P50 <= 0 || s.Visible.P99 < s.Visible.P50 || s.Visible.Max > 10_000 || s.Accepted.P50 > s.Visible.P50 {
+			t.Errorf("%s: latencies not sane: 202 %+v, outcome %+v", tr.Name, s.Accepted, s.Visible)
+		}
+		if c := tr.Closed[0]; c.Achieved <= 0 || c.Errs != 0 || c.Clients != 4 {
+			t.Errorf("%s closed loop: %.1f/s with %d clients, %d errors (first: %s)", tr.Name, c.Achieved, c.Clients, c.Errs, c.FirstErr)
+		}
+		if tr.Name != "dev" {
+			continue
+		}
+		for _, st := range stageMetrics {
+			found := false
+			for _, got := range s.Stages {
+				if got.Name == st.name && got.Count >= 40 && got.P50 > 0 && got.P99 >= got.P50 {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("dev: stage %s (%s) missing or empty in %+v", st.name, st.metric, s.Stages)
+			}
+		}
+	}
+	text, err := os.ReadFile(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling"} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("report lacks %q:\n%s", want, text)
+		}
+	}
+	if !bytes.Equal(out.Bytes(), text) {
+		t.Errorf("the report printed and the one written differ")
+	}
+	img, err := os.ReadFile(png)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(img, []byte("\x89PNG\r\n\x1a\n")) || len(img) < 10_000 {
+		t.Errorf("plot: %d bytes, not a PNG of a plot", len(img))
+	}
+}
