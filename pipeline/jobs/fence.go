@@ -74,11 +74,15 @@ func (f *fence) Work(ctx context.Context, job *rivertype.JobRow, doInner func(co
 			"job_id", job.ID, "kind", job.Kind, "attempt", job.Attempt)
 		return err
 	}
+	var snooze *river.JobSnoozeError
 	switch {
 	case err == nil:
 		f.w.retry.forget(t)
 		f.w.metrics.attempts.WithLabelValues(job.Kind, outcomeCompleted).Inc()
 		return nil
+	case errors.As(err, &snooze):
+		f.w.metrics.attempts.WithLabelValues(job.Kind, outcomeSnoozed).Inc()
+		return err
 	case pipeline.IsPermanent(err):
 		f.w.metrics.attempts.WithLabelValues(job.Kind, outcomeDead).Inc()
 		f.w.metrics.dead.WithLabelValues(job.Kind, "permanent").Inc()
@@ -131,6 +135,17 @@ const lockAttemptSQL = `SELECT attempt, state = 'running' FROM river_job WHERE i
 // that was taken over writes nothing. Call it from a River worker's Work;
 // on success Work returns nil.
 func Complete[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error) error {
+	return fenced(ctx, pool, job, fn, true)
+}
+
+// Record runs fn in a transaction of pool fenced like Complete's, without
+// completing the job: what a failed attempt writes (its error in a
+// delivery's log) before it returns the error.
+func Record[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error) error {
+	return fenced(ctx, pool, job, fn, false)
+}
+
+func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error, complete bool) error {
 	// The token rides in the completion's own update too (the trigger).
 	if err := river.RecordOutput(ctx, Output{Attempt: job.Attempt}); err != nil {
 		return err
@@ -151,6 +166,9 @@ func Complete[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *riv
 			if err := fn(tx); err != nil {
 				return err
 			}
+		}
+		if !complete {
+			return nil
 		}
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 			return fmt.Errorf("complete job %d: %w", job.ID, err)

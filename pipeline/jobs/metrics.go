@@ -18,13 +18,14 @@ const (
 	outcomeRetry     = "retry"
 	outcomeDead      = "dead"
 	outcomeFenced    = "fenced"
+	outcomeSnoozed   = "snoozed"
 )
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_worker_attempts_total",
-			Help: "Job attempts by kind and outcome: completed, retry (failed, will run again), dead (failed for good: permanent or out of attempts), fenced (a late attempt whose job another attempt already took over; its completion changed nothing).",
+			Help: "Job attempts by kind and outcome: completed, retry (failed, will run again), dead (failed for good: permanent or out of attempts), fenced (a late attempt whose job another attempt already took over; its completion changed nothing), snoozed (put back without counting as an attempt: an open circuit breaker, a tenant over its share).",
 		}, []string{"kind", "outcome"}),
 		attemptSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "onceflow_worker_attempt_duration_seconds",

@@ -1,0 +1,64 @@
+package webhooks
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultTimeout         = 10 * time.Second
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = 30 * time.Second
+	DefaultMaxPerTenant    = 10
+)
+
+// Config is how a worker delivers; zero means the default.
+type Config struct {
+	// Allow are networks deliveries may reach although the guard refuses
+	// them otherwise (ONCEFLOW_WEBHOOK_ALLOW_NETWORKS). Default none.
+	Allow []netip.Prefix
+	// Timeout bounds one delivery's request, connect to last byte
+	// (ONCEFLOW_WEBHOOK_TIMEOUT); below the job's attempt timeout. Default
+	// 10s.
+	Timeout time.Duration
+	// BreakerFailures failures in a row open an endpoint's circuit
+	// breaker for BreakerCooldown: its deliveries wait (without spending
+	// attempts) until then, and one success closes it. Defaults 5 and 30s.
+	BreakerFailures int
+	BreakerCooldown time.Duration
+	// MaxPerTenant is how many deliveries of one tenant a worker process
+	// runs at once; more of that tenant's wait briefly, so other tenants
+	// keep workers. Default 10.
+	MaxPerTenant int
+}
+
+func (c *Config) setDefaults() {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.BreakerFailures == 0 {
+		c.BreakerFailures = DefaultBreakerFailures
+	}
+	if c.BreakerCooldown == 0 {
+		c.BreakerCooldown = DefaultBreakerCooldown
+	}
+	if c.MaxPerTenant == 0 {
+		c.MaxPerTenant = DefaultMaxPerTenant
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Timeout < 0:
+		return fmt.Errorf("webhooks: Timeout %s: want a positive duration", c.Timeout)
+	case c.BreakerFailures < 1:
+		return fmt.Errorf("webhooks: BreakerFailures %d: want 1 or more", c.BreakerFailures)
+	case c.BreakerCooldown <= 0:
+		return fmt.Errorf("webhooks: BreakerCooldown %s: want a positive duration", c.BreakerCooldown)
+	case c.MaxPerTenant < 1:
+		return fmt.Errorf("webhooks: MaxPerTenant %d: want 1 or more", c.MaxPerTenant)
+	}
+	return nil
+}

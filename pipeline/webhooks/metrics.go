@@ -1,0 +1,42 @@
+package webhooks
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	deliveries     *prometheus.CounterVec // outcome
+	latency        prometheus.Histogram
+	requestSeconds prometheus.Histogram
+	disabled       prometheus.Counter
+	breakerOpen    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_webhooks_deliveries_total",
+			Help: "Webhook delivery attempts by outcome: delivered, failed (will retry), dead (permanent refusal, 410, out of attempts, subscription gone), skipped (already delivered), deferred-breaker (the endpoint's circuit breaker is open), deferred-fairness (the tenant has its share of workers).",
+		}, []string{"outcome"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_webhooks_delivery_latency_seconds",
+			Help:    "From the event projected (its delivery enqueued) to the receiver's acknowledgement.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
+		}),
+		requestSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_webhooks_request_duration_seconds",
+			Help:    "How long a delivery's request took, answered or not.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+		disabled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_webhooks_endpoints_disabled_total",
+			Help: "Endpoints disabled because they answered 410 Gone.",
+		}),
+		breakerOpen: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_webhooks_breaker_opened_total",
+			Help: "Failures that left an endpoint's circuit breaker open.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.deliveries, m.latency, m.requestSeconds, m.disabled, m.breakerOpen)
+	}
+	return m
+}

@@ -1,0 +1,425 @@
+package webhooks_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/jobs"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
+	"github.com/onceflow/onceflow/pipeline/webhooks/webhookstest"
+)
+
+// loopback is where the test receivers listen; the guard refuses it
+// unless allowed.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+
+type env struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+	proj *jobs.Projection
+	jcfg jobs.Config
+}
+
+func newEnv(t *testing.T, jcfg jobs.Config) *env {
+	pool, _ := pipelinetest.Pool(t)
+	if jcfg.FetchPollInterval == 0 {
+		jcfg.FetchPollInterval = 100 * time.Millisecond
+	}
+	proj, err := jobs.NewProjection("webhooks", jcfg, webhooks.Router{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, pool: pool, proj: proj, jcfg: jcfg}
+}
+
+// subscribe creates tenant's subscription to url for types and returns
+// it with its secret.
+func (e *env) subscribe(tenant, url string, types ...string) webhooks.Subscription {
+	e.t.Helper()
+	s, created, err := webhooks.Create(context.Background(), e.pool, tenant, "key-"+url+strings.Join(types, ","), url, types)
+	if err != nil || !created {
+		e.t.Fatalf("create subscription: %v (created %v)", err, created)
+	}
+	return s
+}
+
+// project applies events as the projector would: the webhooks projection
+// in one transaction per batch.
+func (e *env) project(evs ...pipeline.Event) {
+	e.t.Helper()
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		out, err := e.proj.ApplyBatch(ctx, tx, evs)
+		if err != nil {
+			return err
+		}
+		return errors.Join(out...)
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// work runs a worker delivering with cfg until the test ends.
+func (e *env) work(cfg webhooks.Config, id string) *jobs.Worker {
+	e.t.Helper()
+	reg, err := webhooks.Register(cfg, nil, prometheus.NewRegistry())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c := e.jcfg
+	c.ID = id
+	w, err := jobs.New(c, e.pool, reg, nil, prometheus.NewRegistry())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("worker: %v", err)
+		}
+	})
+	<-w.Ready()
+	return w
+}
+
+func (e *env) deliveries(tenant string) []webhooks.Delivery {
+	e.t.Helper()
+	d, err := webhooks.Deliveries(context.Background(), e.pool, webhooks.Filter{Tenant: tenant, Limit: 1000})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return d
+}
+
+// waitStatus waits until every delivery of tenant has a status in want.
+func (e *env) waitStatus(tenant string, n int, within time.Duration, want ...string) []webhooks.Delivery {
+	e.t.Helper()
+	var got []webhooks.Delivery
+	pipelinetest.Eventually(e.t, within, func() error {
+		got = e.deliveries(tenant)
+		if len(got) != n {
+			return fmt.Errorf("%d deliveries, want %d", len(got), n)
+		}
+		for _, d := range got {
+			if !contains(want, d.Status) {
+				return fmt.Errorf("delivery of %s: %s (attempts %d, last error %v), want %v", d.EventID, d.Status, d.Attempts, deref(d.LastError), want)
+			}
+		}
+		return nil
+	})
+	return got
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+var version int64
+
+func deposit(tenant string, amount int64) pipeline.Event {
+	version++
+	return pipeline.Event{ID: pipeline.NameID(pipeline.NewCommandID(), []byte("0")), CommandID: pipeline.NewCommandID(), Tenant: tenant,
+		AggregateID: tenant + "/acc-1", Version: version, Time: time.Now(), Payload: ledger.Deposited{Amount: amount}}
+}
+
+func opened(tenant string) pipeline.Event {
+	ev := deposit(tenant, 0)
+	ev.Payload = ledger.AccountOpened{Currency: "EUR"}
+	return ev
+}
+
+// Every subscribed event is delivered to every subscription, and applied
+// once by the receiver, whatever the receiver does before it answers 200:
+// 500s, hangs past the timeout after applying, 429 with Retry-After in
+// seconds, 503 with Retry-After as an HTTP date, an acknowledgement lost
+// after the effect. Each delivery carries webhook-id = the event id and
+// Idempotency-Key = its job key on every attempt, signed.
+func TestEveryEventDeliveredAndAppliedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, jobs.Config{MaxAttempts: 8, BaseDelay: 10 * time.Millisecond, MaxDelay: 200 * time.Millisecond, Lease: 10 * time.Second})
+	plan := func(key string, n int) *webhookstest.Fault {
+		switch key[len(key)-1] % 6 {
+		case 0:
+			if n <= 2 {
+				return &webhookstest.Fault{Status: 500, BeforeApply: true}
+			}
+		case 1:
+			if n == 1 {
+				return &webhookstest.Fault{Hang: 2 * time.Second} // applied, answer never came in time
+			}
+		case 2:
+			if n == 1 {
+				return &webhookstest.Fault{Status: 429, RetryAfter: "1", BeforeApply: true}
+			}
+		case 3:
+			if n == 1 {
+				return &webhookstest.Fault{Status: 503, RetryAfter: time.Now().Add(time.Second).UTC().Format(http.TimeFormat), BeforeApply: true}
+			}
+		case 4:
+			if n == 1 {
+				return &webhookstest.Fault{Status: 502} // applied, then the proxy lost the answer
+			}
+		}
+		return nil
+	}
+	// Two subscriptions of acme (one to every type, one to Deposited
+	// only) on two receivers, and one of globex.
+	all, deps, other := webhookstest.New(nil, plan), webhookstest.New(nil, plan), webhookstest.New(nil, plan)
+	for _, r := range []*webhookstest.Receiver{all, deps, other} {
+		t.Cleanup(r.Close)
+	}
+	sAll := e.subscribe("acme", all.URL)
+	sDeps := e.subscribe("acme", deps.URL, "Deposited")
+	sOther := e.subscribe("globex", other.URL)
+	all.SetSecrets([]string{sAll.Secret})
+	deps.SetSecrets([]string{sDeps.Secret})
+	other.SetSecrets([]string{sOther.Secret})
+	e.work(webhooks.Config{Allow: loopback, Timeout: 500 * time.Millisecond, BreakerFailures: 1000}, "w1")
+	e.work(webhooks.Config{Allow: loopback, Timeout: 500 * time.Millisecond, BreakerFailures: 1000}, "w2")
+
+	var acme, globex []pipeline.Event
+	acme = append(acme, opened("acme"))
+	for i := range 20 {
+		acme = append(acme, deposit("acme", int64(i+1)))
+	}
+	for range 5 {
+		globex = append(globex, deposit("globex", 7))
+	}
+	e.project(acme[:10]...)
+	e.project(append(acme[10:], globex...)...)
+	e.project(acme[3:6]...) // applied again (the inbox forgot them): nothing new
+
+	got := e.waitStatus("acme", 21+20, 40*time.Second, "delivered")
+	e.waitStatus("globex", 5, 10*time.Second, "delivered")
+	for _, d := range got {
+		if d.JobID == nil || d.Attempts < 1 {
+			t.Errorf("delivery %s: job %v attempts %d, want its job and attempts recorded", d.Key(), deref(d.JobID), d.Attempts)
+		}
+	}
+	for _, tc := range []struct {
+		r   *webhookstest.Receiver
+		sub webhooks.Subscription
+		evs []pipeline.Event
+	}{{all, sAll, acme}, {deps, sDeps, acme[1:]}, {other, sOther, globex}} {
+		if bad := tc.r.Bad(); len(bad) > 0 {
+			t.Errorf("%s refused: %v", tc.r.URL, bad)
+		}
+		seen := tc.r.Seen()
+		if len(seen) != len(tc.evs) {
+			t.Errorf("%s saw %d keys, want %d", tc.r.URL, len(seen), len(tc.evs))
+		}
+		byKey := map[string]webhookstest.Stats{}
+		for _, s := range seen {
+			byKey[s.Key] = s
+		}
+		retried := 0
+		for _, ev := range tc.evs {
+			s, ok := byKey[jobs.Key(ev.ID, tc.sub.ID.String())]
+			switch {
+			case !ok:
+				t.Errorf("event %s never reached %s", ev.ID, tc.r.URL)
+			case s.Effects != 1 || s.WebhookID != ev.ID.String() || s.Body.Type != ev.Type() || s.Body.Data.EventID != ev.ID:
+				t.Errorf("event %s at %s: %d effects, webhook-id %s, type %s; want 1 effect, webhook-id %s, type %s",
+					ev.ID, tc.r.URL, s.Effects, s.WebhookID, s.Body.Type, ev.ID, ev.Type())
+			case s.Requests > 1:
+				retried++
+			}
+		}
+		if retried == 0 {
+			t.Errorf("%s: no delivery was retried; the faults did not happen", tc.r.URL)
+		}
+	}
+}
+
+// A 410 disables the endpoint: the delivery is dead at once, the next
+// events of the subscription are not sent, and other subscriptions go on.
+// Enabled again, it receives what comes next, and a redelivery sends the
+// dead one with the same keys.
+func TestGoneDisablesTheEndpoint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, jobs.Config{MaxAttempts: 5, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond})
+	gone := webhookstest.New(nil, func(string, int) *webhookstest.Fault { return &webhookstest.Fault{Status: 410, BeforeApply: true} })
+	fine := webhookstest.New(nil, nil)
+	t.Cleanup(gone.Close)
+	t.Cleanup(fine.Close)
+	sGone, sFine := e.subscribe("acme", gone.URL), e.subscribe("acme", fine.URL)
+	gone.SetSecrets([]string{sGone.Secret})
+	fine.SetSecrets([]string{sFine.Secret})
+	e.work(webhooks.Config{Allow: loopback}, "w1")
+	first := deposit("acme", 1)
+	e.project(first)
+	e.waitStatus("acme", 2, 10*time.Second, "delivered", "dead")
+	s, err := webhooks.Get(context.Background(), e.pool, "acme", sGone.ID)
+	if err != nil || s.Status != "disabled" || s.DisabledReason == nil || !strings.Contains(*s.DisabledReason, "410") {
+		t.Fatalf("after a 410: %+v %v, want disabled with the reason", s, err)
+	}
+	second := deposit("acme", 2)
+	e.project(second)
+	// A disabled subscription gets no delivery of the events after it.
+	got := e.waitStatus("acme", 3, 10*time.Second, "delivered", "dead")
+	for _, d := range got {
+		if want := map[pipeline.ID]string{sGone.ID: "dead", sFine.ID: "delivered"}[d.SubscriptionID]; d.Status != want {
+			t.Errorf("delivery %s to %s: %s, want %s", d.EventID, d.SubscriptionID, d.Status, want)
+		}
+		if d.SubscriptionID == sGone.ID && d.EventID == second.ID {
+			t.Errorf("the disabled subscription has a delivery of the next event")
+		}
+	}
+	if n := gone.Requests(jobs.Key(second.ID, sGone.ID.String())); n != 0 {
+		t.Errorf("the disabled endpoint got %d requests for the next event, want 0", n)
+	}
+
+	gone.SetPlan(nil)
+	if _, err := webhooks.Enable(context.Background(), e.pool, "acme", sGone.ID); err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		return webhooks.Redeliver(context.Background(), e.pool, "acme", sGone.ID, first.ID) // ErrRunning until River wrote the 410's outcome
+	})
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if n := gone.Effects(); n != 1 {
+			var st string
+			var att, max int
+			var errs []string
+			e.pool.QueryRow(context.Background(), `SELECT state, attempt, max_attempts, errors::text[] FROM river_job WHERE args->>'key' = $1`, jobs.Key(first.ID, sGone.ID.String())).Scan(&st, &att, &max, &errs)
+			return fmt.Errorf("redelivered effects %d, want 1 (job %s %d/%d %v; deliveries %+v)", n, st, att, max, errs, e.deliveries("acme"))
+		}
+		return nil
+	})
+	if n := gone.Requests(jobs.Key(first.ID, sGone.ID.String())); n != 2 {
+		t.Errorf("the first event reached the endpoint %d times, want 2 (the 410, the redelivery) with one key", n)
+	}
+}
+
+// The guard refuses loopback, private, link-local and the other
+// non-public addresses at dial time unless allow-listed; a refused
+// delivery is dead at once, with the reason.
+func TestGuardRefusesNonPublicAddresses(t *testing.T) {
+	t.Parallel()
+	g := webhooks.Guard{Allow: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
+	for addr, want := range map[string]bool{
+		"127.0.0.1": false, "::1": false, "10.0.0.1": false, "10.1.2.3": true, "172.16.5.4": false, "192.168.1.1": false,
+		"169.254.169.254": false, "fe80::1": false, "fd00::1": false, "0.0.0.0": false, "100.64.0.1": false,
+		"224.0.0.1": false, "::ffff:127.0.0.1": false, "8.8.8.8": true, "2606:4700:4700::1111": true,
+	} {
+		if got := g.Allowed(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("Allowed(%s): got %v, want %v", addr, got, want)
+		}
+	}
+
+	e := newEnv(t, jobs.Config{MaxAttempts: 5, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond})
+	r := webhookstest.New(nil, nil)
+	t.Cleanup(r.Close)
+	// localhost resolves to loopback: refused at dial time, whatever the
+	// name.
+	sub := e.subscribe("acme", strings.Replace(r.URL, "127.0.0.1", "localhost", 1))
+	r.SetSecrets([]string{sub.Secret})
+	e.work(webhooks.Config{}, "w1")
+	e.project(deposit("acme", 1))
+	got := e.waitStatus("acme", 1, 10*time.Second, "dead")
+	if got[0].LastError == nil || !strings.Contains(*got[0].LastError, "not allowed") || got[0].Attempts != 1 {
+		t.Errorf("refused delivery: attempts %d, error %v; want dead after 1 attempt, address not allowed", got[0].Attempts, deref(got[0].LastError))
+	}
+	if n := len(r.Seen()); n != 0 {
+		t.Errorf("the receiver got %d requests, want none", n)
+	}
+}
+
+// A rotation signs with both secrets until the previous one is dropped: a
+// receiver that knows only either accepts the delivery.
+func TestRotationSignsWithBothSecrets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, jobs.Config{})
+	oldOnly, newOnly := webhookstest.New(nil, nil), webhookstest.New(nil, nil)
+	t.Cleanup(oldOnly.Close)
+	t.Cleanup(newOnly.Close)
+	ctx := context.Background()
+	sOld := e.subscribe("acme", oldOnly.URL)
+	sNew := e.subscribe("acme", newOnly.URL)
+	rotOld, err := webhooks.Rotate(ctx, e.pool, "acme", sOld.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotNew, err := webhooks.Rotate(ctx, e.pool, "acme", sNew.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rotOld.Rotating || rotOld.Secret == sOld.Secret {
+		t.Fatalf("after Rotate: %+v, want a new secret and rotating", rotOld)
+	}
+	oldOnly.SetSecrets([]string{sOld.Secret})
+	newOnly.SetSecrets([]string{rotNew.Secret})
+	e.work(webhooks.Config{Allow: loopback}, "w1")
+	e.project(deposit("acme", 1))
+	e.waitStatus("acme", 2, 10*time.Second, "delivered")
+	if b := append(oldOnly.Bad(), newOnly.Bad()...); len(b) > 0 {
+		t.Errorf("refused during the rotation: %v", b)
+	}
+	// Dropped: the old secret no longer signs.
+	if _, err := webhooks.DropPrevious(ctx, e.pool, "acme", sOld.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.project(deposit("acme", 2))
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if len(oldOnly.Bad()) == 0 {
+			return errors.New("the old secret still signs")
+		}
+		return nil
+	})
+}
+
+// An endpoint that keeps failing opens its breaker: its deliveries wait
+// without spending attempts, and one success closes it.
+func TestBreakerOpensAndCloses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, jobs.Config{MaxAttempts: 20, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond})
+	r := webhookstest.New(nil, func(string, int) *webhookstest.Fault { return &webhookstest.Fault{Status: 500, BeforeApply: true} })
+	t.Cleanup(r.Close)
+	sub := e.subscribe("acme", r.URL)
+	r.SetSecrets([]string{sub.Secret})
+	e.work(webhooks.Config{Allow: loopback, BreakerFailures: 3, BreakerCooldown: 2 * time.Second}, "w1")
+	e.project(deposit("acme", 1))
+	var openUntil *time.Time
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		return e.pool.QueryRow(context.Background(), `SELECT open_until FROM webhook_subscriptions WHERE id = $1 AND open_until > now()`, [16]byte(sub.ID)).Scan(&openUntil)
+	})
+	attempts := e.deliveries("acme")[0].Attempts
+	time.Sleep(time.Second) // open: nothing is sent
+	if got := e.deliveries("acme")[0].Attempts; got != attempts {
+		t.Errorf("attempts while the breaker was open: %d, then %d; want none", attempts, got)
+	}
+	r.SetPlan(nil)
+	e.waitStatus("acme", 1, 10*time.Second, "delivered")
+	var failures int
+	if err := e.pool.QueryRow(context.Background(), `SELECT failures FROM webhook_subscriptions WHERE id = $1 AND open_until IS NULL`, [16]byte(sub.ID)).Scan(&failures); err != nil || failures != 0 {
+		t.Errorf("after a success: failures %d (%v), want the breaker closed", failures, err)
+	}
+}
