@@ -25,6 +25,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/reconcile"
 	"github.com/onceflow/onceflow/pipeline/relay"
 )
 
@@ -67,6 +68,9 @@ type Common struct {
 	// kept (docs/inbound.md).
 	InboundConfig    string
 	InboundRetention string
+	// ReconcileInterval is ONCEFLOW_RECONCILE_INTERVAL (the relay's
+	// periodic reconciliation; empty or 0: off).
+	ReconcileInterval string
 	// The processor's (strings until Processor parses them).
 	DedupWindow             string
 	ProcessorSessionTimeout string
@@ -165,6 +169,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.TenantRateLimit, "tenant-rate-limit", env("ONCEFLOW_TENANT_RATE_LIMIT", strconv.Itoa(ingest.DefaultRateLimit)), "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (ONCEFLOW_TENANT_RATE_LIMIT; 0 or less: no limit)")
 	fs.StringVar(&c.InboundConfig, "inbound-config", env("ONCEFLOW_INBOUND_CONFIG", ""), "JSON `file` of the webhook providers ingest accepts at POST /v1/inbound/{provider} (docs/inbound.md); secrets may stay in the environment (secrets_env) (ONCEFLOW_INBOUND_CONFIG)")
 	fs.StringVar(&c.InboundRetention, "inbound-retention", env("ONCEFLOW_INBOUND_RETENTION", ingest.DefaultInboundRetention.String()), "how long ingest remembers a provider's event ids; longer than any provider retries (ONCEFLOW_INBOUND_RETENTION)")
+	fs.StringVar(&c.ReconcileInterval, "reconcile-interval", env("ONCEFLOW_RECONCILE_INTERVAL", ""), "how often the relay runs onceflow reconcile with the domains' authorities, logging what it finds (docs/operations.md#reconcile); empty or 0: never (ONCEFLOW_RECONCILE_INTERVAL)")
 	fs.StringVar(&c.LagExport, "lag-export", env("ONCEFLOW_LAG_EXPORT", ""), "which consumers' lag to export on /metrics: own (this process's; the components' default), cluster (every group and Postgres consumer, once per cluster; onceflow dev's default) or off (ONCEFLOW_LAG_EXPORT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, &c.envErrs, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
@@ -358,8 +363,14 @@ func runComponent(ctx context.Context, name string, components Components, domai
 	if err != nil {
 		return err
 	}
+	var rec reconcile.Config
+	if c.ReconcileInterval != "" {
+		if rec.Interval, err = time.ParseDuration(c.ReconcileInterval); err != nil || rec.Interval < 0 {
+			return fmt.Errorf("ONCEFLOW_RECONCILE_INTERVAL %q: want a duration like 5m, or 0 for never", c.ReconcileInterval)
+		}
+	}
 	return RunComponents(ctx, RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
-		AdminToken: c.AdminToken, Ingest: icfg, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport})
+		AdminToken: c.AdminToken, Ingest: icfg, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport, Reconcile: rec})
 }
 
 // ingest returns ingest's own settings: the trusted proxies and the

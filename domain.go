@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/reconcile"
 )
 
 // Domain is one domain a deployment runs: its aggregate types, their
@@ -73,6 +74,12 @@ type Domain struct {
 	// running ingest as the tenant of client; it returns an error unless
 	// the read models show what it expects. `make demo` runs it.
 	Demo func(ctx context.Context, client *apiclient.Client, out io.Writer) error
+	// Authorities are the status checks `onceflow reconcile` asks about
+	// the domain's stuck commands, by kind (reconcile.KindPending, …;
+	// docs/operations.md#reconcile): the services that know what really
+	// happened under an Idempotency-Key or a provider event. Two domains
+	// of a deployment may not both set one kind. None: reported only.
+	Authorities map[string]reconcile.Authority
 }
 
 // Route is one HTTP route that accepts a command (ingest.Route).

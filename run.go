@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
+	"github.com/onceflow/onceflow/pipeline/reconcile"
 	"github.com/onceflow/onceflow/pipeline/relay"
 )
 
@@ -63,6 +64,10 @@ type RunConfig struct {
 	Relay     relay.Config
 	Processor processor.Config
 	Projector projector.Config
+	// Reconcile, with an Interval, makes the relay component reconcile
+	// periodically (ONCEFLOW_RECONCILE_INTERVAL; docs/operations.md#reconcile)
+	// with the domains' authorities. Default: it does not.
+	Reconcile reconcile.Config
 
 	// ShutdownTimeout bounds the graceful shutdown after ctx ends: work in
 	// flight is finished and committed, then Run returns. Default 20s.
@@ -173,6 +178,18 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 			}
 			rel = r
 			g.Go(func() error { return rel.Run(gctx) })
+			if rc.Reconcile.Interval > 0 {
+				cl, err := rc.Kafka.NewClient()
+				if err != nil {
+					return err
+				}
+				defer cl.Close()
+				rec, err := newReconciler(rc.Config, rc.Reconcile, pool, dep, serdes, cl, nil)
+				if err != nil {
+					return err
+				}
+				g.Go(func() error { return rec.Run(gctx) })
+			}
 		}
 		if c.Ingest {
 			icfg := rc.Ingest

@@ -343,3 +343,33 @@ func (s *Server) expireInbound(ctx context.Context) {
 		}
 	}
 }
+
+// EncodeCommand makes a command of commandType for the tenant-local
+// aggregate localID from fields (a JSON object of its members, as its
+// route's body has them), validated as that route validates a request,
+// and returns its commands topic and encoded value: what a command
+// ingest did not receive over HTTP (a reconciliation's correction) needs
+// to go through the outbox like any other.
+func (s *Server) EncodeCommand(ctx context.Context, commandType, localID string, fields json.RawMessage) (string, []byte, error) {
+	r := s.byType[commandType]
+	if r == nil {
+		return "", nil, fmt.Errorf("no route of this deployment takes %s", commandType)
+	}
+	if err := pipeline.ValidateLocalID(localID); err != nil {
+		return "", nil, fmt.Errorf("aggregate id %q: %w", localID, err)
+	}
+	obj, errs, p := decodeObject(fields, r.members()...)
+	var cmd command
+	if p == nil {
+		cmd, p = r.build(localID, obj, errs, s.cfg.MaxStringBytes)
+	}
+	if p != nil {
+		b, _ := json.Marshal(p.Errors)
+		return "", nil, fmt.Errorf("%s: %s", p.Title, b)
+	}
+	value, err := r.Encoder.Encode(ctx, cmd.payload)
+	if err != nil {
+		return "", nil, fmt.Errorf("encode %s: %w", commandType, err)
+	}
+	return r.Topic, value, nil
+}

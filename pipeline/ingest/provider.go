@@ -157,13 +157,7 @@ type inboundEvent struct {
 	aggregateID string
 }
 
-func (s *Server) prepareProviders(providers []Provider, routes []*Route) (map[string]*inboundProvider, error) {
-	byType := map[string]*Route{}
-	for _, r := range routes {
-		if _, ok := byType[r.Command.MessageType()]; !ok {
-			byType[r.Command.MessageType()] = r
-		}
-	}
+func (s *Server) prepareProviders(providers []Provider, byType map[string]*Route) (map[string]*inboundProvider, error) {
 	out := map[string]*inboundProvider{}
 	var errs []error
 	for _, p := range providers {

@@ -49,6 +49,7 @@ type Server struct {
 	mux         *http.ServeMux
 	routes      []string // the API's routes, "METHOD /path", for the OpenAPI check
 	providers   map[string]*inboundProvider
+	byType      map[string]*Route // the first route of each command type
 }
 
 // New returns a server for the command routes and the queries of the
@@ -78,6 +79,7 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 		committer:   newCommitter(pool, cfg, logger, m),
 		wake:        newWakeups(pool, logger),
 		mux:         http.NewServeMux(),
+		byType:      map[string]*Route{},
 	}
 	s.committer.wake = s.wake
 	seen := map[string]bool{commandPattern: true}
@@ -109,7 +111,12 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 	}
 	s.route(commandPattern, s.getCommand)
 	// Inbound webhooks authenticate by their signature, not an API key.
-	providers, err := s.prepareProviders(cfg.Providers, prepared)
+	for _, r := range prepared {
+		if _, ok := s.byType[r.Command.MessageType()]; !ok {
+			s.byType[r.Command.MessageType()] = r
+		}
+	}
+	providers, err := s.prepareProviders(cfg.Providers, s.byType)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,231 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/pipeline"
+)
+
+// maxPerKind bounds the findings of one kind in one run: a run over a
+// pipeline that has been down for a day reports the oldest and leaves the
+// rest to the next run.
+const maxPerKind = 1000
+
+const (
+	// findPendingSQL: commands pending past the age, other than inbound
+	// events' (those are inbound findings) and those corrected.
+	findPendingSQL = `SELECT c.command_id::text, c.tenant, c.aggregate_id, c.command_type, c.created_at,
+			(SELECT k.key FROM idempotency_keys AS k WHERE k.command_id = c.command_id AND k.tenant = c.tenant LIMIT 1),
+			EXISTS (SELECT 1 FROM outbox AS o WHERE o.headers->>'command-id' = c.command_id::text)
+		FROM command_status AS c
+		WHERE c.status = 'pending' AND c.created_at < now() - make_interval(secs => $1)
+			AND NOT EXISTS (SELECT 1 FROM inbound_events AS e WHERE e.command_id = c.command_id)
+			AND NOT EXISTS (SELECT 1 FROM reconcile_corrections AS r WHERE r.kind = 'pending' AND r.subject = c.command_id::text)
+		ORDER BY c.created_at
+		LIMIT $2`
+
+	findDeadSQL = `SELECT d.id, d.topic, d.key, d.value, d.headers, d.created_at, d.reason, d.detail,
+			(SELECT k.key FROM idempotency_keys AS k WHERE k.command_id::text = d.headers->>'command-id' LIMIT 1)
+		FROM outbox_dead AS d
+		WHERE NOT EXISTS (SELECT 1 FROM reconcile_corrections AS r WHERE r.kind = 'outbox-dead' AND r.subject = d.id::text)
+		ORDER BY d.id
+		LIMIT $1`
+
+	// findInboundSQL: provider events that made a command which did not
+	// apply: failed, rejected, missing, or pending past the age.
+	findInboundSQL = `SELECT e.provider, e.event_id, e.tenant, e.aggregate_id, e.command_id::text, coalesce(e.command_type, ''),
+			e.received_at, coalesce(c.status, 'missing'), coalesce(c.reason, '')
+		FROM inbound_events AS e
+		LEFT JOIN command_status AS c ON c.command_id = e.command_id AND c.tenant = e.tenant AND c.aggregate_id = e.aggregate_id
+		WHERE e.status = 'enqueued'
+			AND (c.status IS NULL OR c.status IN ('failed', 'rejected')
+				OR c.status = 'pending' AND c.created_at < now() - make_interval(secs => $1))
+			AND NOT EXISTS (SELECT 1 FROM reconcile_corrections AS r
+				WHERE r.kind = 'inbound' AND r.subject = e.provider || '/' || e.event_id)
+		ORDER BY e.received_at
+		LIMIT $2`
+
+	// dlqStateSQL: of the commands of DLQ records, those with an outcome
+	// that settles them (accepted or rejected: a redrive worked) and the
+	// records already corrected, and the commands' Idempotency-Keys.
+	dlqStateSQL = `SELECT 'settled', c.command_id::text || ' ' || c.aggregate_id FROM command_status AS c
+			WHERE c.command_id = ANY($1::uuid[]) AND c.status IN ('accepted', 'rejected')
+		UNION ALL
+		SELECT 'corrected', r.subject FROM reconcile_corrections AS r WHERE r.kind = 'dlq' AND r.subject = ANY($2)
+		UNION ALL
+		SELECT 'key', k.command_id::text || ' ' || k.key FROM idempotency_keys AS k WHERE k.command_id = ANY($1::uuid[])`
+)
+
+// find runs every kind's query.
+func (r *Reconciler) find(ctx context.Context) ([]Finding, error) {
+	var out []Finding
+	for _, fn := range []func(context.Context) ([]Finding, error){r.findPending, r.findDead, r.findDLQ, r.findInbound} {
+		fs, err := fn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fs...)
+	}
+	sortFindings(out)
+	return out, nil
+}
+
+func (r *Reconciler) findPending(ctx context.Context) ([]Finding, error) {
+	rows, err := r.pool.Query(ctx, findPendingSQL, r.cfg.MaxPendingAge.Seconds(), maxPerKind)
+	if err != nil {
+		return nil, fmt.Errorf("find pending commands: %w", err)
+	}
+	defer rows.Close()
+	var out []Finding
+	for rows.Next() {
+		f := Finding{Kind: KindPending}
+		var key *string
+		var inOutbox bool
+		if err := rows.Scan(&f.CommandID, &f.Tenant, &f.AggregateID, &f.CommandType, &f.Since, &key, &inOutbox); err != nil {
+			return nil, err
+		}
+		f.Subject = f.CommandID
+		if key != nil {
+			f.Key = *key
+		}
+		f.Detail = fmt.Sprintf("pending for %s; shipped: no outcome from the processor and projector yet", age(f.Since))
+		if inOutbox {
+			f.Detail = fmt.Sprintf("pending for %s, still in the outbox: no relay has shipped it", age(f.Since))
+		}
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+func (r *Reconciler) findDead(ctx context.Context) ([]Finding, error) {
+	rows, err := r.pool.Query(ctx, findDeadSQL, maxPerKind)
+	if err != nil {
+		return nil, fmt.Errorf("find outbox_dead rows: %w", err)
+	}
+	defer rows.Close()
+	var out []Finding
+	for rows.Next() {
+		var id int64
+		rec := &record{}
+		var reason, detail string
+		var key *string
+		f := Finding{Kind: KindOutboxDead}
+		if err := rows.Scan(&id, &rec.topic, &rec.key, &rec.value, &rec.headers, &f.Since, &reason, &detail, &key); err != nil {
+			return nil, err
+		}
+		rec.deadID = &id
+		f.Subject = fmt.Sprint(id)
+		f.AggregateID = string(rec.key)
+		f.Tenant = rec.headers[pipeline.HeaderTenant]
+		f.CommandID = rec.headers[pipeline.HeaderCommandID]
+		f.CommandType = rec.headers[pipeline.HeaderCommandType]
+		if key != nil {
+			f.Key = *key
+		}
+		f.Detail = "the broker refused it for good: " + reason
+		f.record = rec
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+func (r *Reconciler) findInbound(ctx context.Context) ([]Finding, error) {
+	rows, err := r.pool.Query(ctx, findInboundSQL, r.cfg.MaxPendingAge.Seconds(), maxPerKind)
+	if err != nil {
+		return nil, fmt.Errorf("find unapplied inbound events: %w", err)
+	}
+	defer rows.Close()
+	var out []Finding
+	for rows.Next() {
+		f := Finding{Kind: KindInbound}
+		var provider, eventID, status, reason string
+		if err := rows.Scan(&provider, &eventID, &f.Tenant, &f.AggregateID, &f.CommandID, &f.CommandType, &f.Since, &status, &reason); err != nil {
+			return nil, err
+		}
+		f.Subject = provider + "/" + eventID
+		f.Key = f.Subject
+		f.Detail = "its command is " + status
+		if reason != "" {
+			f.Detail += " (" + reason + ")"
+		}
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+func (r *Reconciler) findDLQ(ctx context.Context) ([]Finding, error) {
+	if r.cfg.DeadLetters == nil {
+		return nil, nil
+	}
+	dls, err := r.cfg.DeadLetters(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the DLQ: %w", err)
+	}
+	var ids, subjects []string
+	for _, d := range dls {
+		if _, err := pipeline.ParseID(d.Header(pipeline.HeaderCommandID)); err == nil {
+			ids = append(ids, d.Header(pipeline.HeaderCommandID))
+		}
+		subjects = append(subjects, dlqSubject(d))
+	}
+	if len(dls) == 0 {
+		return nil, nil
+	}
+	settled, corrected, keys := map[string]bool{}, map[string]bool{}, map[string]string{}
+	rows, err := r.pool.Query(ctx, dlqStateSQL, ids, subjects)
+	if err != nil {
+		return nil, fmt.Errorf("read the DLQ commands' outcomes: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var what, v string
+		if err := rows.Scan(&what, &v); err != nil {
+			return nil, err
+		}
+		switch what {
+		case "settled":
+			settled[v] = true
+		case "corrected":
+			corrected[v] = true
+		default:
+			id, key, _ := strings.Cut(v, " ")
+			keys[id] = key
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var out []Finding
+	for _, d := range dls {
+		id := d.Header(pipeline.HeaderCommandID)
+		if settled[id+" "+string(d.Key)] || corrected[dlqSubject(d)] {
+			continue
+		}
+		f := Finding{
+			Kind: KindDLQ, Subject: dlqSubject(d), Tenant: d.Header(pipeline.HeaderTenant), AggregateID: string(d.Key),
+			CommandID: id, CommandType: d.Header(pipeline.HeaderCommandType), Key: keys[id], Since: d.Time,
+			Detail: "in the DLQ: " + d.Reason,
+		}
+		if len(d.Omitted) == 0 {
+			h := map[string]string{}
+			for _, x := range d.Headers {
+				h[x.Key] = string(x.Value)
+			}
+			f.record = &record{topic: d.CommandsTopic, key: d.Key, value: d.Value, headers: h}
+		} else {
+			f.Detail += "; the DLQ copy left out " + strings.Join(d.Omitted, ", ")
+		}
+		out = append(out, f)
+		if len(out) == maxPerKind {
+			break
+		}
+	}
+	return out, nil
+}
+
+func dlqSubject(d DeadLetter) string { return fmt.Sprintf("%s/%d:%d", d.Topic, d.Partition, d.Offset) }
+
+func age(t time.Time) string { return time.Since(t).Round(time.Second).String() }
