@@ -49,8 +49,8 @@ func TestOpenAPIDocumentIsCurrent(t *testing.T) {
 // stack runs every component of the inventory in this process against a
 // broker of its own and a database deployed with least privilege (the
 // owner migrates, the runtime role serves, so row-level security holds),
-// and returns ingest's base URL and the owner's URL.
-func stack(t *testing.T) (base, ownerURL string) {
+// and returns ingest's base URL and the owner's and the runtime role's URLs.
+func stack(t *testing.T) (base, ownerURL, runtimeURL string) {
 	t.Helper()
 	owner, runtime := pipelinetest.LeastPrivilege(t, postgres.Migrations{Name: inventoryapp.Name, FS: inventoryapp.Migrations})
 	brokers := pipelinetest.Broker(t).Addrs()
@@ -87,7 +87,7 @@ func stack(t *testing.T) (base, ownerURL string) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("stack did not start")
 	}
-	return base, owner
+	return base, owner, runtime
 }
 
 func tenantClient(t *testing.T, ownerURL, base, tenant string) inventoryapp.Client {
@@ -108,7 +108,7 @@ func tenantClient(t *testing.T, ownerURL, base, tenant string) inventoryapp.Clie
 // orders across the two aggregate types, and the joined read model shows
 // each order with its reservation. Another tenant sees none of it.
 func TestDemoAndTenantScope(t *testing.T) {
-	base, owner := stack(t)
+	base, owner, runtime := stack(t)
 	acme := tenantClient(t, owner, base, "acme")
 	var out bytes.Buffer
 	if err := inventoryapp.RunDemo(context.Background(), acme.Client, &out); err != nil {
@@ -146,5 +146,30 @@ func TestDemoAndTenantScope(t *testing.T) {
 	}
 	if it, err := acme.Item(ctx, "bolt"); err != nil || it.Available != 1 || it.Reserved != 3 {
 		t.Fatalf("acme's bolt: %+v, %v; want 1 available, 3 reserved", it, err)
+	}
+
+	// Row-level security holds behind a query that forgot its tenant: a
+	// transaction of the runtime role scoped to globex, as ingest's reads
+	// are, counts only globex's rows (one rejected order, no item, no
+	// reservation), however many acme has.
+	pool, err := postgres.Connect(ctx, runtime, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT set_config($1, 'globex', true)`, ingest.TenantSetting); err != nil {
+		t.Fatal(err)
+	}
+	var items, reservations, orders int
+	if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM inventory_items), (SELECT count(*) FROM inventory_reservations), (SELECT count(*) FROM inventory_orders)`).Scan(&items, &reservations, &orders); err != nil {
+		t.Fatal(err)
+	}
+	if items != 0 || reservations != 0 || orders != 1 {
+		t.Errorf("scoped to globex without a tenant predicate: %d items, %d reservations, %d orders; want 0, 0, 1", items, reservations, orders)
 	}
 }
