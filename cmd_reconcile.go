@@ -103,7 +103,7 @@ func printReconcile(w io.Writer, rep reconcile.Report) {
 			action, detail = "error", detail+"; "+f.Error
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Kind, cellText(f.Subject), cellText(f.AggregateID),
-			orDash(f.CommandType+" "+f.CommandID), orDash(cellText(f.Key)), age(time.Since(f.Since)), action, orDash(f.CorrectionID), cellText(oneLine(detail)))
+			orDash(f.CommandType+" "+f.CommandID), orDash(cellText(f.Key)), age(time.Since(f.Since)), action, orDash(f.CorrectionID), plain(oneLine(detail)))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "%d found: %d corrected, %d reported, %d failed\n", len(rep.Findings), rep.Corrected, rep.Reported, rep.Failed)

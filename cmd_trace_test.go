@@ -1,0 +1,165 @@
+package onceflow_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/trace"
+)
+
+// One HTTP command followed through the whole pipeline (every component in
+// one process, the embedded broker, a real Postgres): `onceflow trace`
+// from its Idempotency-Key shows the key record, where the relay shipped
+// the command (and the record there is that command), its accepted
+// status, its event on the events topic and the projector's inbox row, in
+// time order; the command id and the event id lead to the same trace.
+func TestTraceFollowsOneCommand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := pipelinetest.Broker(t).Addrs()
+	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	runCtx, cancel := context.WithCancel(ctx)
+	addrs := make(chan onceflow.Addrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
+			Config: onceflow.Config{
+				Domains: []*onceflow.Domain{ledgerapp.Domain()}, Kafka: kafka.Config{Brokers: brokers, Logger: logger},
+				Topics: kafka.Topics{Partitions: 2}, DatabaseURL: url, Logger: logger,
+			},
+			Components: onceflow.All, HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
+			Started: func(a onceflow.Addrs) { addrs <- a },
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("deployment: %v", err)
+		}
+	}()
+	var base string
+	select {
+	case a := <-addrs:
+		base = "http://" + a.HTTP
+	case err := <-done:
+		t.Fatalf("deployment stopped: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("deployment did not start")
+	}
+	key := ingest.NewAPIKey()
+	if err := ingest.CreateAPIKey(ctx, pool, "acme", "test", key); err != nil {
+		t.Fatal(err)
+	}
+	cl := &ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: key}}
+	if _, _, err := cl.OpenAccount(ctx, "trace-open", "acc-t", "EUR"); err != nil {
+		t.Fatal(err)
+	}
+	acc, _, err := cl.Deposit(ctx, "trace-dep", "acc-t", 250)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer wcancel()
+	if cmd, err := cl.WaitCommand(wctx, acc.CommandID); err != nil || cmd.Status != "accepted" {
+		t.Fatalf("deposit: %+v, %v", cmd, err)
+	}
+
+	env := map[string]string{"DATABASE_URL": url, "KAFKA_BROKERS": brokers[0], "ONCEFLOW_PARTITIONS": "2"}
+	traceOf := func(args ...string) (trace.Trace, []trace.Step, string) {
+		t.Helper()
+		var out bytes.Buffer
+		if err := run(ctx, append([]string{"trace"}, args...), func(k string) string { return env[k] }, &out); err != nil {
+			t.Fatalf("trace %v: %v\n%s", args, err, out.String())
+		}
+		var got struct {
+			trace.Trace
+			Timeline []trace.Step `json:"timeline"`
+		}
+		if args[0] == "-json" {
+			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+				t.Fatalf("%v:\n%s", err, out.String())
+			}
+		}
+		return got.Trace, got.Timeline, out.String()
+	}
+	var tr trace.Trace
+	var steps []trace.Step
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		tr, steps, _ = traceOf("-json", "trace-dep")
+		if len(tr.Events) != 1 || len(tr.Events[0].Inbox) == 0 {
+			return fmt.Errorf("events %+v: not projected yet", tr.Events)
+		}
+		return nil
+	})
+	c := tr.Command
+	if tr.QueryKind != "idempotency-key" || tr.Key == nil || tr.Key.Key != "trace-dep" || tr.Key.ResponseStatus != 202 ||
+		c.CommandID != acc.CommandID || c.Status != "accepted" || c.AggregateID != "acme/acc-t" || c.CommandType != "Deposit" {
+		t.Errorf("trace: %+v, command %+v", tr, c)
+	}
+	if tr.Outbox != nil || tr.Dead != nil || tr.Shipped == nil || tr.Shipped.Topic != "ledger.commands" {
+		t.Fatalf("shipped %+v (outbox %+v, dead %+v), want a position on ledger.commands", tr.Shipped, tr.Outbox, tr.Dead)
+	}
+	// The record at that position is the command.
+	kc := pipelinetest.Client(t, brokers)
+	var header string
+	if _, err := kafka.ReadPartitionFrom(ctx, kc, tr.Shipped.Topic, tr.Shipped.Partition, tr.Shipped.Offset, true, func(r *kgo.Record) error {
+		if r.Offset == tr.Shipped.Offset {
+			for _, h := range r.Headers {
+				if h.Key == "command-id" {
+					header = string(h.Value)
+				}
+			}
+		}
+		return nil
+	}); err != nil || header != acc.CommandID {
+		t.Errorf("the record at %+v has command-id %q (%v), want %s", tr.Shipped, header, err, acc.CommandID)
+	}
+	e := tr.Events[0]
+	if e.EventType != "Deposited" || e.Position == nil || e.Position.Topic != "ledger.events" || e.Inbox[0].Consumer != "onceflow-projector" {
+		t.Errorf("event %+v", e)
+	}
+	var stages []string
+	for _, s := range steps {
+		stages = append(stages, s.Stage)
+		if s.At.IsZero() {
+			t.Errorf("step %+v has no time", s)
+		}
+	}
+	if got := strings.Join(stages, " "); got != "key command shipped event inbox status" {
+		t.Errorf("timeline %q, want key command shipped event inbox status", got)
+	}
+	// The command id and the event id lead to the same command; the table
+	// says where it went.
+	for _, q := range []string{acc.CommandID, e.EventID} {
+		if got, _, _ := traceOf("-json", q); got.Command == nil || got.Command.CommandID != acc.CommandID || got.Shipped == nil || *got.Shipped != *tr.Shipped {
+			t.Errorf("trace %s: %+v", q, got)
+		}
+	}
+	_, _, text := traceOf("trace-dep")
+	for _, want := range []string{"idempotency-key \"trace-dep\"", "shipped", fmt.Sprintf("partition %d offset %d", tr.Shipped.Partition, tr.Shipped.Offset), "onceflow-projector applied", "accepted"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("trace output has no %q:\n%s", want, text)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(ctx, []string{"trace", "no-such-key"}, func(k string) string { return env[k] }, &out); err == nil || !errors.Is(err, trace.ErrNotFound) {
+		t.Errorf("an unknown key: %v", err)
+	}
+}
