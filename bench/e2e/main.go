@@ -286,10 +286,15 @@ func measure(ctx context.Context, c config, e env, name string) targetReport {
 	}
 	step := func(r func() result) result {
 		before, _ := scrape(ctx, t.Metrics)
+		cpu0 := t.cpu(ctx)
+		started := time.Now()
 		res := r()
+		res.Seconds = time.Since(started).Seconds()
+		res.CPU = cpuBetween(cpu0, t.cpu(ctx), res.Seconds)
 		after, err := scrape(ctx, t.Metrics)
 		if err == nil && before != nil {
-			res.Stages = stagesBetween(before, after)
+			res.Stages = stagesBetween(stageMetrics, before, after)
+			res.Work = stagesBetween(workMetrics, before, after)
 		}
 		res.Held = res.Errs == 0 && res.N > 0 && res.Visible.P99 <= ms(c.goal)
 		time.Sleep(time.Second) // let the last step's stragglers settle

@@ -123,20 +123,21 @@ func (r *report) markdown() string {
 			continue
 		}
 		fmt.Fprintf(&b, "\n%s, every step (latencies in ms; stages: a command's age when each stage finished with it, p50/p99, from /metrics over the step):\n\n", t.Label)
-		b.WriteString("| step | rate /s | achieved /s | n | errors | 202 p50 / p99 | outcome p50 / p99 / p99.9 / max |")
+		b.WriteString("| step | rate /s | achieved /s | n | errors | cores: load gen / system / its Postgres / machine | 202 p50 / p99 | outcome p50 / p99 / p99.9 / max |")
 		stages := t.Name == "dev" || t.Name == "split"
 		if stages {
 			for _, s := range stageMetrics {
 				fmt.Fprintf(&b, " %s |", s.name)
 			}
 		}
-		b.WriteString("\n|---|---|---|---|---|---|---|")
+		b.WriteString("\n|---|---|---|---|---|---|---|---|")
 		if stages {
 			b.WriteString(strings.Repeat("---|", len(stageMetrics)))
 		}
 		b.WriteString("\n")
 		row := func(kind string, s result) {
-			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %d | %s / %s | %s / %s / %s / %s |", kind, s.Rate, s.Achieved, s.N, s.Errs,
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %d | %.2f / %.2f / %.2f / %.2f | %s / %s | %s / %s / %s / %s |", kind, s.Rate, s.Achieved, s.N, s.Errs,
+				s.CPU.Load, s.CPU.System, s.CPU.Postgres, s.CPU.Machine,
 				f1(s.Accepted.P50), f1(s.Accepted.P99), f1(s.Visible.P50), f1(s.Visible.P99), f1(s.Visible.P999), f1(s.Visible.Max))
 			if stages {
 				for _, m := range stageMetrics {
@@ -160,6 +161,30 @@ func (r *report) markdown() string {
 				kind = "open (search)"
 			}
 			row(kind, s)
+		}
+		if stages {
+			fmt.Fprintf(&b, "\n%s, each stage's units of work per step: per second, mean / p99 ms:\n\n| step | rate /s |", t.Label)
+			for _, m := range workMetrics {
+				fmt.Fprintf(&b, " %s |", m.name)
+			}
+			b.WriteString("\n|---|---|" + strings.Repeat("---|", len(workMetrics)) + "\n")
+			for _, s := range append(append([]result{}, t.Closed...), t.Steps...) {
+				kind := "open"
+				if s.Clients > 0 {
+					kind = fmt.Sprintf("closed, %d clients", s.Clients)
+				}
+				fmt.Fprintf(&b, "| %s | %.0f |", kind, s.Rate)
+				for _, m := range workMetrics {
+					cell := " – |"
+					for _, w := range s.Work {
+						if w.Name == m.name && w.Count > 0 && s.Seconds > 0 {
+							cell = fmt.Sprintf(" %.0f/s · %s / %s |", w.Count/s.Seconds, f1(w.Mean), f1(w.P99))
+						}
+					}
+					b.WriteString(cell)
+				}
+				b.WriteString("\n")
+			}
 		}
 		if t.Refused > 0 {
 			fmt.Fprintf(&b, "\n%d outcome reads were answered at once beyond ingest's bound on waits and read again.\n", t.Refused)

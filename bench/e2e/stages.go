@@ -24,6 +24,17 @@ var stageMetrics = []struct{ name, metric string }{
 	{"projected", "onceflow_projector_event_age_seconds"},
 }
 
+// workMetrics are the durations of each stage's unit of work (a batch, a
+// commit), whose count per second and length show how a stage spends the
+// time its age grows by.
+var workMetrics = []struct{ name, metric string }{
+	{"ingest accept batch", "onceflow_api_accept_batch_duration_seconds"},
+	{"relay publish", "onceflow_outbox_publish_duration_seconds"},
+	{"processor batch", "onceflow_processor_batch_duration_seconds"},
+	{"processor commit", "onceflow_processor_commit_duration_seconds"},
+	{"projector batch", "onceflow_projector_batch_duration_seconds"},
+}
+
 // hist is a histogram summed over every series of a metric in every
 // process scraped: upper bound -> cumulative count.
 type hist struct {
@@ -58,7 +69,7 @@ func scrape(ctx context.Context, urls []string) (map[string]*hist, error) {
 		if err != nil {
 			return nil, fmt.Errorf("scrape %s: %w", u, err)
 		}
-		for _, s := range stageMetrics {
+		for _, s := range append(append([]struct{ name, metric string }{}, stageMetrics...), workMetrics...) {
 			f, ok := fams[s.metric]
 			if !ok || f.GetType() != dto.MetricType_HISTOGRAM {
 				continue
@@ -81,10 +92,10 @@ func scrape(ctx context.Context, urls []string) (map[string]*hist, error) {
 	return out, nil
 }
 
-// stagesBetween is each stage's ages between two scrapes.
-func stagesBetween(before, after map[string]*hist) []stage {
+// stagesBetween is each of metrics' distribution between two scrapes.
+func stagesBetween(metrics []struct{ name, metric string }, before, after map[string]*hist) []stage {
 	var out []stage
-	for _, s := range stageMetrics {
+	for _, s := range metrics {
 		a := after[s.metric]
 		if a == nil {
 			continue

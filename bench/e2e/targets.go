@@ -33,6 +33,10 @@ type target struct {
 	// before deposits); the no-op server runs nothing.
 	Ledger bool
 	stop   []func()
+	// pids are its processes; db its database on adminURL's server (for
+	// the CPU its Postgres backends use).
+	pids         []int
+	db, adminURL string
 }
 
 func (t *target) Close() {
@@ -118,6 +122,7 @@ func startDev(ctx context.Context, e env) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.db, t.adminURL = fmt.Sprintf("bench_e2e_dev_%d", os.Getpid()), e.databaseURL
 	t.stop = append(t.stop, drop)
 	httpAddr, admin := freeAddr(), freeAddr()
 	vars := onceflowEnv()
@@ -145,6 +150,7 @@ func startDev(ctx context.Context, e env) (*target, error) {
 		t.Close()
 		return nil, err
 	}
+	t.pids = []int{p.Pid()}
 	t.Base, t.Metrics = "http://"+httpAddr, []string{p.Admin + "/metrics"}
 	if t.Keys, err = tenants(ctx, db, e.tenants); err != nil {
 		t.Close()
@@ -162,6 +168,7 @@ func startSplit(ctx context.Context, e env) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.db, t.adminURL = fmt.Sprintf("bench_e2e_split_%d", os.Getpid()), e.databaseURL
 	t.stop = append(t.stop, drop)
 	dir := filepath.Join(e.dir, "split")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -171,10 +178,12 @@ func startSplit(ctx context.Context, e env) (*target, error) {
 	pl := e2e.NewPipeline(e.bin, dir, db)
 	pl.Env = onceflowEnv()
 	t.stop = append(t.stop, pl.KillAll)
-	if _, err := pl.StartBroker(ctx); err != nil {
+	broker, err := pl.StartBroker(ctx)
+	if err != nil {
 		t.Close()
 		return nil, err
 	}
+	t.pids = append(t.pids, broker.Pid())
 	var procs []*e2e.Component
 	for _, kind := range []string{"ingest", "relay", "processor", "projector"} {
 		c, err := pl.StartComponent(ctx, kind, kind, nil)
@@ -183,6 +192,7 @@ func startSplit(ctx context.Context, e env) (*target, error) {
 			return nil, err
 		}
 		procs = append(procs, c)
+		t.pids = append(t.pids, c.Pid())
 		t.Metrics = append(t.Metrics, c.Admin+"/metrics")
 	}
 	// Stop gracefully in order before KillAll: ingest first.
@@ -209,6 +219,7 @@ func startWatermill(ctx context.Context, e env) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.db, t.adminURL = fmt.Sprintf("bench_e2e_wm_%d", os.Getpid()), e.databaseURL
 	t.stop = append(t.stop, drop)
 	dir := filepath.Join(e.dir, "watermill")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -218,10 +229,12 @@ func startWatermill(ctx context.Context, e env) (*target, error) {
 	pl := e2e.NewPipeline(e.bin, dir, db)
 	pl.Prefix = "wm"
 	t.stop = append(t.stop, pl.KillAll)
-	if _, err := pl.StartBroker(ctx); err != nil {
+	broker, err := pl.StartBroker(ctx)
+	if err != nil {
 		t.Close()
 		return nil, err
 	}
+	t.pids = append(t.pids, broker.Pid())
 	httpAddr, admin := freeAddr(), freeAddr()
 	p, err := e2e.Start(filepath.Join(e.bin, "watermill-peer"), "watermill-peer", nil, map[string]string{
 		"DATABASE_URL": db, "KAFKA_BROKERS": pl.BrokerAddr, "TOPIC_PREFIX": pl.Prefix,
@@ -236,6 +249,7 @@ func startWatermill(ctx context.Context, e env) (*target, error) {
 		t.Close()
 		return nil, err
 	}
+	t.pids = append(t.pids, p.Pid())
 	t.Base = "http://" + httpAddr
 	// The peer authenticates nobody: a tenant is the bearer token.
 	for i := range e.tenants {
@@ -258,6 +272,7 @@ func startNoop(ctx context.Context, e env) (*target, error) {
 		t.Close()
 		return nil, err
 	}
+	t.pids = []int{p.Pid()}
 	t.Base = p.Admin
 	for i := range e.tenants {
 		t.Keys = append(t.Keys, "bench-"+strconv.Itoa(i))
