@@ -55,14 +55,17 @@
 // TestChaosInventory is a second workload shape on the same cluster and
 // fault schedule, running the inventory binary (examples/inventory): three
 // tenants add stock to items and place orders, a share of them for an
-// item that never gets stock, with the same retries as the bank's and
-// orders placed again with a new key. Every order is a saga across two
+// item that never gets stock, with the same retries as the bank's,
+// orders placed again with a new key, and orders produced straight to
+// Kafka (stable command ids, some twice; a share of them poison, quantity
+// 0). Every order is a saga across two
 // aggregate types (the order's processor sends ReserveStock to the item's
 // topic, the item's sends ConfirmOrder or RejectOrder back). Its
 // invariant: each order placed once and decided once, no item's available
 // stock ever negative, available + reserved = the stock added, every
-// reservation a confirmed order's and every confirmed order reserved, and
-// the read models equal to the events (test/e2e/inventory.go). `make
+// reservation a confirmed order's and every confirmed order reserved,
+// each poison record the broker holds in the DLQ once and recorded failed
+// once, and the read models equal to the events (test/e2e/inventory.go). `make
 // test` runs seed 1 for 30 s (-chaos.inventory.duration; -chaos.duration
 // sets both shapes).
 //

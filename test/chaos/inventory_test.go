@@ -28,13 +28,16 @@ var inventoryDurationFlag = flag.Duration("chaos.inventory.duration", 30*time.Se
 // tenants adding stock to items and placing orders for them (a share of
 // orders for an item that never gets stock; requests retried with the
 // same key through timeouts, some on purpose; orders placed again with a
-// new key) — a saga across two aggregate types whose every step is a
+// new key; orders produced straight to Kafka with stable command ids, some
+// twice, and poison ones among them) — a saga across two aggregate types whose every step is a
 // command one processor's transaction sends to another's topic. After the
 // drain its invariant is checked: each order placed once and decided once,
 // no item's available stock ever negative, available + reserved = the
 // stock added (within what the clients know was accepted), every
 // reservation a confirmed order's and every confirmed order reserved, no
-// event twice, versions 1..n, and the read models equal to the events.
+// event twice, versions 1..n, every poison record in the DLQ once and
+// recorded failed once, placing nothing, and the read models equal to the
+// events.
 func TestChaosInventory(t *testing.T) {
 	duration := *inventoryDurationFlag
 	flag.Visit(func(f *flag.Flag) {
@@ -68,8 +71,18 @@ func runInventorySeed(t *testing.T, seed uint64, duration time.Duration) {
 		}
 		tenants = append(tenants, tn)
 	}
+	reg, err := avro.NewClient(c.pl.RegistryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serdes, err := onceflow.NewSerdes(ctx, reg, inventoryapp.Domain(), "order", kafka.Topics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer := pipelinetest.Client(t, []string{c.pl.BrokerAddr})
 	load := &e2e.InventoryLoad{
 		Tenants: tenants, URLs: c.ingestURLs, Seed: seed,
+		Producer: producer, Encode: serdes.Commands.Encode,
 		HTTP: &http.Client{Timeout: 2 * time.Second}, // clients time out and retry with the same key
 	}
 	f := newFaults(c, seed)
@@ -95,14 +108,6 @@ func runInventorySeed(t *testing.T, seed uint64, duration time.Duration) {
 	}
 	drainTime := time.Since(faultsStopped)
 
-	reg, err := avro.NewClient(c.pl.RegistryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serdes, err := onceflow.NewSerdes(ctx, reg, inventoryapp.Domain(), "order", kafka.Topics{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cl := pipelinetest.Client(t, []string{c.pl.BrokerAddr})
 	st, vs := e2e.CheckInventoryEvents(ctx, cl, serdes.Events.Decode, &load.M)
 	if st != nil {
@@ -121,9 +126,9 @@ func runInventorySeed(t *testing.T, seed uint64, duration time.Duration) {
 	if st != nil {
 		summary = st.Summary()
 	}
-	t.Logf("seed %d: %s in %s; %d requests, %d retries, %d replays, %d orders placed again; faults: %s; drained in %s",
+	t.Logf("seed %d: %s in %s; %d requests, %d retries, %d replays, %d orders placed again, %d produced to Kafka (%d twice); faults: %s; drained in %s",
 		seed, summary, time.Since(start).Round(time.Second), load.M.Requests.Load(), load.M.Retries.Load(), load.M.Replays.Load(),
-		len(load.M.Again), strings.Join(faults, ", "), drainTime.Round(time.Millisecond))
+		len(load.M.Again), load.M.Produced.Load(), load.M.Twice.Load(), strings.Join(faults, ", "), drainTime.Round(time.Millisecond))
 	f.mu.Lock()
 	for _, err := range f.errs {
 		t.Errorf("fault injection: %v", err)

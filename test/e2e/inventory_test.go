@@ -22,7 +22,7 @@ import (
 // (each runs both aggregate types' processors), one of them SIGKILLed and
 // started again mid-run. Two tenants add stock and place orders over
 // HTTP, some retried with the same key and some placed again with a new
-// key. Then each order is decided once, no item's stock goes negative,
+// key, and orders straight to Kafka (some twice, some poison). Then each order is decided once, no item's stock goes negative,
 // available plus reserved is what was added, every reservation is a
 // confirmed order's, and the read models say what the events say.
 func TestInventorySaga(t *testing.T) {
@@ -55,9 +55,19 @@ func TestInventorySaga(t *testing.T) {
 		}
 		tenants = append(tenants, InventoryTenant{Name: name, Key: key, Items: []string{"widget", "bolt", "nut"}})
 	}
+	reg, err := avro.NewClient(pl.RegistryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serdes, err := onceflow.NewSerdes(ctx, reg, inventoryapp.Domain(), "order", kafka.Topics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer := pipelinetest.Client(t, []string{pl.BrokerAddr})
 	load := &InventoryLoad{
 		Tenants: tenants, URLs: func() []string { return []string{comps["ingest"].HTTP} },
 		HTTP: &http.Client{Timeout: 5 * time.Second}, Seed: 1,
+		Producer: producer, Encode: serdes.Commands.Encode,
 	}
 	stop, stopLoad := context.WithTimeout(ctx, 12*time.Second)
 	defer stopLoad()
@@ -82,18 +92,10 @@ func TestInventorySaga(t *testing.T) {
 	}
 	pipelinetest.Eventually(t, 90*time.Second, func() error { return InventoryDecided(ctx, pool, &load.M) })
 
-	reg, err := avro.NewClient(pl.RegistryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serdes, err := onceflow.NewSerdes(ctx, reg, inventoryapp.Domain(), "order", kafka.Topics{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st, vs := CheckInventoryEvents(ctx, pipelinetest.Client(t, []string{pl.BrokerAddr}), serdes.Events.Decode, &load.M)
 	if st != nil {
 		vs = append(vs, CheckInventoryReadModels(ctx, pool, st, &load.M)...)
-		t.Log(st.Summary(), fmt.Sprintf("; %d requests, %d retries, %d replays, %d orders placed again", load.M.Requests.Load(), load.M.Retries.Load(), load.M.Replays.Load(), len(load.M.Again)))
+		t.Log(st.Summary(), fmt.Sprintf("; %d requests, %d retries, %d replays, %d orders placed again, %d produced to Kafka (%d twice)", load.M.Requests.Load(), load.M.Retries.Load(), load.M.Replays.Load(), len(load.M.Again), load.M.Produced.Load(), load.M.Twice.Load()))
 		if st.Confirmed == 0 || st.Reasons[inventory.ReasonInsufficientStock] == 0 || st.Reasons[inventory.ReasonUnknownItem] == 0 {
 			vs = append(vs, "the run did not exercise every outcome: "+st.Summary())
 		}
