@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register("reconcile", "find stuck or ambiguous commands (pending too long, outbox_dead, DLQ, unapplied inbound events), ask their authority, correct through commands, audit, report", runReconcile)
+	register("reconcile", "find stuck or ambiguous work (commands pending too long, outbox_dead, DLQ, unapplied inbound events, jobs out of attempts), ask their authority, correct through commands, audit, report", runReconcile)
 }
 
 func runReconcile(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -25,7 +25,7 @@ func runReconcile(ctx context.Context, domains []*Domain, args []string, getenv 
 		fs.DurationVar(&olderThan, "older-than", 15*time.Minute, "how long a command may be pending before it is a finding")
 		fs.BoolVar(&dryRun, "dry-run", false, "ask the authorities and report their verdicts; correct nothing")
 		fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
-		fs.StringVar(&resend, "resend", "", "kinds to send again as they were without asking an authority (the operator decides): outbox-dead, dlq, comma separated")
+		fs.StringVar(&resend, "resend", "", "kinds to send again as they were without asking an authority (the operator decides): outbox-dead, dlq, job (River retries it, same Idempotency-Key), comma separated")
 	})
 	if err != nil {
 		return err
@@ -43,12 +43,12 @@ func runReconcile(ctx context.Context, domains []*Domain, args []string, getenv 
 	for _, k := range strings.Split(resend, ",") {
 		switch k = strings.TrimSpace(k); k {
 		case "":
-		case reconcile.KindOutboxDead, reconcile.KindDLQ:
+		case reconcile.KindOutboxDead, reconcile.KindDLQ, reconcile.KindJob:
 			extra[k] = reconcile.AuthorityFunc(func(context.Context, reconcile.Finding) (reconcile.Verdict, error) {
 				return reconcile.Verdict{Action: reconcile.Resend, Reason: "operator: onceflow reconcile -resend " + k}, nil
 			})
 		default:
-			return fmt.Errorf("-resend %q: only outbox-dead and dlq keep their commands to send again", k)
+			return fmt.Errorf("-resend %q: only outbox-dead and dlq keep their commands to send again, and a job can run again", k)
 		}
 	}
 	cfg, dep, serdes, err := setupSerdes(ctx, c, io.Discard)

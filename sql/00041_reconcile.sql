@@ -10,12 +10,14 @@
 -- never by editing a read model). The same correction is also written to
 -- audit_log, where operators read what happened to an aggregate.
 --
--- kind     pending, outbox-dead, dlq or inbound;
+-- kind     pending, outbox-dead, dlq, inbound or job;
 -- subject  what was stuck: a command id, an outbox id, a DLQ record
---          (topic/partition:offset), a provider event (provider/event id);
+--          (topic/partition:offset), a provider event (provider/event id),
+--          a River job id;
 -- action   resend (the same command again, its command id unchanged) or
 --          command (a correcting command, command_id, chosen by the
---          authority).
+--          authority); a job's resend is River's retry of the job, and
+--          command_id is then the command whose event made the job.
 
 -- +goose Up
 CREATE TABLE reconcile_corrections (
@@ -24,7 +26,7 @@ CREATE TABLE reconcile_corrections (
     action       text        NOT NULL CHECK (action IN ('resend', 'command')),
     tenant       text        NOT NULL,
     aggregate_id text        NOT NULL,
-    command_id   uuid        NOT NULL,   -- the command sent
+    command_id   uuid        NOT NULL,   -- the command sent (a job: its event's command)
     key          text,                   -- the idempotency key or provider event the authority was asked about
     reason       text        NOT NULL,   -- the authority's word
     corrected_at timestamptz NOT NULL DEFAULT now(),

@@ -13,7 +13,12 @@
 //   - dlq: a DLQ record whose command has no accepted or rejected outcome
 //     (it was not redriven successfully);
 //   - inbound: a provider event stored and enqueued whose command did not
-//     apply (failed, rejected, or pending past MaxPendingAge).
+//     apply (failed, rejected, or pending past MaxPendingAge);
+//   - job: a River job (a webhook delivery, an outbound call) discarded
+//     after its attempts ran out: only retryable failures (no answer, a
+//     timeout, a 5xx) exhaust them, so its call went out and the answer
+//     was lost — it may have been applied. Its key is the job's key, the
+//     Idempotency-Key of every call it made.
 //
 // A finding already corrected (reconcile_corrections has its kind and
 // subject) is not found again.
@@ -37,7 +42,10 @@
 // nothing twice), the command into the outbox (with its pending
 // command_status row when it is a new command), an audit_log row saying
 // what was corrected, why and by which command, and for a resent
-// outbox_dead row its removal from outbox_dead. Nothing edits a read
+// outbox_dead row its removal from outbox_dead. A job's resend is River's
+// retry of the job in that transaction (its webhook delivery back to
+// pending): the call goes out again under the same Idempotency-Key, which
+// the receiver applies once. Nothing edits a read
 // model: the command's outcome arrives as every outcome does, through the
 // processor and the projector.
 //

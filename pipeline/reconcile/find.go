@@ -48,6 +48,22 @@ const (
 		ORDER BY e.received_at
 		LIMIT $2`
 
+	// findJobsSQL: River jobs whose attempts ran out. A job is discarded
+	// only after retryable failures (no answer, a timeout, a 5xx, a 429; a
+	// permanent refusal cancels it), so each may have had its effect: its
+	// call went out and the answer was lost. A webhook delivery's job
+	// names its tenant, event and so its aggregate and command.
+	findJobsSQL = `SELECT j.id, j.kind, coalesce(j.args->>'key', ''), coalesce(d.tenant, j.args->>'tenant', ''),
+			coalesce(a.aggregate_id, ''), coalesce(a.command_id::text, ''), j.attempt,
+			coalesce(j.finalized_at, j.created_at), coalesce(j.errors[array_length(j.errors, 1)]->>'error', '')
+		FROM river_job AS j
+		LEFT JOIN webhook_deliveries AS d ON d.job_id = j.id
+		LEFT JOIN audit_log AS a ON a.event_id = d.event_id
+		WHERE j.state = 'discarded'
+			AND NOT EXISTS (SELECT 1 FROM reconcile_corrections AS r WHERE r.kind = 'job' AND r.subject = j.id::text)
+		ORDER BY j.id
+		LIMIT $1`
+
 	// dlqStateSQL: of the commands of DLQ records, those with an outcome
 	// that settles them (accepted or rejected: a redrive worked) and the
 	// records already corrected, and the commands' Idempotency-Keys.
@@ -62,7 +78,7 @@ const (
 // find runs every kind's query.
 func (r *Reconciler) find(ctx context.Context) ([]Finding, error) {
 	var out []Finding
-	for _, fn := range []func(context.Context) ([]Finding, error){r.findPending, r.findDead, r.findDLQ, r.findInbound} {
+	for _, fn := range []func(context.Context) ([]Finding, error){r.findPending, r.findDead, r.findDLQ, r.findInbound, r.findJobs} {
 		fs, err := fn(ctx)
 		if err != nil {
 			return nil, err
@@ -229,3 +245,27 @@ func (r *Reconciler) findDLQ(ctx context.Context) ([]Finding, error) {
 func dlqSubject(d DeadLetter) string { return fmt.Sprintf("%s/%d:%d", d.Topic, d.Partition, d.Offset) }
 
 func age(t time.Time) string { return time.Since(t).Round(time.Second).String() }
+
+func (r *Reconciler) findJobs(ctx context.Context) ([]Finding, error) {
+	rows, err := r.pool.Query(ctx, findJobsSQL, maxPerKind)
+	if err != nil {
+		return nil, fmt.Errorf("find discarded jobs: %w", err)
+	}
+	defer rows.Close()
+	var out []Finding
+	for rows.Next() {
+		f := Finding{Kind: KindJob}
+		var id int64
+		var kind, lastErr string
+		var attempts int
+		if err := rows.Scan(&id, &kind, &f.Key, &f.Tenant, &f.AggregateID, &f.CommandID, &attempts, &f.Since, &lastErr); err != nil {
+			return nil, err
+		}
+		f.jobID = &id
+		f.Subject = fmt.Sprint(id)
+		f.CommandType = kind
+		f.Detail = fmt.Sprintf("%s job out of attempts (%d), the last: %s; its call may have been applied", kind, attempts, lastErr)
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}

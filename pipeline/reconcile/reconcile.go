@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -25,10 +27,11 @@ const (
 	KindOutboxDead = "outbox-dead"
 	KindDLQ        = "dlq"
 	KindInbound    = "inbound"
+	KindJob        = "job"
 )
 
 // Kinds lists every kind, in the order a report shows them.
-var Kinds = []string{KindPending, KindOutboxDead, KindDLQ, KindInbound}
+var Kinds = []string{KindPending, KindOutboxDead, KindDLQ, KindInbound, KindJob}
 
 // Action is what a Verdict asks for.
 type Action string
@@ -62,6 +65,7 @@ type Finding struct {
 	Error        string `json:"error,omitempty"`
 
 	record *record // what Resend sends, when the finding keeps its command
+	jobID  *int64  // the River job of a job finding
 }
 
 // record is a command as the outbox holds it.
@@ -266,8 +270,9 @@ const (
 	outboxSQL = `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5::jsonb)`
 	statusSQL = `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
 		VALUES ($1, $2, $3, $4, 'pending', true) ON CONFLICT DO NOTHING`
-	deadSQL  = `DELETE FROM outbox_dead WHERE id = $1`
-	auditSQL = `INSERT INTO audit_log (event_id, tenant, aggregate_id, version, event_type, command_id, payload, occurred_at)
+	deadSQL          = `DELETE FROM outbox_dead WHERE id = $1`
+	resetDeliverySQL = `UPDATE webhook_deliveries SET status = 'pending', updated_at = now() WHERE job_id = $1`
+	auditSQL         = `INSERT INTO audit_log (event_id, tenant, aggregate_id, version, event_type, command_id, payload, occurred_at)
 		VALUES ($1, $2, $3, 0, 'onceflow.Reconciled', $4, $5::jsonb, now()) ON CONFLICT (event_id) DO NOTHING`
 )
 
@@ -276,29 +281,37 @@ const (
 var ErrCorrected = errors.New("already corrected")
 
 // correct applies a Resend or Command verdict in one transaction and
-// returns the command id sent.
+// returns the command id sent (a job's resend: the job's key).
 func (r *Reconciler) correct(ctx context.Context, f *Finding, v Verdict) (string, error) {
-	var rec record
+	var rec *record
 	var commandID pipeline.ID
-	var commandType string
-	switch v.Action {
-	case Resend:
+	var commandType, sent string
+	tenant, aggregate := f.Tenant, f.AggregateID
+	switch {
+	case v.Action == Resend && f.jobID != nil:
+		// A job's resend is River's retry of it: the call goes out again
+		// under the same Idempotency-Key, which the receiver applies once.
+		sent = f.Key
+	case v.Action == Resend:
 		if f.record == nil {
 			return "", fmt.Errorf("resend: a %s finding keeps no command to send again", f.Kind)
 		}
-		rec = *f.record
+		rec = f.record
 		id, err := pipeline.ParseID(rec.headers[pipeline.HeaderCommandID])
 		if err != nil {
 			return "", fmt.Errorf("resend: the record's command-id: %w", err)
 		}
-		commandID = id
-	case Command:
+		commandID, aggregate = id, string(rec.key)
+		if tenant, _, err = pipeline.SplitAggregateID(aggregate); err != nil {
+			return "", fmt.Errorf("the command's key: %w", err)
+		}
+	case v.Action == Command:
 		if r.cfg.Encode == nil {
 			return "", errors.New("command: no encoder configured")
 		}
-		tenant, local, err := pipeline.SplitAggregateID(f.AggregateID)
+		t, local, err := pipeline.SplitAggregateID(f.AggregateID)
 		if err != nil {
-			return "", err
+			return "", fmt.Errorf("command: the finding has no aggregate to correct: %w", err)
 		}
 		if v.LocalID != "" {
 			local = v.LocalID
@@ -308,59 +321,87 @@ func (r *Reconciler) correct(ctx context.Context, f *Finding, v Verdict) (string
 			return "", fmt.Errorf("command %s: %w", v.CommandType, err)
 		}
 		commandID = pipeline.NameID(correctionNamespace, []byte(f.Kind+"\x00"+f.Subject))
-		commandType = v.CommandType
-		aggregate := pipeline.AggregateID(tenant, local)
+		commandType, tenant, aggregate = v.CommandType, t, pipeline.AggregateID(t, local)
 		headers := map[string]string{}
 		for _, h := range kafka.CommandHeaders(commandID, tenant, commandType, "") {
 			headers[h.Key] = string(h.Value)
 		}
-		rec = record{topic: topic, key: []byte(aggregate), value: value, headers: headers}
+		rec = &record{topic: topic, key: []byte(aggregate), value: value, headers: headers}
 	default:
 		return "", fmt.Errorf("the authority answered action %q; want report, resend or command", v.Action)
 	}
-	aggregate := string(rec.key)
-	tenant, _, err := pipeline.SplitAggregateID(aggregate)
-	if err != nil {
-		return "", fmt.Errorf("the command's key: %w", err)
+	if rec != nil {
+		sent = commandID.String()
 	}
-	hj, _ := json.Marshal(rec.headers)
 	audit, _ := json.Marshal(map[string]string{
 		"kind": f.Kind, "subject": f.Subject, "action": string(v.Action), "reason": v.Reason,
 		"key": f.Key, "stuck_command_id": f.CommandID, "detail": f.Detail, "command_type": commandType,
 	})
-	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, claimSQL, f.Kind, f.Subject, string(v.Action), tenant, aggregate, commandID.String(), nullable(f.Key), v.Reason)
+	// A job's resend records the job's command (or none) as the command.
+	recorded := commandID
+	if rec == nil {
+		recorded, _ = pipeline.ParseID(f.CommandID)
+	}
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, claimSQL, f.Kind, f.Subject, string(v.Action), tenant, aggregate, recorded.String(), nullable(f.Key), v.Reason)
 		if err != nil {
 			return fmt.Errorf("record the correction: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
 			return ErrCorrected
 		}
-		shard := pipeline.OutboxShard(aggregate, r.cfg.Shards)
-		if _, err := tx.Exec(ctx, outboxSQL, shard, rec.topic, rec.key, rec.value, string(hj)); err != nil {
-			return fmt.Errorf("enqueue the correction: %w", err)
+		if rec != nil {
+			hj, _ := json.Marshal(rec.headers)
+			shard := pipeline.OutboxShard(aggregate, r.cfg.Shards)
+			if _, err := tx.Exec(ctx, outboxSQL, shard, rec.topic, rec.key, rec.value, string(hj)); err != nil {
+				return fmt.Errorf("enqueue the correction: %w", err)
+			}
+			if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", postgres.OutboxChannel); err != nil {
+				return err
+			}
 		}
 		if v.Action == Command {
 			if _, err := tx.Exec(ctx, statusSQL, commandID.String(), tenant, aggregate, commandType); err != nil {
 				return fmt.Errorf("the correction's status: %w", err)
 			}
 		}
-		if rec.deadID != nil {
+		if rec != nil && rec.deadID != nil {
 			if _, err := tx.Exec(ctx, deadSQL, *rec.deadID); err != nil {
 				return fmt.Errorf("remove the outbox_dead row: %w", err)
 			}
 		}
+		if rec == nil {
+			if err := r.retryJob(ctx, tx, *f.jobID); err != nil {
+				return err
+			}
+		}
 		auditID := pipeline.NameID(correctionNamespace, []byte("audit\x00"+f.Kind+"\x00"+f.Subject))
-		if _, err := tx.Exec(ctx, auditSQL, auditID.String(), tenant, aggregate, commandID.String(), string(audit)); err != nil {
+		if _, err := tx.Exec(ctx, auditSQL, auditID.String(), tenant, aggregate, recorded.String(), string(audit)); err != nil {
 			return fmt.Errorf("audit the correction: %w", err)
 		}
-		_, err = tx.Exec(ctx, "SELECT pg_notify($1, '')", postgres.OutboxChannel)
-		return err
+		return nil
 	})
 	if err != nil {
 		return "", err
 	}
-	return commandID.String(), nil
+	return sent, nil
+}
+
+// retryJob makes a discarded job available again (River's JobRetry) and,
+// for a webhook delivery, puts its delivery back to pending, as
+// `onceflow webhooks redeliver` does.
+func (r *Reconciler) retryJob(ctx context.Context, tx pgx.Tx, id int64) error {
+	if _, err := tx.Exec(ctx, resetDeliverySQL, id); err != nil {
+		return fmt.Errorf("reset the job's delivery: %w", err)
+	}
+	client, err := river.NewClient(riverpgxv5.New(r.pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	if _, err := client.JobRetryTx(ctx, tx, id); err != nil {
+		return fmt.Errorf("retry job %d: %w", id, err)
+	}
+	return nil
 }
 
 func nullable(s string) *string {

@@ -21,12 +21,13 @@ import (
 
 // stuck makes one of each kind on purpose, as the pipeline leaves them:
 // a command pending for an hour (shipped, no outcome), an outbox row the
-// broker refused for good, a DLQ record with no later outcome, and a
-// provider event whose command failed.
+// broker refused for good, a DLQ record with no later outcome, a provider
+// event whose command failed, and a webhook delivery's job that ran out of
+// attempts with no answer (its call may have been applied).
 type stuck struct {
-	pending, dead, dlq, inbound pipeline.ID
-	deadID                      int64
-	dlqRecord                   reconcile.DeadLetter
+	pending, dead, dlq, inbound, delivered pipeline.ID
+	deadID, jobID                          int64
+	dlqRecord                              reconcile.DeadLetter
 }
 
 func makeStuck(t *testing.T, pool *pgxpool.Pool) stuck {
@@ -35,7 +36,9 @@ func makeStuck(t *testing.T, pool *pgxpool.Pool) stuck {
 	if _, err := postgres.EnsureDailyPartitions(ctx, pool, "idempotency_keys", 2); err != nil {
 		t.Fatal(err)
 	}
-	s := stuck{pending: pipeline.NewCommandID(), dead: pipeline.NewCommandID(), dlq: pipeline.NewCommandID(), inbound: pipeline.NewCommandID()}
+	s := stuck{pending: pipeline.NewCommandID(), dead: pipeline.NewCommandID(), dlq: pipeline.NewCommandID(), inbound: pipeline.NewCommandID(),
+		delivered: pipeline.NewCommandID()}
+	event, subscription := pipeline.NewCommandID(), pipeline.NewCommandID()
 	headers := func(id pipeline.ID, typ string) string {
 		b, _ := json.Marshal(map[string]string{"command-id": id.String(), "tenant": "acme", "command-type": typ})
 		return string(b)
@@ -58,10 +61,22 @@ func makeStuck(t *testing.T, pool *pgxpool.Pool) stuck {
 			VALUES ('payments', 'evt_9', 'payment.succeeded', 'acme', 'acme/acc-4', 'enqueued', $1, 'Deposit', '{}')`, []any{s.inbound.String()}},
 		{`INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested, reason)
 			VALUES ($1, 'acme', 'acme/acc-4', 'Deposit', 'failed', true, 'undecodable')`, []any{s.inbound.String()}},
+		{`INSERT INTO audit_log (event_id, tenant, aggregate_id, version, event_type, command_id, payload, occurred_at)
+			VALUES ($1, 'acme', 'acme/acc-5', 3, 'Deposited', $2, '{}', now())`, []any{event.String(), s.delivered.String()}},
 	} {
 		if _, err := pool.Exec(ctx, q.sql, q.args...); err != nil {
 			t.Fatalf("%s: %v", q.sql, err)
 		}
+	}
+	if err := pool.QueryRow(ctx, `INSERT INTO river_job (state, attempt, max_attempts, attempted_at, finalized_at, args, kind, errors)
+		VALUES ('discarded', 3, 3, now(), now(), $1::jsonb, 'webhook_delivery', ARRAY[$2::jsonb]) RETURNING id`,
+		fmt.Sprintf(`{"key":"wh-key-1","tenant":"acme","event_id":%q}`, event),
+		`{"at":"2026-12-02T00:00:00Z","attempt":3,"error":"no answer: context deadline exceeded"}`).Scan(&s.jobID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO webhook_deliveries (tenant, subscription_id, event_id, event_type, job_id, status, attempts)
+		VALUES ('acme', $1, $2, 'Deposited', $3, 'dead', 3)`, subscription.String(), event.String(), s.jobID); err != nil {
+		t.Fatal(err)
 	}
 	s.deadID = 7
 	s.dlqRecord = reconcile.DeadLetter{
@@ -95,6 +110,10 @@ func authorities(asked *sync.Map) map[string]reconcile.Authority {
 		reconcile.KindDLQ: reconcile.AuthorityFunc(func(_ context.Context, f reconcile.Finding) (reconcile.Verdict, error) {
 			note(f)
 			return reconcile.Verdict{Action: reconcile.Resend, Reason: "schema fixed"}, nil
+		}),
+		reconcile.KindJob: reconcile.AuthorityFunc(func(_ context.Context, f reconcile.Finding) (reconcile.Verdict, error) {
+			note(f)
+			return reconcile.Verdict{Action: reconcile.Resend, Reason: "receiver: never got wh-key-1"}, nil
 		}),
 		reconcile.KindInbound: reconcile.AuthorityFunc(func(_ context.Context, f reconcile.Finding) (reconcile.Verdict, error) {
 			note(f)
@@ -165,7 +184,7 @@ func TestReconcileFindsCorrectsOnceAndAudits(t *testing.T) {
 			t.Errorf("%s: not corrected; reports %+v", k, reports)
 		}
 	}
-	for _, k := range []string{"pending dep-1", "outbox-dead ", "dlq ", "inbound payments/evt_9"} {
+	for _, k := range []string{"pending dep-1", "outbox-dead ", "dlq ", "inbound payments/evt_9", "job wh-key-1"} {
 		if _, ok := asked.Load(k); !ok {
 			t.Errorf("the authority was not asked about %q", k)
 		}
@@ -214,8 +233,8 @@ func TestReconcileFindsCorrectsOnceAndAudits(t *testing.T) {
 		Scan(&dead, &audits, &corrections, &pendingCorrections, &stuckStatus); err != nil {
 		t.Fatal(err)
 	}
-	if dead != 0 || audits != 4 || corrections != 4 || pendingCorrections != 2 || stuckStatus != "pending" {
-		t.Errorf("outbox_dead %d, audit rows %d, corrections %d, correcting commands pending %d, the stuck command %s; want 0, 4, 4, 2 and still pending (no read model edited)",
+	if dead != 0 || audits != 5 || corrections != 5 || pendingCorrections != 2 || stuckStatus != "pending" {
+		t.Errorf("outbox_dead %d, audit rows %d, corrections %d, correcting commands pending %d, the stuck command %s; want 0, 5, 5, 2 and still pending (no read model edited)",
 			dead, audits, corrections, pendingCorrections, stuckStatus)
 	}
 	var payload map[string]string
@@ -224,6 +243,17 @@ func TestReconcileFindsCorrectsOnceAndAudits(t *testing.T) {
 	}
 	if payload["kind"] != "inbound" || payload["reason"] != "provider: payment succeeded" || payload["key"] != "payments/evt_9" || payload["stuck_command_id"] != s.inbound.String() {
 		t.Errorf("audit payload %v", payload)
+	}
+
+	// The job is River's again, and its delivery pending: the call goes out
+	// again under its Idempotency-Key.
+	var jobState, deliveryStatus, jobAggregate string
+	if err := pool.QueryRow(ctx, `SELECT (SELECT state::text FROM river_job WHERE id = $1), (SELECT status FROM webhook_deliveries WHERE job_id = $1),
+		(SELECT aggregate_id FROM reconcile_corrections WHERE kind = 'job')`, s.jobID).Scan(&jobState, &deliveryStatus, &jobAggregate); err != nil {
+		t.Fatal(err)
+	}
+	if jobState != "available" || deliveryStatus != "pending" || jobAggregate != "acme/acc-5" || corrected[reconcile.KindJob].CorrectionID != "wh-key-1" {
+		t.Errorf("job %s, delivery %s, correction of %s as %q; want available, pending, acme/acc-5, wh-key-1", jobState, deliveryStatus, jobAggregate, corrected[reconcile.KindJob].CorrectionID)
 	}
 
 	r, _ := reconcile.New(cfg, pool, slog.New(slog.DiscardHandler))
@@ -251,9 +281,9 @@ func TestReconcileReportsWhatNoAuthorityDecides(t *testing.T) {
 		cfg  reconcile.Config
 		want reconcile.Report
 	}{
-		{"no authorities", reconcile.Config{DeadLetters: dlq}, reconcile.Report{Reported: 4}},
-		{"dry run", reconcile.Config{DeadLetters: dlq, Authorities: authorities(&asked), DryRun: true, Encode: encode}, reconcile.Report{Reported: 4}},
-		{"an authority fails", reconcile.Config{DeadLetters: dlq, Authorities: auth, DryRun: true, Encode: encode}, reconcile.Report{Reported: 3, Failed: 1}},
+		{"no authorities", reconcile.Config{DeadLetters: dlq}, reconcile.Report{Reported: 5}},
+		{"dry run", reconcile.Config{DeadLetters: dlq, Authorities: authorities(&asked), DryRun: true, Encode: encode}, reconcile.Report{Reported: 5}},
+		{"an authority fails", reconcile.Config{DeadLetters: dlq, Authorities: auth, DryRun: true, Encode: encode}, reconcile.Report{Reported: 4, Failed: 1}},
 	} {
 		r, err := reconcile.New(c.cfg, pool, slog.New(slog.DiscardHandler))
 		if err != nil {
@@ -263,8 +293,8 @@ func TestReconcileReportsWhatNoAuthorityDecides(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.Reported != c.want.Reported || rep.Failed != c.want.Failed || rep.Corrected != 0 || len(rep.Findings) != 4 {
-			t.Errorf("%s: %d findings, %d reported, %d failed, %d corrected; want 4, %d, %d, 0", c.name, len(rep.Findings),
+		if rep.Reported != c.want.Reported || rep.Failed != c.want.Failed || rep.Corrected != 0 || len(rep.Findings) != 5 {
+			t.Errorf("%s: %d findings, %d reported, %d failed, %d corrected; want 5, %d, %d, 0", c.name, len(rep.Findings),
 				rep.Reported, rep.Failed, rep.Corrected, c.want.Reported, c.want.Failed)
 		}
 	}
