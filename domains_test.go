@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +123,31 @@ func TestTwoDomainsOneDeployment(t *testing.T) {
 	}
 	if accounts != 2 || orders != 5 {
 		t.Errorf("read models: %d accounts and %d orders, want 2 and 5", accounts, orders)
+	}
+
+	// The operator commands of a binary of both domains know both: the
+	// projections of each, and a rebuild of one domain's read model from
+	// its own events topic.
+	env := map[string]string{"KAFKA_BROKERS": brokers[0], "DATABASE_URL": url}
+	cli := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := onceflow.Run(ctx, []*onceflow.Domain{ledgerapp.Domain(), inventoryapp.Domain()}, args, func(k string) string { return env[k] }, &out); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	list := cli("projections", "list")
+	for _, want := range []string{"ledger     accounts", "inventory  inventory_orders", "inventory  inventory_items"} {
+		if !strings.Contains(list, want) {
+			t.Errorf("projections list lacks %q:\n%s", want, list)
+		}
+	}
+	if out := cli("projections", "rebuild", "inventory_orders"); !strings.Contains(out, "inventory_orders: swapped") {
+		t.Errorf("rebuild inventory_orders:\n%s", out)
+	}
+	var decided int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inventory_orders WHERE status <> 'placed'`).Scan(&decided); err != nil || decided != 5 {
+		t.Errorf("after the rebuild: %d decided orders (%v), want 5", decided, err)
 	}
 }
