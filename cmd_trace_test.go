@@ -8,40 +8,81 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/trace"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
+	"github.com/onceflow/onceflow/pipeline/webhooks/webhookstest"
 )
 
 // One HTTP command followed through the whole pipeline (every component in
 // one process, the embedded broker, a real Postgres): `onceflow trace`
 // from its Idempotency-Key shows the key record, where the relay shipped
 // the command (and the record there is that command), its accepted
-// status, its event on the events topic and the projector's inbox row, in
-// time order; the command id and the event id lead to the same trace.
+// status, its event on the events topic, the projector's inbox row, and
+// the event's webhook delivery with its job, each with its time; the
+// command id and the event id lead to the same trace.
 func TestTraceFollowsOneCommand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := pipelinetest.Broker(t).Addrs()
 	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Webhooks: the domain's events produce deliveries (the jobs projection
+	// in the projector), a worker delivers them to a receiver subscribed
+	// to every event type of acme.
+	jcfg := jobs.Config{FetchPollInterval: 100 * time.Millisecond, ID: "trace-worker"}
+	hooks, err := jobs.NewProjection("webhooks", jcfg, webhooks.Router{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	domain := ledgerapp.Domain()
+	domain.Projections = append(domain.Projections, hooks)
+	sub, _, err := webhooks.Create(ctx, pool, "acme", "trace-sub", "http://127.0.0.1:1/placeholder", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver := webhookstest.New([]string{sub.Secret}, nil)
+	defer receiver.Close()
+	if _, err := pool.Exec(ctx, `UPDATE webhook_subscriptions SET url = $1 WHERE id = $2`, receiver.URL, sub.ID.String()); err != nil {
+		t.Fatal(err)
+	}
+	register, err := webhooks.Register(webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, err := jobs.New(jcfg, pool, register, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
+	workerDone := make(chan error, 1)
+	go func() { workerDone <- worker.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-workerDone; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	}()
 	addrs := make(chan onceflow.Addrs, 1)
 	done := make(chan error, 1)
 	go func() {
 		done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
 			Config: onceflow.Config{
-				Domains: []*onceflow.Domain{ledgerapp.Domain()}, Kafka: kafka.Config{Brokers: brokers, Logger: logger},
+				Domains: []*onceflow.Domain{domain}, Kafka: kafka.Config{Brokers: brokers, Logger: logger},
 				Topics: kafka.Topics{Partitions: 2}, DatabaseURL: url, Logger: logger,
 			},
 			Components: onceflow.All, HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
@@ -106,6 +147,9 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 		if len(tr.Events) != 1 || len(tr.Events[0].Inbox) == 0 {
 			return fmt.Errorf("events %+v: not projected yet", tr.Events)
 		}
+		if d := tr.Events[0].Deliveries; len(d) != 1 || d[0].Status != "delivered" {
+			return fmt.Errorf("webhook deliveries %+v: not delivered yet", d)
+		}
 		return nil
 	})
 	c := tr.Command
@@ -142,8 +186,15 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 			t.Errorf("step %+v has no time", s)
 		}
 	}
-	if got := strings.Join(stages, " "); got != "key command shipped event inbox status" {
-		t.Errorf("timeline %q, want key command shipped event inbox status", got)
+	if got := strings.Join(stages, " "); got != "key command shipped event inbox job webhook status" {
+		t.Errorf("timeline %q, want key command shipped event inbox job webhook status", got)
+	}
+	// The delivery's job is the one the receiver saw, once, under its key.
+	d, jb := e.Deliveries[0], e.Jobs
+	if len(jb) != 1 || d.JobID == nil || *d.JobID != jb[0].ID || jb[0].State != "completed" || d.SubscriptionID != sub.ID.String() ||
+		receiver.Requests(jb[0].Key) != 1 || receiver.Effects() != 2 {
+		t.Errorf("delivery %+v, jobs %+v, receiver saw %d requests under the key and %d effects; want one completed job, 1 and 2 (the open and the deposit)",
+			d, jb, receiver.Requests(jb[0].Key), receiver.Effects())
 	}
 	// The command id and the event id lead to the same command; the table
 	// says where it went.

@@ -3,8 +3,8 @@
 // a command id or an event id to the key record, the inbound event, the
 // outbox row or where the relay shipped the command (topic, partition,
 // offset), its status, its events and where they are on the events
-// topic, the projectors' inbox rows, and any reconciliation of it, with
-// their times.
+// topic, the projectors' inbox rows, the jobs and webhook deliveries the
+// events caused, and any reconciliation of it, with their times.
 //
 // What the database still holds is read in one read-only transaction;
 // where a command and its events are on Kafka is found by reading the
@@ -116,6 +116,36 @@ type Event struct {
 	OccurredAt time.Time `json:"occurred_at"`
 	Position   *Position `json:"position,omitempty"`
 	Inbox      []Inbox   `json:"inbox"`
+	// Deliveries are the webhook deliveries the event caused, and Jobs its
+	// River jobs (a delivery's among them), while River keeps them.
+	Deliveries []Delivery `json:"webhook_deliveries"`
+	Jobs       []Job      `json:"jobs"`
+}
+
+// Delivery is one webhook delivery of an event (webhook_deliveries).
+type Delivery struct {
+	Tenant         string     `json:"tenant"`
+	SubscriptionID string     `json:"subscription_id"`
+	Status         string     `json:"status"`
+	Attempts       int        `json:"attempts"`
+	LastStatus     *int       `json:"last_status,omitempty"`
+	LastError      string     `json:"last_error,omitempty"`
+	JobID          *int64     `json:"job_id,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	DeliveredAt    *time.Time `json:"delivered_at,omitempty"`
+}
+
+// Job is one River job of an event.
+type Job struct {
+	ID          int64      `json:"id"`
+	Kind        string     `json:"kind"`
+	Key         string     `json:"key"` // the Idempotency-Key of its calls
+	State       string     `json:"state"`
+	Attempt     int        `json:"attempt"`
+	MaxAttempts int        `json:"max_attempts"`
+	LastError   string     `json:"last_error,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	FinalizedAt *time.Time `json:"finalized_at,omitempty"`
 }
 
 // Inbox is a consumer that applied an event.
@@ -161,6 +191,14 @@ const (
 	deadSQL   = `SELECT id, reason, detail, dead_at FROM outbox_dead WHERE headers->>'command-id' = $1 AND key = $2 LIMIT 1`
 	eventsSQL = `SELECT event_id::text, event_type, version, occurred_at FROM audit_log
 		WHERE command_id = $1 AND aggregate_id = $2 AND event_type <> 'onceflow.Reconciled' ORDER BY version`
+	deliveriesSQL = `SELECT event_id::text, tenant, subscription_id::text, status, attempts, last_status, coalesce(last_error, ''),
+			job_id, created_at, delivered_at
+		FROM webhook_deliveries WHERE event_id = ANY($1::uuid[]) ORDER BY created_at, subscription_id`
+	// jobsSQL: jobs name their event in args (event_id); River's args are
+	// not indexed, and River keeps finished jobs a day or a week.
+	jobsSQL = `SELECT args->>'event_id', id, kind, coalesce(args->>'key', ''), state::text, attempt, max_attempts,
+			coalesce(errors[array_length(errors, 1)]->>'error', ''), created_at, finalized_at
+		FROM river_job WHERE args->>'event_id' = ANY($1) ORDER BY id`
 	inboxSQL       = `SELECT event_id::text, consumer, received_at FROM inbox WHERE event_id = ANY($1::uuid[]) ORDER BY received_at`
 	correctionsSQL = `SELECT kind, subject, action, command_id::text, reason, corrected_at FROM reconcile_corrections
 		WHERE aggregate_id = $2 AND (command_id = $1 OR subject = $1::text OR subject = $3) ORDER BY corrected_at`
@@ -235,7 +273,7 @@ func Find(ctx context.Context, pool *pgxpool.Pool, q, tenant string) (*Trace, er
 		if err := rows.Scan(&e.EventID, &e.EventType, &e.Version, &e.OccurredAt); err != nil {
 			return nil, err
 		}
-		e.Inbox = []Inbox{}
+		e.Inbox, e.Deliveries, e.Jobs = []Inbox{}, []Delivery{}, []Job{}
 		t.Events = append(t.Events, e)
 	}
 	if err := rows.Err(); err != nil {
@@ -262,6 +300,9 @@ func Find(ctx context.Context, pool *pgxpool.Pool, q, tenant string) (*Trace, er
 		}
 	}
 	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if err := readEffects(ctx, tx, t, ids); err != nil {
 		return nil, err
 	}
 	subject := ""
@@ -353,6 +394,46 @@ func resolve(ctx context.Context, tx pgx.Tx, t *Trace, q, tenant string) (string
 	return ids[0], nil
 }
 
+// readEffects reads the webhook deliveries and jobs of the events ids.
+func readEffects(ctx context.Context, tx pgx.Tx, t *Trace, ids []string) error {
+	at := map[string]int{}
+	for i, e := range t.Events {
+		at[e.EventID] = i
+	}
+	rows, err := tx.Query(ctx, deliveriesSQL, ids)
+	if err != nil {
+		return fmt.Errorf("read the webhook deliveries: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		var d Delivery
+		if err := rows.Scan(&id, &d.Tenant, &d.SubscriptionID, &d.Status, &d.Attempts, &d.LastStatus, &d.LastError, &d.JobID, &d.CreatedAt, &d.DeliveredAt); err != nil {
+			return err
+		}
+		if i, ok := at[id]; ok {
+			t.Events[i].Deliveries = append(t.Events[i].Deliveries, d)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = tx.Query(ctx, jobsSQL, ids)
+	if err != nil {
+		return fmt.Errorf("read the jobs: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		var j Job
+		if err := rows.Scan(&id, &j.ID, &j.Kind, &j.Key, &j.State, &j.Attempt, &j.MaxAttempts, &j.LastError, &j.CreatedAt, &j.FinalizedAt); err != nil {
+			return err
+		}
+		if i, ok := at[id]; ok {
+			t.Events[i].Jobs = append(t.Events[i].Jobs, j)
+		}
+	}
+	return rows.Err()
+}
+
 func readInbound(ctx context.Context, tx pgx.Tx, t *Trace, provider, event, commandID string) error {
 	e := &InboundEvent{}
 	var id string
@@ -423,8 +504,8 @@ type Step struct {
 }
 
 // Timeline is the trace as steps in the order of the path (key, provider
-// event, command, outbox, shipped, events and their inbox rows, status,
-// corrections), each with its time. Not sorted by time: the stages of one
+// event, command, outbox, shipped, events with their inbox rows, jobs and
+// webhook deliveries, status, corrections), each with its time. Not sorted by time: the stages of one
 // command often share a millisecond, and records carry the command's time.
 func (t *Trace) Timeline() []Step {
 	var s []Step
@@ -458,6 +539,27 @@ func (t *Trace) Timeline() []Step {
 		add(e.OccurredAt, "event", "%s %s version %d, %s", e.EventType, e.EventID, e.Version, where)
 		for _, in := range e.Inbox {
 			add(in.ReceivedAt, "inbox", "%s applied %s", in.Consumer, e.EventID)
+		}
+		for _, j := range e.Jobs {
+			what := fmt.Sprintf("%s job %d (key %s): %s, attempt %d of %d", j.Kind, j.ID, j.Key, j.State, j.Attempt, j.MaxAttempts)
+			if j.LastError != "" {
+				what += "; last error: " + j.LastError
+			}
+			add(j.CreatedAt, "job", "%s", what)
+		}
+		for _, d := range e.Deliveries {
+			what := fmt.Sprintf("to subscription %s of %s: %s after %d attempts", d.SubscriptionID, d.Tenant, d.Status, d.Attempts)
+			if d.LastStatus != nil {
+				what += fmt.Sprintf(", last answer %d", *d.LastStatus)
+			}
+			if d.LastError != "" {
+				what += ", last error: " + d.LastError
+			}
+			at := d.CreatedAt
+			if d.DeliveredAt != nil {
+				at = *d.DeliveredAt
+			}
+			add(at, "webhook", "%s", what)
 		}
 	}
 	outcome := c.Status
