@@ -62,6 +62,7 @@ func TestTwoDomainsOneDeployment(t *testing.T) {
 	case a := <-addrs:
 		base = "http://" + a.HTTP
 	case err := <-done:
+		done <- err // for the deferred stop
 		t.Fatalf("deployment stopped: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("deployment did not start")

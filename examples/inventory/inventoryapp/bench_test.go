@@ -75,6 +75,7 @@ func BenchmarkSaga(b *testing.B) {
 	select {
 	case <-started:
 	case err := <-done:
+		done <- err // for the deferred stop
 		b.Fatalf("processors stopped: %v", err)
 	}
 	orderSerdes, err := onceflow.NewSerdes(ctx, reg, d, "order", topics)

@@ -83,6 +83,7 @@ func stack(t *testing.T) (base, ownerURL, runtimeURL string) {
 	case a := <-addrs:
 		base = "http://" + a.HTTP
 	case err := <-done:
+		done <- err // for the cleanup
 		t.Fatalf("stack stopped: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("stack did not start")
