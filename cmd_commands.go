@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register("dev", "run the embedded default: broker, registry, Postgres and all four components", runDev)
+	register("dev", "run the embedded default: broker, registry, Postgres and every component", runDev)
 	register("demo", "drive a scripted workload against a running ingest and check the balances", runDemo)
 	register("migrate", "apply the Postgres migrations", runMigrate)
 	register("migrate version", "print the database's migration version and the newest this binary has", runMigrateVersion)
@@ -23,6 +23,7 @@ func init() {
 	register("postgres down", "stop the private Postgres cluster", runPostgresDown)
 	for name, c := range map[string]Components{
 		"ingest": {Ingest: true}, "relay": {Relay: true}, "processor": {Processor: true}, "projector": {Projector: true},
+		"worker": {Worker: true},
 	} {
 		register(name, "run the "+name+" (its flags: "+name+" -h)", func(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 			return runComponent(ctx, name, c, domains, args, getenv, stdout)

@@ -22,11 +22,13 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 	"github.com/onceflow/onceflow/pipeline/relay"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
 // Common holds the shared settings once flags are parsed.
@@ -85,6 +87,21 @@ type Common struct {
 	RelayBatchSize int
 	// LagExport is ONCEFLOW_LAG_EXPORT (RunConfig.LagExport).
 	LagExport string
+	// The worker's (docs/jobs.md; durations strings until Worker parses
+	// them). Queue and MaxAttempts are the projector's too.
+	WorkerQueue          string
+	WorkerMaxWorkers     int
+	WorkerLease          string
+	WorkerAttemptTimeout string
+	WorkerMaxAttempts    int
+	WorkerBaseDelay      string
+	WorkerMaxDelay       string
+	// The webhook deliveries' (docs/webhooks.md).
+	WebhookTimeout         string
+	WebhookAllowNetworks   string
+	WebhookBreakerFailures int
+	WebhookBreakerCooldown string
+	WebhookMaxPerTenant    int
 
 	envErrs []error   // malformed numeric or boolean variables, reported by Stack
 	domains []*Domain // what the deployment runs, for Stack
@@ -171,6 +188,22 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.InboundRetention, "inbound-retention", env("ONCEFLOW_INBOUND_RETENTION", ingest.DefaultInboundRetention.String()), "how long ingest remembers a provider's event ids; longer than any provider retries (ONCEFLOW_INBOUND_RETENTION)")
 	fs.StringVar(&c.ReconcileInterval, "reconcile-interval", env("ONCEFLOW_RECONCILE_INTERVAL", ""), "how often the relay runs onceflow reconcile with the domains' authorities, logging what it finds (docs/operations.md#reconcile); empty or 0: never (ONCEFLOW_RECONCILE_INTERVAL)")
 	fs.StringVar(&c.LagExport, "lag-export", env("ONCEFLOW_LAG_EXPORT", ""), "which consumers' lag to export on /metrics: own (this process's; the components' default), cluster (every group and Postgres consumer, once per cluster; onceflow dev's default) or off (ONCEFLOW_LAG_EXPORT)")
+	fs.StringVar(&c.WorkerQueue, "worker-queue", env("ONCEFLOW_WORKER_QUEUE", jobs.DefaultQueue), "River queue of onceflow's jobs; give the projectors and workers the same (ONCEFLOW_WORKER_QUEUE)")
+	workers := envInt("ONCEFLOW_WORKER_MAX_WORKERS", jobs.DefaultMaxWorkers)
+	fs.IntVar(&c.WorkerMaxWorkers, "worker-max-workers", workers, "jobs a worker process runs at once (ONCEFLOW_WORKER_MAX_WORKERS)")
+	fs.StringVar(&c.WorkerLease, "worker-lease", env("ONCEFLOW_WORKER_LEASE", jobs.DefaultLease.String()), "how long a job attempt may run before River's rescuer gives the job to another worker (ONCEFLOW_WORKER_LEASE)")
+	fs.StringVar(&c.WorkerAttemptTimeout, "worker-attempt-timeout", env("ONCEFLOW_WORKER_ATTEMPT_TIMEOUT", ""), "bound of one job attempt, below the lease; empty: half the lease (ONCEFLOW_WORKER_ATTEMPT_TIMEOUT)")
+	attempts := envInt("ONCEFLOW_WORKER_MAX_ATTEMPTS", jobs.DefaultMaxAttempts)
+	fs.IntVar(&c.WorkerMaxAttempts, "worker-max-attempts", attempts, "attempts of a job before it is discarded with its errors kept (ONCEFLOW_WORKER_MAX_ATTEMPTS)")
+	fs.StringVar(&c.WorkerBaseDelay, "worker-base-delay", env("ONCEFLOW_WORKER_BASE_DELAY", jobs.DefaultBaseDelay.String()), "first retry's largest wait; doubles per attempt, full jitter (ONCEFLOW_WORKER_BASE_DELAY)")
+	fs.StringVar(&c.WorkerMaxDelay, "worker-max-delay", env("ONCEFLOW_WORKER_MAX_DELAY", jobs.DefaultMaxDelay.String()), "largest wait before a retry, unless the receiver's Retry-After asks for more (ONCEFLOW_WORKER_MAX_DELAY)")
+	fs.StringVar(&c.WebhookTimeout, "webhook-timeout", env("ONCEFLOW_WEBHOOK_TIMEOUT", webhooks.DefaultTimeout.String()), "bound of one webhook request, connect to last byte (ONCEFLOW_WEBHOOK_TIMEOUT)")
+	fs.StringVar(&c.WebhookAllowNetworks, "webhook-allow-networks", env("ONCEFLOW_WEBHOOK_ALLOW_NETWORKS", ""), "networks (CIDR, comma separated) webhooks may reach although they are loopback, private or link-local (ONCEFLOW_WEBHOOK_ALLOW_NETWORKS)")
+	failures := envInt("ONCEFLOW_WEBHOOK_BREAKER_FAILURES", webhooks.DefaultBreakerFailures)
+	fs.IntVar(&c.WebhookBreakerFailures, "webhook-breaker-failures", failures, "failures in a row that open an endpoint's circuit breaker (ONCEFLOW_WEBHOOK_BREAKER_FAILURES)")
+	fs.StringVar(&c.WebhookBreakerCooldown, "webhook-breaker-cooldown", env("ONCEFLOW_WEBHOOK_BREAKER_COOLDOWN", webhooks.DefaultBreakerCooldown.String()), "how long an open breaker holds an endpoint's deliveries (ONCEFLOW_WEBHOOK_BREAKER_COOLDOWN)")
+	perTenant := envInt("ONCEFLOW_WEBHOOK_MAX_PER_TENANT", webhooks.DefaultMaxPerTenant)
+	fs.IntVar(&c.WebhookMaxPerTenant, "webhook-max-per-tenant", perTenant, "deliveries of one tenant a worker process runs at once (ONCEFLOW_WEBHOOK_MAX_PER_TENANT)")
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, &c.envErrs, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
 	secretVar(fs, &c.DatabaseMigrationURL, "database-migration-url", "DATABASE_MIGRATION_URL", getenv, &c.envErrs, "Postgres `URL` of the role that owns the tables and migrates them; DATABASE_URL is then the runtime role (docs/security.md#database-roles)")

@@ -14,20 +14,27 @@ import (
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 	"github.com/onceflow/onceflow/pipeline/relay"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
 // Components selects what one process runs.
 type Components struct {
 	Ingest, Relay, Processor, Projector bool
+	// Worker runs jobs (docs/jobs.md): webhook deliveries.
+	Worker bool
 }
 
 // All is every component (the dev stack).
-var All = Components{Ingest: true, Relay: true, Processor: true, Projector: true}
+var All = Components{Ingest: true, Relay: true, Processor: true, Projector: true, Worker: true}
+
+// kafka says whether the components use Kafka (a worker alone does not).
+func (c Components) kafka() bool { return c.Ingest || c.Relay || c.Processor || c.Projector }
 
 // RunConfig is one process: which components, their settings, and where
 // it listens.
@@ -68,6 +75,10 @@ type RunConfig struct {
 	// periodically (ONCEFLOW_RECONCILE_INTERVAL; docs/operations.md#reconcile)
 	// with the domains' authorities. Default: it does not.
 	Reconcile reconcile.Config
+	// Worker is the worker's jobs settings; its Queue and MaxAttempts are
+	// also the projector's, which enqueues the jobs.
+	Worker   jobs.Config
+	Webhooks webhooks.Config
 
 	// ShutdownTimeout bounds the graceful shutdown after ctx ends: work in
 	// flight is finished and committed, then Run returns. Default 20s.
@@ -90,7 +101,7 @@ type Addrs struct {
 // process.
 func RunComponents(ctx context.Context, rc RunConfig) error {
 	c := rc.Components
-	if !c.Ingest && !c.Relay && !c.Processor && !c.Projector {
+	if !c.kafka() && !c.Worker {
 		return errors.New("no component selected")
 	}
 	if rc.ShutdownTimeout == 0 {
@@ -114,18 +125,20 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := ensureTopics(ctx, rc.Config, dep); err != nil {
-		return fmt.Errorf("topics: %w", err)
-	}
-	reg := rc.Registry
-	if reg == nil {
-		if reg, err = registry(ctx, rc.Config, dep); err != nil {
+	var serdes serdes
+	if c.kafka() {
+		if err := ensureTopics(ctx, rc.Config, dep); err != nil {
+			return fmt.Errorf("topics: %w", err)
+		}
+		reg := rc.Registry
+		if reg == nil {
+			if reg, err = registry(ctx, rc.Config, dep); err != nil {
+				return err
+			}
+		}
+		if serdes, err = newSerdes(ctx, reg, dep); err != nil {
 			return err
 		}
-	}
-	serdes, err := newSerdes(ctx, reg, dep)
-	if err != nil {
-		return err
 	}
 
 	// Listeners are bound before anything runs, so Started can report them.
@@ -158,7 +171,7 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 	// A cluster-wide lag export reads projectors' offsets from Postgres,
 	// even in a process that runs none of the components using it.
 	var pool *pgxpool.Pool
-	if c.Ingest || c.Relay || c.Projector || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
+	if c.Ingest || c.Relay || c.Projector || c.Worker || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
 		if pool, err = openDatabase(ctx, rc.Config, dep, rc.DatabaseMaxConns); err != nil {
 			return err
 		}
@@ -209,7 +222,7 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 		}
 		if c.Projector {
 			for _, d := range dep.domains {
-				proj, err := newProjector(rc.Config, rc.Projector, pool, d, serdes, dep.metricsFor(metrics, "domain", d.Name, len(dep.domains)))
+				proj, err := newProjector(rc.Config, rc.Projector, rc.Worker, pool, d, serdes, dep.metricsFor(metrics, "domain", d.Name, len(dep.domains)))
 				if err != nil {
 					return err
 				}
@@ -218,6 +231,14 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 				g.Go(func() error { return proj.Run(gctx) })
 			}
 		}
+	}
+	if c.Worker {
+		w, err := newWorker(rc.Config, rc.Worker, rc.Webhooks, pool, metrics)
+		if err != nil {
+			return err
+		}
+		adm.AddCheck("worker", readyCheck(w.Ready()))
+		g.Go(func() error { return w.Run(gctx) })
 	}
 	if c.Processor {
 		all := dep.aggregates()

@@ -28,11 +28,13 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/relay"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
 // Config is what every component needs (docs/architecture.md#configuration).
@@ -382,9 +384,28 @@ func (d *domain) projections() []pipeline.Projection[pgx.Tx] {
 		projector.CommandStatus{CommandTypeOf: d.CommandTypeOf}, projector.AuditLog{})
 }
 
-// newProjector builds d's projector.
-func newProjector(cfg Config, pcfg projector.Config, pool *pgxpool.Pool, d *domain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
+// newProjector builds d's projector: d's projections, then the webhooks
+// projection, which enqueues the deliveries of each event on wcfg's queue
+// in the projector's transaction (docs/webhooks.md). It is not part of
+// d.projections(): a rebuild must not deliver again.
+func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, pool *pgxpool.Pool, d *domain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
 	pcfg.Topic = d.events()
 	pcfg.Consumer = d.consumer()
-	return projector.New(pcfg, cfg.Kafka, pool, s[d.events()], d.projections(), cfg.Logger, reg)
+	hooks, err := jobs.NewProjection("webhooks", wcfg, webhooks.Router{}, reg)
+	if err != nil {
+		return nil, err
+	}
+	return projector.New(pcfg, cfg.Kafka, pool, s[d.events()], append(d.projections(), hooks), cfg.Logger, reg)
+}
+
+// newWorker builds the worker: River's client over pool running the job
+// kinds onceflow has (webhook deliveries). Its River client id is River's
+// default (host name and start time): River elects its leader by it, so
+// two workers must never share one.
+func newWorker(cfg Config, wcfg jobs.Config, hcfg webhooks.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*jobs.Worker, error) {
+	register, err := webhooks.Register(hcfg, cfg.Logger, reg)
+	if err != nil {
+		return nil, err
+	}
+	return jobs.New(wcfg, pool, register, cfg.Logger, reg)
 }

@@ -42,6 +42,7 @@ func leastPrivilege(t testing.TB) (owner, runtime *pgxpool.Pool) {
 // opened the first, and the Idempotency-Key and body it used.
 type fixture struct {
 	key, account, command, aggregate string
+	webhook                          string // its webhook subscription's id
 }
 
 // commandRoutes builds each command route's request naming local as its
@@ -94,8 +95,22 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		r := s.do(t, req{method: http.MethodPost, path: "/v1/webhooks", apiKey: f.key, idemKey: "sub-" + name, body: `{"url":"https://example.com/` + name + `"}`})
+		var sub struct{ ID string }
+		if json.Unmarshal(r.Body, &sub); r.Status != http.StatusCreated || sub.ID == "" {
+			t.Fatalf("tenant %s subscribes: got %s, want 201", name, r)
+		}
+		f.webhook = sub.ID
 		fx[name] = f
 	}
+	webhookOf := func(tenant string) string {
+		var st string
+		if err := owner.QueryRow(ctx, `SELECT status || cardinality(secrets) || url FROM webhook_subscriptions WHERE tenant = $1`, tenant).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	webhooksBefore := map[string]string{"a": webhookOf("a"), "b": webhookOf("b")}
 	type state struct{ outbox, keys, status int }
 	stateOf := func(tenant string) (st state) {
 		t.Helper()
@@ -140,6 +155,32 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				if r, body := s.command(t, me.key, me.command, "?wait=50ms"); r.Status != http.StatusOK || body.AggregateID != me.aggregate {
 					t.Errorf("%s: its own command: got %s", label, r)
 				}
+			case "POST /v1/webhooks":
+				// The other's key with its very request: a subscription of
+				// the caller's own, not the other's replayed.
+				r := s.do(t, req{method: http.MethodPost, path: "/v1/webhooks", apiKey: me.key, idemKey: "sub-" + pair[1], body: `{"url":"https://example.com/` + pair[1] + `"}`})
+				var sub struct{ ID string }
+				if json.Unmarshal(r.Body, &sub); r.Status != http.StatusCreated || sub.ID == other.webhook || sub.ID == "" {
+					t.Errorf("%s %s: got %s, want a new subscription of its own", label, route, r)
+				}
+				if r := s.do(t, req{method: http.MethodGet, path: "/v1/webhooks/" + sub.ID, apiKey: other.key}); r.Status != http.StatusNotFound {
+					t.Errorf("%s %s: the other reads the caller's subscription: got %s", label, route, r)
+				}
+				if r := s.do(t, req{method: http.MethodDelete, path: "/v1/webhooks/" + sub.ID, apiKey: me.key}); r.Status != http.StatusNoContent {
+					t.Errorf("%s %s: deleting its own: got %s, want 204", label, route, r)
+				}
+			case "GET /v1/webhooks":
+				r := s.do(t, req{method: http.MethodGet, path: "/v1/webhooks", apiKey: me.key})
+				if r.Status != http.StatusOK || strings.Contains(string(r.Body), other.webhook) || !strings.Contains(string(r.Body), me.webhook) {
+					t.Errorf("%s %s: got %s, want its own subscription only", label, route, r)
+				}
+			case "GET /v1/webhooks/{id}", "DELETE /v1/webhooks/{id}", "POST /v1/webhooks/{id}/rotate", "DELETE /v1/webhooks/{id}/previous-secret",
+				"POST /v1/webhooks/{id}/enable", "GET /v1/webhooks/{id}/deliveries":
+				method, path, _ := strings.Cut(route, " ")
+				path = strings.Replace(path, "{id}", other.webhook, 1)
+				if r := s.do(t, req{method: method, path: path, apiKey: me.key}); r.Status != http.StatusNotFound {
+					t.Errorf("%s %s with the other's subscription: got %s, want 404", label, route, r)
+				}
 			default:
 				build, ok := commandRoutes[route]
 				if !ok {
@@ -176,6 +217,9 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		if err := owner.QueryRow(ctx, `SELECT balance FROM accounts WHERE tenant = $1 AND account_id = $2`, pair[1], other.account).Scan(&balance); err != nil ||
 			balance != map[string]int{"a": 100, "b": 200}[pair[1]] {
 			t.Errorf("after %s requests: the other's balance is %d (%v)", label, balance, err)
+		}
+		if got := webhookOf(pair[1]); got != webhooksBefore[pair[1]] {
+			t.Errorf("after %s requests: the other's subscription is %s, want %s", label, got, webhooksBefore[pair[1]])
 		}
 		before[pair[0]] = stateOf(pair[0])
 	}

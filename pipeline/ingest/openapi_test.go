@@ -153,7 +153,7 @@ func TestOpenAPIMatchesTheServer(t *testing.T) {
 	for _, route := range s.Routes() {
 		op := doc.op(t, route)
 		method, path, _ := strings.Cut(route, " ")
-		if method != http.MethodPost {
+		if method != http.MethodPost || isWebhookRoute(route) { // the webhook routes: TestWebhookRoutesMatchTheDocument
 			continue
 		}
 		path = strings.ReplaceAll(path, "{id}", "acc-path")
@@ -216,6 +216,9 @@ func TestOpenAPIMatchesTheServer(t *testing.T) {
 	}
 	var answers []seen
 	for _, route := range s.Routes() {
+		if isWebhookRoute(route) {
+			continue
+		}
 		method, path, _ := strings.Cut(route, " ")
 		path = strings.ReplaceAll(path, "{id}", "acc-1")
 		if strings.HasPrefix(route, "GET /v1/commands/") {
@@ -267,6 +270,11 @@ func TestOpenAPIMatchesTheServer(t *testing.T) {
 	}
 	// The undocumented statuses this battery could not provoke (500, 503)
 	// are covered by TestPostgresDown and TestBatchIsolatesEachRequest.
+}
+
+func isWebhookRoute(route string) bool {
+	_, path, _ := strings.Cut(route, " ")
+	return strings.HasPrefix(path, "/v1/webhooks")
 }
 
 // validBodies are valid requests of each command route.

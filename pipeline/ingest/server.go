@@ -110,6 +110,7 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 		s.route(q.Pattern, s.query(q))
 	}
 	s.route(commandPattern, s.getCommand)
+	s.webhookRoutes()
 	// Inbound webhooks authenticate by their signature, not an API key.
 	for _, r := range prepared {
 		if _, ok := s.byType[r.Command.MessageType()]; !ok {

@@ -1,0 +1,196 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
+)
+
+// The routes of a tenant's outbound webhook subscriptions
+// (docs/webhooks.md#the-api). They read and write in a transaction scoped
+// to the caller's tenant, so the tables' row-level security holds them to
+// it as well as their own tenant predicate.
+const (
+	webhooksPattern        = "POST /v1/webhooks"
+	webhooksListPattern    = "GET /v1/webhooks"
+	webhookPattern         = "GET /v1/webhooks/{id}"
+	webhookDeletePattern   = "DELETE /v1/webhooks/{id}"
+	webhookRotatePattern   = "POST /v1/webhooks/{id}/rotate"
+	webhookPreviousPattern = "DELETE /v1/webhooks/{id}/previous-secret"
+	webhookEnablePattern   = "POST /v1/webhooks/{id}/enable"
+	webhookDeliveryPattern = "GET /v1/webhooks/{id}/deliveries"
+)
+
+func (s *Server) webhookRoutes() {
+	s.route(webhooksPattern, s.createWebhook)
+	s.route(webhooksListPattern, s.scoped(false, func(ctx context.Context, db DB, tenant string, _ *http.Request) (any, int, error) {
+		subs, err := webhooks.List(ctx, db, tenant)
+		return map[string]any{"subscriptions": subs}, http.StatusOK, err
+	}))
+	s.route(webhookPattern, s.withID(false, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
+		sub, err := webhooks.Get(ctx, db, tenant, id)
+		return sub, http.StatusOK, err
+	}))
+	s.route(webhookDeletePattern, s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
+		return nil, http.StatusNoContent, webhooks.Delete(ctx, db, tenant, id)
+	}))
+	s.route(webhookRotatePattern, s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
+		sub, err := webhooks.Rotate(ctx, db, tenant, id)
+		return sub, http.StatusOK, err
+	}))
+	s.route(webhookPreviousPattern, s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
+		sub, err := webhooks.DropPrevious(ctx, db, tenant, id)
+		return sub, http.StatusOK, err
+	}))
+	s.route(webhookEnablePattern, s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
+		sub, err := webhooks.Enable(ctx, db, tenant, id)
+		return sub, http.StatusOK, err
+	}))
+	s.route(webhookDeliveryPattern, s.withID(false, func(ctx context.Context, db DB, tenant string, id pipeline.ID, r *http.Request) (any, int, error) {
+		if _, err := webhooks.Get(ctx, db, tenant, id); err != nil {
+			return nil, 0, err
+		}
+		f := webhooks.Filter{Tenant: tenant, Subscription: &id, Status: r.URL.Query().Get("status")}
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1000 {
+				return nil, 0, invalid(FieldError{"limit", "a whole number from 1 to 1000"})
+			}
+			f.Limit = n
+		}
+		if st := f.Status; st != "" && st != "pending" && st != "delivered" && st != "failed" && st != "dead" {
+			return nil, 0, invalid(FieldError{"status", "pending, delivered, failed or dead"})
+		}
+		ds, err := webhooks.Deliveries(ctx, db, f)
+		return map[string]any{"deliveries": ds}, http.StatusOK, err
+	}))
+}
+
+// scopedFunc serves a webhooks route inside the caller's scoped
+// transaction: the answer's body and status, or an error (a *Problem, or
+// webhooks' ErrNotFound, or a failure).
+type scopedFunc func(ctx context.Context, db DB, tenant string, r *http.Request) (any, int, error)
+
+func (s *Server) scoped(write bool, fn scopedFunc) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		var body any
+		var status int
+		run := func(ctx context.Context, db DB) (err error) {
+			body, status, err = fn(ctx, db, c.tenant, r)
+			return err
+		}
+		var err error
+		if write {
+			err = s.writeScoped(ctx, c, run)
+		} else {
+			err = s.readScoped(ctx, c, run)
+		}
+		var p *Problem
+		switch {
+		case errors.As(err, &p):
+			return p
+		case errors.Is(err, errRevoked):
+			return s.revoked(r, c)
+		case errors.Is(err, webhooks.ErrNotFound):
+			return errNotFound
+		case err != nil:
+			return s.internal(r, err)
+		case status == http.StatusNoContent:
+			w.WriteHeader(status)
+			return nil
+		}
+		writeJSON(w, status, body)
+		return nil
+	}
+}
+
+func (s *Server) withID(write bool, fn func(ctx context.Context, db DB, tenant string, id pipeline.ID, r *http.Request) (any, int, error)) handlerFunc {
+	return s.scoped(write, func(ctx context.Context, db DB, tenant string, r *http.Request) (any, int, error) {
+		id, err := pipeline.ParseID(r.PathValue("id"))
+		if err != nil {
+			return nil, 0, errNotFound // not one of the tenant's subscriptions
+		}
+		return fn(ctx, db, tenant, id, r)
+	})
+}
+
+// createWebhook is POST /v1/webhooks: {"url", "event_types"}. The
+// Idempotency-Key names the subscription (its id is derived from it): the
+// same key with the same request answers the same subscription again
+// (200, Idempotent-Replayed: true, with its newest secret), with another
+// request 409.
+func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request, c caller) *Problem {
+	key, p := idempotencyKey(r)
+	if p != nil {
+		return p
+	}
+	body, p := readBody(r, s.cfg.MaxBodyBytes)
+	if p != nil {
+		return p
+	}
+	obj, errs, p := decodeObject(body, "url", "event_types")
+	if p != nil {
+		return p
+	}
+	url, _ := obj.str("url", &errs)
+	var types []string
+	if raw, ok := obj["event_types"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &types); err != nil {
+			errs = append(errs, FieldError{"event_types", "must be an array of event type names"})
+		}
+	}
+	if len(errs) == 0 {
+		for _, fe := range webhooks.Check(url, types) {
+			errs = append(errs, FieldError{fe.Field, fe.Message})
+		}
+	}
+	if len(errs) > 0 {
+		return invalid(errs...)
+	}
+	var sub webhooks.Subscription
+	var created bool
+	return s.scoped(true, func(ctx context.Context, db DB, tenant string, _ *http.Request) (any, int, error) {
+		var err error
+		sub, created, err = webhooks.Create(ctx, db, tenant, key, url, types)
+		switch {
+		case errors.Is(err, webhooks.ErrConflict):
+			return nil, 0, errKeyReused
+		case errors.Is(err, webhooks.ErrTooMany):
+			return nil, 0, problem(http.StatusConflict, "too-many-webhooks", "Too many subscriptions",
+				fmt.Sprintf("a tenant has at most %d; delete one first", webhooks.MaxSubscriptions))
+		case err != nil:
+			return nil, 0, err
+		}
+		w.Header().Set("Location", "/v1/webhooks/"+sub.ID.String())
+		if !created {
+			w.Header().Set("Idempotent-Replayed", "true")
+			return sub, http.StatusOK, nil
+		}
+		return sub, http.StatusCreated, nil
+	})(w, r, c)
+}
+
+// writeScoped is readScoped for a write: a read-write transaction scoped
+// to c's tenant, committed when write succeeds.
+func (s *Server) writeScoped(ctx context.Context, c caller, write func(ctx context.Context, db DB) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var tenant string
+		if err := tx.QueryRow(ctx, scopeSQL, c.keyHash).Scan(&tenant); err != nil {
+			return fmt.Errorf("scope the write: %w", err)
+		}
+		if tenant != c.tenant {
+			return errRevoked
+		}
+		return write(ctx, tx)
+	})
+}

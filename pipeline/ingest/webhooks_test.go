@@ -1,0 +1,169 @@
+package ingest_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
+)
+
+// The webhook subscription routes do what docs/webhooks.md says, and every
+// answer of a battery of requests, success and failure, has a status the
+// OpenAPI document lists for its route and a body with the documented
+// fields.
+func TestWebhookRoutesMatchTheDocument(t *testing.T) {
+	t.Parallel()
+	doc := loadDoc(t)
+	pool, _ := ledgerPool(t)
+	s := startServer(t, pool, ingest.Config{})
+	key := tenant(t, pool, "acme")
+	type seen struct {
+		route string
+		r     response
+	}
+	var answers []seen
+	do := func(route string, q req) response {
+		t.Helper()
+		q.method = strings.SplitN(route, " ", 2)[0]
+		if q.apiKey == "" && !strings.HasPrefix(q.path, "!") {
+			q.apiKey = key
+		}
+		q.path = strings.TrimPrefix(q.path, "!")
+		r := s.do(t, q)
+		answers = append(answers, seen{route, r})
+		return r
+	}
+	var sub webhooks.Subscription
+	decode := func(r response, v any) {
+		t.Helper()
+		if err := json.Unmarshal(r.Body, v); err != nil {
+			t.Fatalf("%s: %v", r, err)
+		}
+	}
+
+	const create = "POST /v1/webhooks"
+	body := `{"url":"https://example.com/hooks","event_types":["Deposited","Withdrawn"]}`
+	r := do(create, req{path: "/v1/webhooks", idemKey: "w1", body: body})
+	decode(r, &sub)
+	if r.Status != http.StatusCreated || !strings.HasPrefix(sub.Secret, "whsec_") || r.Header.Get("Location") != "/v1/webhooks/"+sub.ID.String() ||
+		strings.Join(sub.EventTypes, ",") != "Deposited,Withdrawn" || sub.Status != "enabled" {
+		t.Fatalf("create: got %s, want 201 with a whsec_ secret and its Location", r)
+	}
+	if err := webhooks.ValidSecret(sub.Secret); err != nil {
+		t.Errorf("the secret cannot sign: %v", err)
+	}
+	var again webhooks.Subscription
+	r = do(create, req{path: "/v1/webhooks", idemKey: "w1", body: body})
+	decode(r, &again)
+	if r.Status != http.StatusOK || r.Header.Get("Idempotent-Replayed") != "true" || again.ID != sub.ID || again.Secret != sub.Secret {
+		t.Errorf("create again with the key: got %s, want 200 replayed with the same subscription", r)
+	}
+	for _, bad := range []struct {
+		q      req
+		status int
+		field  string
+	}{
+		{req{path: "/v1/webhooks", idemKey: "w1", body: `{"url":"https://example.com/other"}`}, 409, ""},
+		{req{path: "/v1/webhooks", body: body}, 400, ""},
+		{req{path: "!/v1/webhooks", idemKey: "w2", body: body}, 401, ""},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: `{"url":"ftp://example.com"}`}, 422, "url"},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: `{"url":"https://u:p@example.com"}`}, 422, "url"},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: `{"url":"https://example.com","event_types":["bad type"]}`}, 422, "event_types"},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: `{"url":"https://example.com","event_types":"Deposited"}`}, 422, "event_types"},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: `{"event_types":[]}`}, 422, "url"},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: `{"url":"https://example.com","secret":"mine"}`}, 422, "secret"},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: body, header: map[string]string{"Content-Type": "text/plain"}}, 415, ""},
+		{req{path: "/v1/webhooks", idemKey: "w2", body: `{"url":"https://example.com/` + strings.Repeat("x", 1<<20) + `"}`}, 413, ""},
+	} {
+		r := do(create, bad.q)
+		if r.Status != bad.status || bad.field != "" && !containsStr(r.problem(t).fields(), bad.field) {
+			t.Errorf("create %s: got %s, want %d naming %q", bad.q.body, r, bad.status, bad.field)
+		}
+	}
+
+	id := sub.ID.String()
+	var list struct{ Subscriptions []webhooks.Subscription }
+	r = do("GET /v1/webhooks", req{path: "/v1/webhooks"})
+	decode(r, &list)
+	if r.Status != 200 || len(list.Subscriptions) != 1 || list.Subscriptions[0].ID != sub.ID || list.Subscriptions[0].Secret != "" {
+		t.Errorf("list: got %s, want the one subscription without its secret", r)
+	}
+	do("GET /v1/webhooks", req{path: "!/v1/webhooks"})
+	r = do("GET /v1/webhooks/{id}", req{path: "/v1/webhooks/" + id})
+	if r.Status != 200 || strings.Contains(string(r.Body), sub.Secret) {
+		t.Errorf("get: got %s, want it without its secret", r)
+	}
+	for _, p := range []string{"/v1/webhooks/nope", "/v1/webhooks/0190a5d0-0000-7000-8000-000000000000"} {
+		if r := do("GET /v1/webhooks/{id}", req{path: p}); r.Status != 404 {
+			t.Errorf("get %s: got %s, want 404", p, r)
+		}
+	}
+	var rotated webhooks.Subscription
+	r = do("POST /v1/webhooks/{id}/rotate", req{path: "/v1/webhooks/" + id + "/rotate"})
+	decode(r, &rotated)
+	if r.Status != 200 || !rotated.Rotating || rotated.Secret == sub.Secret || rotated.Secret == "" {
+		t.Errorf("rotate: got %s, want a new secret and rotating", r)
+	}
+	r = do("DELETE /v1/webhooks/{id}/previous-secret", req{path: "/v1/webhooks/" + id + "/previous-secret"})
+	if r.Status != 200 || strings.Contains(string(r.Body), `"rotating":true`) {
+		t.Errorf("drop previous: got %s, want rotating false", r)
+	}
+	if r := do("POST /v1/webhooks/{id}/enable", req{path: "/v1/webhooks/" + id + "/enable"}); r.Status != 200 {
+		t.Errorf("enable: got %s", r)
+	}
+	var log struct{ Deliveries []webhooks.Delivery }
+	r = do("GET /v1/webhooks/{id}/deliveries", req{path: "/v1/webhooks/" + id + "/deliveries?status=dead&limit=5"})
+	decode(r, &log)
+	if r.Status != 200 || log.Deliveries == nil {
+		t.Errorf("deliveries: got %s, want an empty list", r)
+	}
+	for _, q := range []string{"?status=lost", "?limit=0", "?limit=x"} {
+		if r := do("GET /v1/webhooks/{id}/deliveries", req{path: "/v1/webhooks/" + id + "/deliveries" + q}); r.Status != 422 {
+			t.Errorf("deliveries%s: got %s, want 422", q, r)
+		}
+	}
+	do("GET /v1/webhooks/{id}/deliveries", req{path: "/v1/webhooks/nope/deliveries"})
+	if r := do("DELETE /v1/webhooks/{id}", req{path: "/v1/webhooks/" + id}); r.Status != 204 {
+		t.Errorf("delete: got %s, want 204", r)
+	}
+	for _, route := range []string{"DELETE /v1/webhooks/{id}", "POST /v1/webhooks/{id}/rotate", "DELETE /v1/webhooks/{id}/previous-secret", "POST /v1/webhooks/{id}/enable"} {
+		_, path, _ := strings.Cut(route, " ")
+		if r := do(route, req{path: strings.Replace(path, "{id}", id, 1)}); r.Status != 404 {
+			t.Errorf("%s after the delete: got %s, want 404", route, r)
+		}
+	}
+	// Over the limit of subscriptions per tenant.
+	for i := range webhooks.MaxSubscriptions {
+		if r := s.do(t, req{method: "POST", path: "/v1/webhooks", apiKey: key, idemKey: "many-" + strconv.Itoa(i), body: body}); r.Status != 201 {
+			t.Fatalf("subscription %d: got %s", i, r)
+		}
+	}
+	if r := do(create, req{path: "/v1/webhooks", idemKey: "one-too-many", body: body}); r.Status != 409 {
+		t.Errorf("over the limit: got %s, want 409", r)
+	}
+
+	for _, a := range answers {
+		op := doc.op(t, a.route)
+		raw, ok := op.Responses[strconv.Itoa(a.r.Status)]
+		if !ok {
+			t.Errorf("%s answered %s, a status the document does not list", a.route, a.r)
+			continue
+		}
+		if a.r.Status != http.StatusNoContent {
+			checkBody(t, a.route, a.r, doc.responseSchema(t, raw))
+		}
+	}
+}
+
+func containsStr(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
