@@ -38,11 +38,17 @@ const (
 var transferNamespace = pipeline.MustParseID("6f6e6365-666c-5f77-8074-72616e736672")
 
 // CreditCommandID is the id of the CreditTransfer that RequestTransfer
-// command requestID sends for transferID. It includes the request's id so
+// command requestID, decided by the account source (its aggregate id,
+// tenant included), sends for transferID. It includes the request's id so
 // that a transfer id reused by a different request cannot make two debits
-// share one credit (the target would absorb the second as a duplicate).
-func CreditCommandID(requestID pipeline.ID, transferID string) pipeline.ID {
-	return pipeline.NameID(transferNamespace, append(append([]byte("credit\x00"), requestID[:]...), transferID...))
+// share one credit (the target would absorb the second as a duplicate),
+// and the source, because a command id is scoped to its aggregate: a
+// producer that sends one request id to two accounts sends two requests,
+// which debit twice and must credit twice.
+func CreditCommandID(source string, requestID pipeline.ID, transferID string) pipeline.ID {
+	name := make([]byte, 0, len("credit\x00")+len(source)+1+len(requestID)+len(transferID))
+	name = append(append(append(append([]byte("credit\x00"), source...), 0), requestID[:]...), transferID...)
+	return pipeline.NameID(transferNamespace, name)
 }
 
 // RefundCommandID is the id of the RefundTransfer sent when the credit
@@ -127,7 +133,7 @@ func requestTransfer(s Account, cmd pipeline.Command, c RequestTransfer) (pipeli
 		Events: []pipeline.Message{TransferDebited{TransferID: c.TransferID, To: c.To, Amount: c.Amount}},
 		Commands: []pipeline.Effect{{
 			AggregateID: pipeline.AggregateID(tenant, c.To),
-			CommandID:   CreditCommandID(cmd.ID, c.TransferID),
+			CommandID:   CreditCommandID(cmd.AggregateID, cmd.ID, c.TransferID),
 			Payload:     CreditTransfer{TransferID: c.TransferID, From: self, Amount: c.Amount, Currency: s.Currency},
 		}},
 	}, nil

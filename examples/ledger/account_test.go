@@ -94,7 +94,7 @@ func TestTransferRoundTrip(t *testing.T) {
 	}
 	wantCredit := pipeline.Effect{
 		AggregateID: "acme/b",
-		CommandID:   ledger.CreditCommandID(c.ID, "t1"),
+		CommandID:   ledger.CreditCommandID(c.AggregateID, c.ID, "t1"),
 		Payload:     ledger.CreditTransfer{TransferID: "t1", From: "a", Amount: 30, Currency: "EUR"},
 	}
 	if len(d.Commands) != 1 || !reflect.DeepEqual(d.Commands[0], wantCredit) {
@@ -169,5 +169,27 @@ func TestDeciderHandlesEveryCommand(t *testing.T) {
 	}
 	if d.Handles("Teleport") {
 		t.Fatal("Handles(Teleport) = true")
+	}
+}
+
+// One request id sent to two accounts is two requests (a command id is
+// scoped to its aggregate): their credits to one target must not share an
+// id, or the target would absorb the second debit's credit as a duplicate.
+func TestCreditIDsAreScopedToTheSource(t *testing.T) {
+	t.Parallel()
+	transfer := ledger.RequestTransfer{TransferID: "t1", To: "c", Amount: 10}
+	var credits []pipeline.ID
+	for _, source := range []string{"acme/a", "acme/b"} {
+		d, err := ledger.NewDecider().Decide(openAcc(100), cmd(source, transfer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Commands) != 1 {
+			t.Fatalf("%s: %d follow-up commands, want the credit", source, len(d.Commands))
+		}
+		credits = append(credits, d.Commands[0].CommandID)
+	}
+	if credits[0] == credits[1] {
+		t.Fatalf("the credits of one request id sent to two accounts share the id %s", credits[0])
 	}
 }

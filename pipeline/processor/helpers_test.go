@@ -373,12 +373,12 @@ func checkEventLog(t testing.TB, evs []event) (balances map[string]int64) {
 		}
 	}
 	// Settlements are matched to their request through the derived
-	// command ids: a credit's id is CreditCommandID(request, transfer id),
+	// command ids: a credit's id is CreditCommandID(source, request, transfer id),
 	// a refund's RefundCommandID(credit id).
 	requestOf := map[pipeline.ID]pipeline.ID{}
 	for _, ev := range evs {
 		if d, ok := ev.Payload.(ledger.TransferDebited); ok {
-			credit := ledger.CreditCommandID(ev.CommandID, d.TransferID)
+			credit := ledger.CreditCommandID(ev.AggregateID, ev.CommandID, d.TransferID)
 			requestOf[credit] = ev.CommandID
 			requestOf[ledger.RefundCommandID(credit)] = ev.CommandID
 		}

@@ -75,7 +75,7 @@ func (e *env) settle(within time.Duration, ids []pipeline.ID) []event {
 		for _, ev := range evs {
 			switch p := ev.Payload.(type) {
 			case ledger.TransferDebited:
-				more = append(more, ledger.CreditCommandID(ev.CommandID, p.TransferID))
+				more = append(more, ledger.CreditCommandID(ev.AggregateID, ev.CommandID, p.TransferID))
 			case pipeline.CommandRejected:
 				if p.CommandType == "CreditTransfer" {
 					more = append(more, ledger.RefundCommandID(ev.CommandID))

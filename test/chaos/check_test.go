@@ -194,7 +194,7 @@ func verify(ctx context.Context, m *model, o *observation, decode decodeFunc) ([
 			tl.withdrawals += s.Amount
 		case "RequestTransfer":
 			want[agg] -= s.Amount
-			credit := ledger.CreditCommandID(pipeline.MustParseID(s.ID), s.Transfer).String()
+			credit := ledger.CreditCommandID(agg, pipeline.MustParseID(s.ID), s.Transfer).String()
 			to := pipeline.AggregateID(s.Tenant, s.To)
 			switch o.status[commandKey{credit, s.Tenant, to}].status {
 			case "accepted":
@@ -276,7 +276,7 @@ func verify(ctx context.Context, m *model, o *observation, decode decodeFunc) ([
 	for k, s := range m.commands {
 		known[k] = true
 		if s.Type == "RequestTransfer" {
-			credit := ledger.CreditCommandID(pipeline.MustParseID(s.ID), s.Transfer)
+			credit := ledger.CreditCommandID(k.aggregate, pipeline.MustParseID(s.ID), s.Transfer)
 			known[commandKey{credit.String(), s.Tenant, pipeline.AggregateID(s.Tenant, s.To)}] = true
 			known[commandKey{ledger.RefundCommandID(credit).String(), s.Tenant, k.aggregate}] = true
 		}

@@ -154,12 +154,12 @@ func (r *procRig) next(m *procModel, rng *rand.Rand, n int) *kgo.Record {
 		m.add(src, -amount)
 		m.add(dst, amount)
 		rec := r.command(m, src, ledger.RequestTransfer{TransferID: fmt.Sprintf("t%d", n), To: to, Amount: amount}, "TransferDebited")
-		m.derived(ledger.CreditCommandID(idOf(rec), fmt.Sprintf("t%d", n)), "TransferCredited")
+		m.derived(ledger.CreditCommandID(src, idOf(rec), fmt.Sprintf("t%d", n)), "TransferCredited")
 		return rec
 	default: // to an account that does not exist: refused, refunded
 		tid := fmt.Sprintf("t%d", n)
 		rec := r.command(m, src, ledger.RequestTransfer{TransferID: tid, To: "ghost-" + self + "-" + tenant, Amount: 5}, "TransferDebited")
-		credit := ledger.CreditCommandID(idOf(rec), tid)
+		credit := ledger.CreditCommandID(src, idOf(rec), tid)
 		m.derived(credit, "rejected:"+ledger.ReasonUnknownAccount)
 		m.derived(ledger.RefundCommandID(credit), "TransferRefunded")
 		return rec
