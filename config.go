@@ -411,7 +411,7 @@ func runComponent(ctx context.Context, name string, components Components, domai
 func (c *Common) ingest(getenv func(string) string) (ingest.Config, error) {
 	var cfg ingest.Config
 	if c.InboundConfig != "" {
-		b, err := os.ReadFile(c.InboundConfig)
+		b, err := os.ReadFile(c.InboundConfig) // #nosec G703 G304 -- the operator names the file (ONCEFLOW_INBOUND_CONFIG)
 		if err != nil {
 			return ingest.Config{}, fmt.Errorf("ONCEFLOW_INBOUND_CONFIG: %w", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
 // The providers of these tests: payments signs the Standard Webhooks way
@@ -352,5 +354,42 @@ func TestInboundConfigurationIsChecked(t *testing.T) {
 	}
 	if _, err := ingest.ParseProviders([]byte(`{"providers":[{"name":"p","secret":"x"}]}`), func(string) string { return "" }); err == nil {
 		t.Error("an unknown member was accepted")
+	}
+}
+
+// Event ids are kept for the retention and deleted after it (by every
+// ingest process, from its start); a delivery of an event older than that
+// is a new event, but it cannot win over itself again: the aggregate's
+// winner is kept for ever, so it makes no second command.
+func TestInboundRetention(t *testing.T) {
+	t.Parallel()
+	pool, _ := ledgerPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO inbound_events (provider, event_id, event_type, tenant, status, payload, received_at)
+		VALUES ('payments', 'old', 'customer.created', 'acme', 'ignored', '{}', now() - interval '2 hours'),
+		       ('payments', 'young', 'customer.created', 'acme', 'ignored', '{}', now() - interval '30 minutes')`); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, pool, ingest.Config{Providers: providers(t), InboundRetention: time.Hour})
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if rows := inboundRows(t, s); len(rows) != 1 || rows["payments/young"].status != "ignored" {
+			return fmt.Errorf("inbound_events %v, want the young event only", rows)
+		}
+		return nil
+	})
+
+	d := delivery{provider: "payments", id: "evt_r", typ: "payment.succeeded", data: map[string]any{"account_id": "acc-r", "amount": 9}}
+	if a := answer(t, s.deliver(t, d)); a.Status != "enqueued" {
+		t.Fatalf("first delivery: %+v", a)
+	}
+	// As the retention would.
+	if _, err := pool.Exec(ctx, `DELETE FROM inbound_events WHERE event_id = 'evt_r'`); err != nil {
+		t.Fatal(err)
+	}
+	if a := answer(t, s.deliver(t, d)); a.Status != "superseded" || a.Duplicate || a.CommandID != "" {
+		t.Errorf("the same event after the retention: %+v, want a new event, superseded", a)
+	}
+	if n := len(outboxRows(t, s)); n != 1 {
+		t.Errorf("%d outbox rows, want 1", n)
 	}
 }
