@@ -402,8 +402,80 @@ func runComponent(ctx context.Context, name string, components Components, domai
 			return fmt.Errorf("ONCEFLOW_RECONCILE_INTERVAL %q: want a duration like 5m, or 0 for never", c.ReconcileInterval)
 		}
 	}
+	wcfg, hcfg, err := c.Worker()
+	if err != nil {
+		return err
+	}
 	return RunComponents(ctx, RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
-		AdminToken: c.AdminToken, Ingest: icfg, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport, Reconcile: rec})
+		AdminToken: c.AdminToken, Ingest: icfg, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport, Reconcile: rec,
+		Worker: wcfg, Webhooks: hcfg})
+}
+
+// Worker returns the worker's settings and its webhook deliveries'.
+func (c *Common) Worker() (jobs.Config, webhooks.Config, error) {
+	var errs []error
+	dur := func(name, v string, emptyOK bool) time.Duration {
+		if v == "" && emptyOK {
+			return 0
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("%s %q: want a positive duration like 30s", name, v))
+		}
+		return d
+	}
+	w := jobs.Config{
+		Queue:          c.WorkerQueue,
+		MaxWorkers:     c.WorkerMaxWorkers,
+		Lease:          dur("ONCEFLOW_WORKER_LEASE", c.WorkerLease, false),
+		AttemptTimeout: dur("ONCEFLOW_WORKER_ATTEMPT_TIMEOUT", c.WorkerAttemptTimeout, true),
+		MaxAttempts:    c.WorkerMaxAttempts,
+		BaseDelay:      dur("ONCEFLOW_WORKER_BASE_DELAY", c.WorkerBaseDelay, false),
+		MaxDelay:       dur("ONCEFLOW_WORKER_MAX_DELAY", c.WorkerMaxDelay, false),
+	}
+	if c.WorkerMaxWorkers < 1 {
+		errs = append(errs, fmt.Errorf("ONCEFLOW_WORKER_MAX_WORKERS %d: want 1 or more", c.WorkerMaxWorkers))
+	}
+	if c.WorkerMaxAttempts < 1 || c.WorkerMaxAttempts > 1000 {
+		errs = append(errs, fmt.Errorf("ONCEFLOW_WORKER_MAX_ATTEMPTS %d: want 1 to 1000", c.WorkerMaxAttempts))
+	}
+	h := webhooks.Config{
+		Timeout:         dur("ONCEFLOW_WEBHOOK_TIMEOUT", c.WebhookTimeout, false),
+		BreakerFailures: c.WebhookBreakerFailures,
+		BreakerCooldown: dur("ONCEFLOW_WEBHOOK_BREAKER_COOLDOWN", c.WebhookBreakerCooldown, false),
+		MaxPerTenant:    c.WebhookMaxPerTenant,
+	}
+	for _, s := range strings.Split(c.WebhookAllowNetworks, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ONCEFLOW_WEBHOOK_ALLOW_NETWORKS %q: want networks like 10.0.0.0/8, comma separated", c.WebhookAllowNetworks))
+			break
+		}
+		h.Allow = append(h.Allow, p.Masked())
+	}
+	if c.WebhookBreakerFailures < 1 {
+		errs = append(errs, fmt.Errorf("ONCEFLOW_WEBHOOK_BREAKER_FAILURES %d: want 1 or more", c.WebhookBreakerFailures))
+	}
+	if c.WebhookMaxPerTenant < 1 {
+		errs = append(errs, fmt.Errorf("ONCEFLOW_WEBHOOK_MAX_PER_TENANT %d: want 1 or more", c.WebhookMaxPerTenant))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return jobs.Config{}, webhooks.Config{}, err
+	}
+	attempt := w.AttemptTimeout
+	if attempt == 0 {
+		attempt = w.Lease / 2 // jobs.Config's default
+	}
+	if attempt >= w.Lease {
+		return jobs.Config{}, webhooks.Config{}, fmt.Errorf("ONCEFLOW_WORKER_ATTEMPT_TIMEOUT %s: want less than ONCEFLOW_WORKER_LEASE (%s)", attempt, w.Lease)
+	}
+	if h.Timeout >= attempt {
+		return jobs.Config{}, webhooks.Config{}, fmt.Errorf("ONCEFLOW_WEBHOOK_TIMEOUT %s: want less than the attempt timeout (%s: ONCEFLOW_WORKER_ATTEMPT_TIMEOUT, half of ONCEFLOW_WORKER_LEASE by default)", h.Timeout, attempt)
+	}
+	return w, h, nil
 }
 
 // ingest returns ingest's own settings: the trusted proxies and the

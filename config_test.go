@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"github.com/onceflow/onceflow/pipeline/jobs"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A malformed number in the environment stops the start with its name and
@@ -212,5 +215,40 @@ func TestPoolAndProxySettings(t *testing.T) {
 	}
 	if _, err := parse(map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "10.0.0.1"}).ingest(func(string) string { return "" }); err == nil {
 		t.Error("an address without a prefix length was accepted as a network")
+	}
+}
+
+// The worker's settings: each variable read, each refused with its name.
+func TestWorkerSettings(t *testing.T) {
+	parse := func(env map[string]string) (jobs.Config, webhooks.Config, error) {
+		fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+		c := Register(fs, func(k string) string { return env[k] })
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		return c.Worker()
+	}
+	w, h, err := parse(nil)
+	if err != nil || w.Lease != jobs.DefaultLease || w.MaxAttempts != jobs.DefaultMaxAttempts || h.Timeout != webhooks.DefaultTimeout || len(h.Allow) != 0 {
+		t.Fatalf("defaults: %+v %+v %v", w, h, err)
+	}
+	w, h, err = parse(map[string]string{"ONCEFLOW_WORKER_LEASE": "4s", "ONCEFLOW_WORKER_ATTEMPT_TIMEOUT": "3s", "ONCEFLOW_WEBHOOK_TIMEOUT": "2s",
+		"ONCEFLOW_WORKER_MAX_ATTEMPTS": "3", "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/8, 192.168.1.7/32", "ONCEFLOW_WORKER_QUEUE": "q"})
+	if err != nil || w.Lease != 4*time.Second || w.AttemptTimeout != 3*time.Second || h.Timeout != 2*time.Second || w.MaxAttempts != 3 ||
+		len(h.Allow) != 2 || w.Queue != "q" {
+		t.Fatalf("set: %+v %+v %v", w, h, err)
+	}
+	for env, want := range map[string]string{
+		"ONCEFLOW_WORKER_LEASE=soon":             "ONCEFLOW_WORKER_LEASE",
+		"ONCEFLOW_WORKER_MAX_ATTEMPTS=0":         "ONCEFLOW_WORKER_MAX_ATTEMPTS",
+		"ONCEFLOW_WEBHOOK_ALLOW_NETWORKS=10.0.0": "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS",
+		"ONCEFLOW_WEBHOOK_TIMEOUT=40s":           "ONCEFLOW_WEBHOOK_TIMEOUT",
+		"ONCEFLOW_WORKER_ATTEMPT_TIMEOUT=2m":     "ONCEFLOW_WORKER_ATTEMPT_TIMEOUT",
+		"ONCEFLOW_WEBHOOK_MAX_PER_TENANT=0":      "ONCEFLOW_WEBHOOK_MAX_PER_TENANT",
+	} {
+		k, v, _ := strings.Cut(env, "=")
+		if _, _, err := parse(map[string]string{k: v}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want an error naming %s", env, err, want)
+		}
 	}
 }
