@@ -41,8 +41,8 @@ func TestSmoke(t *testing.T) {
 	md, png := filepath.Join(dir, "report.md"), filepath.Join(dir, "plot.png")
 	var out bytes.Buffer
 	rep, err := runReport(ctx, []string{
-		"-targets", "dev,watermill,noop", "-rates", "20", "-step", "2s", "-warmup", "1s",
-		"-closed", "2s", "-clients", "4", "-search", "0", "-tenants", "2", "-accounts", "4",
+		"-targets", "dev,watermill,noop", "-rates", "20", "-step", "2s", "-warmup", "0s",
+		"-closed", "1s", "-clients", "4", "-search", "0", "-tenants", "2", "-accounts", "4",
 		"-md", md, "-png", png,
 	}, os.Getenv, &out)
 	if err != nil {
@@ -64,6 +64,9 @@ func TestSmoke(t *testing.T) {
 		}
 		if s.Visible.P50 <= 0 || s.Visible.P99 < s.Visible.P50 || s.Visible.Max > 10_000 || s.Accepted.P50 > s.Visible.P50 {
 			t.Errorf("%s: latencies not sane: 202 %+v, outcome %+v", tr.Name, s.Accepted, s.Visible)
+		}
+		if tr.Name != "noop" && (tr.Ceiling.Achieved <= 0 || tr.Ceiling.Errs != 0) {
+			t.Errorf("%s: the HTTP-only ceiling measured just before it: %.1f/s, %d errors", tr.Name, tr.Ceiling.Achieved, tr.Ceiling.Errs)
 		}
 		if c := tr.Closed[0]; c.Achieved <= 0 || c.Errs != 0 || c.Clients != 4 {
 			t.Errorf("%s closed loop: %.1f/s with %d clients, %d errors (first: %s)", tr.Name, c.Achieved, c.Clients, c.Errs, c.FirstErr)

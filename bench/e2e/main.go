@@ -169,6 +169,9 @@ type targetReport struct {
 	Searched    map[float64]bool
 	Closed      []result // one per client count
 	Refused     int64    // ?wait= answered at once beyond ingest's bounds
+	Load        string   // load average when it started
+	Pressure    string   // CPU pressure (some, avg60) when it started
+	Ceiling     result   // the no-op server's closed loop just before it
 	Err         string   // it could not be measured
 }
 
@@ -219,8 +222,26 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 	rep := &report{Started: time.Now().UTC(), Load: loadavg(), CPUs: runtime.NumCPU(), Go: runtime.Version(),
 		Command: "bench-e2e " + strings.Join(args, " "), Config: c}
 	e := env{bin: c.bin, dir: dir, databaseURL: dbURL, tenants: c.tenants, cpuprofile: c.cpuprofile, self: self}
+	// The no-op server runs throughout when it is measured: just before
+	// each system, the same clients measure its ceiling again, so a burst
+	// of someone else's load on a shared machine shows next to the figures
+	// it spoils.
+	var ceiling *api
 	for _, name := range c.targets {
-		tr := measure(ctx, c, e, name)
+		if name != "noop" {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		noop, err := startNoop(sctx, e)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("no-op server: %w", err)
+		}
+		defer noop.Close()
+		ceiling = newAPI(noop.Base, noop.Keys, 1)
+	}
+	for _, name := range c.targets {
+		tr := measure(ctx, c, e, name, ceiling)
 		rep.Targets = append(rep.Targets, tr)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -241,6 +262,21 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 	return rep, nil
 }
 
+// cpuPressure is the share of the last minute in which some runnable task
+// waited for a CPU (/proc/pressure/cpu), "" if unknown.
+func cpuPressure() string {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return ""
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, "avg60="); ok {
+			return v + " %"
+		}
+	}
+	return ""
+}
+
 func loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
@@ -254,11 +290,11 @@ func loadavg() string {
 }
 
 // measure starts one target, runs every step against it and stops it.
-func measure(ctx context.Context, c config, e env, name string) targetReport {
+func measure(ctx context.Context, c config, e env, name string, ceiling *api) targetReport {
 	start := map[string]func(context.Context, env) (*target, error){
 		"dev": startDev, "split": startSplit, "watermill": startWatermill, "noop": startNoop,
 	}[name]
-	tr := targetReport{Name: name, Searched: map[float64]bool{}}
+	tr := targetReport{Name: name, Searched: map[float64]bool{}, Load: loadavg(), Pressure: cpuPressure()}
 	logf := func(f string, a ...any) {
 		fmt.Fprintf(os.Stderr, "%s %s: %s\n", time.Now().Format("15:04:05"), name, fmt.Sprintf(f, a...))
 	}
@@ -283,6 +319,10 @@ func measure(ctx context.Context, c config, e env, name string) targetReport {
 	}
 	if c.warmup > 0 {
 		openLoop(ctx, c.rates[0], c.warmup, a.deposit)
+	}
+	if ceiling != nil && name != "noop" {
+		tr.Ceiling = closedLoop(ctx, c.clients[0], c.closed/2, ceiling.deposit)
+		logf("HTTP-only ceiling just before: %.0f/s", tr.Ceiling.Achieved)
 	}
 	step := func(r func() result) result {
 		before, _ := scrape(ctx, t.Metrics)

@@ -83,11 +83,11 @@ func (r *report) markdown() string {
 		"open-loop steps of %s, closed-loop runs of %s; goal p99 <= %s.\n\n",
 		c.tenants, c.accounts, c.step, c.closed, c.goal)
 
-	b.WriteString("| system | highest rate with p99 <= goal | closed-loop max (clients, p99, max) |")
+	b.WriteString("| system | load avg, CPU pressure at its start | HTTP-only ceiling just before | highest rate with p99 <= goal | closed-loop max (clients, p99, max) |")
 	for _, rate := range c.rates {
 		fmt.Fprintf(&b, " %.0f/s p50 / p99 / p99.9 ms |", rate)
 	}
-	b.WriteString("\n|---|---|---|")
+	b.WriteString("\n|---|---|---|---|---|")
 	for range c.rates {
 		b.WriteString("---|")
 	}
@@ -105,7 +105,11 @@ func (r *report) markdown() string {
 		if t.Name == "noop" {
 			held = "(not searched)"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.0f/s (%d, %s ms, %s ms) |", t.Label, held, best.Achieved, best.Clients, f1(best.Visible.P99), f1(best.Visible.Max))
+		ceil := "–"
+		if t.Ceiling.N > 0 {
+			ceil = fmt.Sprintf("%.0f/s", t.Ceiling.Achieved)
+		}
+		fmt.Fprintf(&b, "| %s | %s, %s | %s | %s | %.0f/s (%d, %s ms, %s ms) |", t.Label, t.Load, t.Pressure, ceil, held, best.Achieved, best.Clients, f1(best.Visible.P99), f1(best.Visible.Max))
 		for _, rate := range c.rates {
 			if s, ok := t.at(rate); ok {
 				fmt.Fprintf(&b, " %s / %s / %s |", f1(s.Visible.P50), f1(s.Visible.P99), f1(s.Visible.P999))
@@ -223,8 +227,12 @@ func (r *report) ratios(b *strings.Builder) {
 			b.WriteString("\n")
 		}
 		if hasNoop {
-			fmt.Fprintf(b, "- %s against the HTTP-only ceiling: %.2f× its closed-loop throughput (%.0f/s of %.0f/s).\n",
+			fmt.Fprintf(b, "- %s against the HTTP-only ceiling: %.2f× its closed-loop throughput (%.0f/s of %.0f/s in its own run)",
 				t.Label, best.Achieved/noop.bestClosed().Achieved, best.Achieved, noop.bestClosed().Achieved)
+			if t.Ceiling.N > 0 {
+				fmt.Fprintf(b, ", %.2f× the ceiling measured just before it (%.0f/s, %d clients)", best.Achieved/t.Ceiling.Achieved, t.Ceiling.Achieved, t.Ceiling.Clients)
+			}
+			b.WriteString(".\n")
 		}
 	}
 }
@@ -244,10 +252,12 @@ func ratio(a, b float64) string {
 func (r *report) plot(path string) error {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("POST -> outcome visible, open loop (%s, %d CPUs, load %s)", r.Started.Format("2006-01-02 15:04 UTC"), r.CPUs, r.Load)
-	p.X.Label.Text = "rate (operations/s)"
+	p.X.Label.Text = "rate (operations/s, log scale)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = decadeTicks{}
 	p.Y.Label.Text = "latency (ms, log scale)"
 	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = msTicks{}
+	p.Y.Tick.Marker = decadeTicks{}
 	p.Y.Min = 0.5
 	p.Legend.Top = true
 	p.Legend.Left = true
@@ -299,10 +309,10 @@ func (r *report) plot(path string) error {
 	return p.Save(9*vg.Inch, 5.5*vg.Inch, path)
 }
 
-// msTicks marks 1, 2, 5 of each decade, labelled in milliseconds.
-type msTicks struct{}
+// decadeTicks marks 1, 2 and 5 of each decade.
+type decadeTicks struct{}
 
-func (msTicks) Ticks(lo, hi float64) []plot.Tick {
+func (decadeTicks) Ticks(lo, hi float64) []plot.Tick {
 	var ticks []plot.Tick
 	for d := 0.1; d <= hi*10; d *= 10 {
 		for _, m := range []float64{1, 2, 5} {
