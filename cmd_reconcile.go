@@ -65,7 +65,7 @@ func runReconcile(ctx context.Context, domains []*Domain, args []string, getenv 
 		return err
 	}
 	defer cl.Close()
-	r, err := newReconciler(cfg, reconcile.Config{MaxPendingAge: olderThan, DryRun: dryRun}, pool, dep, serdes, cl, extra)
+	r, err := newReconciler(cfg, reconcile.Config{MaxPendingAge: olderThan, DryRun: dryRun}, pool, dep, serdes, cl, extra, nil)
 	if err != nil {
 		return err
 	}

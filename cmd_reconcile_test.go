@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -83,4 +86,50 @@ func TestReconcileCommand(t *testing.T) {
 	if _, err := e.run("reconcile", "-resend", "pending"); err == nil || !strings.Contains(err.Error(), "only outbox-dead and dlq") {
 		t.Errorf("-resend pending: %v", err)
 	}
+}
+
+// With ONCEFLOW_RECONCILE_INTERVAL the relay component reconciles on its
+// own: an outbox_dead row shows in its /metrics as a finding.
+func TestRelayReconcilesPeriodically(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := pipelinetest.Broker(t).Addrs()
+	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_dead (id, shard, topic, key, value, headers, created_at, reason, detail)
+		VALUES (3, 1, 'ledger.commands', 'acme/acc-9', '\x00', '{"command-id":"01a22a95-9953-700c-9451-6b2b32eab461"}', now(), 'MESSAGE_TOO_LARGE', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": url, "KAFKA_BROKERS": brokers[0], "ONCEFLOW_PARTITIONS": "2",
+		"ONCEFLOW_RECONCILE_INTERVAL": "200ms", "ADMIN_ADDR": fmt.Sprintf("127.0.0.1:%d", freePort(t)), "LOG_LEVEL": "error"}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, []string{"relay"}, func(k string) string { return env[k] }, io.Discard) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		resp, err := http.Get("http://" + env["ADMIN_ADDR"] + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if !strings.Contains(string(b), `onceflow_reconcile_findings{kind="outbox-dead"} 1`) {
+			return fmt.Errorf("no outbox-dead finding on /metrics yet")
+		}
+		return nil
+	})
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -18,7 +18,7 @@ import (
 // authorities (extra wins, `onceflow reconcile -resend`), correcting
 // commands encoded by the routes that take them (an ingest server that
 // never serves), and every aggregate type's DLQ read with cl.
-func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *deployment, s serdes, cl *kgo.Client, extra map[string]reconcile.Authority) (*reconcile.Reconciler, error) {
+func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *deployment, s serdes, cl *kgo.Client, extra map[string]reconcile.Authority, reg prometheus.Registerer) (*reconcile.Reconciler, error) {
 	auth := map[string]reconcile.Authority{}
 	for _, d := range dep.domains {
 		for kind, a := range d.Authorities {
@@ -57,5 +57,5 @@ func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *d
 			return out, nil
 		}
 	}
-	return reconcile.New(rcfg, pool, cfg.Logger)
+	return reconcile.New(rcfg, pool, cfg.Logger, reg)
 }

@@ -197,7 +197,7 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 					return err
 				}
 				defer cl.Close()
-				rec, err := newReconciler(rc.Config, rc.Reconcile, pool, dep, serdes, cl, nil)
+				rec, err := newReconciler(rc.Config, rc.Reconcile, pool, dep, serdes, cl, nil, metrics)
 				if err != nil {
 					return err
 				}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -174,18 +175,20 @@ func isKind(k string) bool {
 
 // Reconciler finds and corrects.
 type Reconciler struct {
-	cfg    Config
-	pool   *pgxpool.Pool
-	logger *slog.Logger
+	cfg     Config
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	metrics *metrics
 }
 
-// New returns a reconciler on pool.
-func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger) (*Reconciler, error) {
+// New returns a reconciler on pool; reg, if not nil, receives its metrics
+// (the findings of the last run by kind, the corrections made).
+func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer) (*Reconciler, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Reconciler{cfg: cfg, pool: pool, logger: logger.With("component", "reconcile")}, nil
+	return &Reconciler{cfg: cfg, pool: pool, logger: logger.With("component", "reconcile"), metrics: newMetrics(reg)}, nil
 }
 
 // Report is one run's findings and what became of them.
@@ -222,6 +225,17 @@ func (r *Reconciler) Reconcile(ctx context.Context) (Report, error) {
 	if rep.Findings == nil {
 		rep.Findings = []Finding{}
 	}
+	byKind := map[string]int{}
+	for _, f := range found {
+		byKind[f.Kind]++
+		if f.CorrectionID != "" {
+			r.metrics.corrections.WithLabelValues(f.Kind, string(f.Action)).Inc()
+		}
+	}
+	for _, k := range Kinds {
+		r.metrics.findings.WithLabelValues(k).Set(float64(byKind[k]))
+	}
+	r.metrics.lastRun.SetToCurrentTime()
 	return rep, nil
 }
 

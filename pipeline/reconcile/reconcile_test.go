@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -146,9 +147,10 @@ func TestReconcileFindsCorrectsOnceAndAudits(t *testing.T) {
 		},
 	}
 	reports := make([]reconcile.Report, 2)
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
 	var wg sync.WaitGroup
 	for i := range reports {
-		r, err := reconcile.New(cfg, pool, slog.New(slog.DiscardHandler))
+		r, err := reconcile.New(cfg, pool, slog.New(slog.DiscardHandler), regs[i])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,10 +258,17 @@ func TestReconcileFindsCorrectsOnceAndAudits(t *testing.T) {
 		t.Errorf("job %s, delivery %s, correction of %s as %q; want available, pending, acme/acc-5, wh-key-1", jobState, deliveryStatus, jobAggregate, corrected[reconcile.KindJob].CorrectionID)
 	}
 
-	r, _ := reconcile.New(cfg, pool, slog.New(slog.DiscardHandler))
+	if got := sum(t, regs[0], "onceflow_reconcile_corrections_total") + sum(t, regs[1], "onceflow_reconcile_corrections_total"); got != 5 {
+		t.Errorf("onceflow_reconcile_corrections_total %v over both reconcilers, want 5", got)
+	}
+	reg := prometheus.NewRegistry()
+	r, _ := reconcile.New(cfg, pool, slog.New(slog.DiscardHandler), reg)
 	again, err := r.Reconcile(ctx)
 	if err != nil || len(again.Findings) != 0 {
 		t.Errorf("second run: %+v, %v; want nothing found", again, err)
+	}
+	if got := sum(t, reg, "onceflow_reconcile_findings"); got != 0 || sum(t, reg, "onceflow_reconcile_last_run_timestamp_seconds") == 0 {
+		t.Errorf("after the second run: onceflow_reconcile_findings %v, want 0, and a last run's time", got)
 	}
 }
 
@@ -285,7 +294,7 @@ func TestReconcileReportsWhatNoAuthorityDecides(t *testing.T) {
 		{"dry run", reconcile.Config{DeadLetters: dlq, Authorities: authorities(&asked), DryRun: true, Encode: encode}, reconcile.Report{Reported: 5}},
 		{"an authority fails", reconcile.Config{DeadLetters: dlq, Authorities: auth, DryRun: true, Encode: encode}, reconcile.Report{Reported: 4, Failed: 1}},
 	} {
-		r, err := reconcile.New(c.cfg, pool, slog.New(slog.DiscardHandler))
+		r, err := reconcile.New(c.cfg, pool, slog.New(slog.DiscardHandler), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -303,4 +312,23 @@ func TestReconcileReportsWhatNoAuthorityDecides(t *testing.T) {
 	if outbox != 0 || corrections != 0 {
 		t.Errorf("reports wrote %d outbox rows and %d corrections, want none", outbox, corrections)
 	}
+}
+
+// sum adds up every series of a metric in reg.
+func sum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return total
 }
