@@ -393,3 +393,40 @@ func TestInboundRetention(t *testing.T) {
 		t.Errorf("%d outbox rows, want 1", n)
 	}
 }
+
+// Every answer of the inbound route is a status its OpenAPI operation
+// lists, with a body of the documented shape.
+func TestInboundAnswersAsDocumented(t *testing.T) {
+	t.Parallel()
+	doc := loadDoc(t)
+	s := inboundServer(t)
+	const route = "POST /v1/inbound/{provider}"
+	data := map[string]any{"account_id": "acc-1", "amount": 100}
+	answers := []response{
+		s.deliver(t, delivery{provider: "payments", id: "d1", typ: "payment.succeeded", data: data}),
+		s.deliver(t, delivery{provider: "payments", id: "d1", typ: "payment.succeeded", data: data}),
+		s.deliver(t, delivery{provider: "payments", id: "d2", typ: "customer.created", data: data}),
+		s.deliver(t, delivery{provider: "payments", tamper: true, id: "d3", typ: "payment.succeeded", data: data}),
+		s.deliver(t, delivery{provider: "payments", at: time.Now().Add(-time.Hour), id: "d4", typ: "payment.succeeded", data: data}),
+		s.deliver(t, delivery{provider: "nobody", id: "d5", typ: "payment.succeeded", data: data}),
+		s.deliver(t, delivery{provider: "payments", id: "d6", typ: "payment.succeeded", data: map[string]any{"account_id": "acc-1"}}),
+		s.do(t, req{path: "/v1/inbound/payments", body: `{}`}),
+		s.do(t, req{path: "/v1/inbound/payments", body: `{}`, header: map[string]string{"Content-Type": "text/plain"}}),
+		s.do(t, req{path: "/v1/inbound/payments", body: `{"a":"` + strings.Repeat("x", 1<<20) + `"}`}),
+	}
+	statuses := map[int]bool{}
+	for _, r := range answers {
+		statuses[r.Status] = true
+		raw, ok := doc.op(t, route).Responses[fmt.Sprint(r.Status)]
+		if !ok {
+			t.Errorf("%s answered %s, a status the document does not list", route, r)
+			continue
+		}
+		checkBody(t, route, r, doc.responseSchema(t, raw))
+	}
+	for _, want := range []int{200, 400, 401, 404, 413, 415, 422} {
+		if !statuses[want] {
+			t.Errorf("the battery provoked no %d", want)
+		}
+	}
+}
