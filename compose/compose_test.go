@@ -33,6 +33,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/reconcile"
 )
 
 func promtool(t *testing.T, args ...string) {
@@ -210,6 +211,9 @@ func exportedMetrics(t *testing.T) (exported, unobserved map[string]bool) {
 				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
 				Metrics: reg,
 				Started: func(onceflow.Addrs) { close(started) },
+				// The relay's periodic reconcile exports its metrics from
+				// the start; its first run is after the test.
+				Reconcile: reconcile.Config{Interval: time.Hour},
 			},
 			DataDir:      t.TempDir(),
 			BrokerAddr:   "127.0.0.1:0",
