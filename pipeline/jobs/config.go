@@ -14,6 +14,11 @@ const (
 	DefaultMaxAttempts = 10
 	DefaultBaseDelay   = time.Second
 	DefaultMaxDelay    = 10 * time.Minute
+	// DefaultFetchCooldown is a tenth of River's default: River waits at
+	// least this long between two fetches, and its inserts notify the
+	// workers at most this often, so it bounds the added latency of a job
+	// (docs/benchmarks.md: webhooks p99 at 500 events/s).
+	DefaultFetchCooldown = 10 * time.Millisecond
 )
 
 // Config is one worker process's settings; zero means the default.
@@ -44,6 +49,9 @@ type Config struct {
 	// insert notification came (River LISTENs for inserts). Default
 	// River's, 1s.
 	FetchPollInterval time.Duration
+	// FetchCooldown is the least time between two fetches of a worker,
+	// and between two insert notifications of a projector. Default 10ms.
+	FetchCooldown time.Duration
 	// ID names the worker process in River (attempted_by). Default River's
 	// (host name and time).
 	ID string
@@ -70,6 +78,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxDelay == 0 {
 		c.MaxDelay = DefaultMaxDelay
+	}
+	if c.FetchCooldown == 0 {
+		c.FetchCooldown = DefaultFetchCooldown
 	}
 }
 

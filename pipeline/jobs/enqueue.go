@@ -66,7 +66,7 @@ func NewProjection(name string, cfg Config, router Router, reg prometheus.Regist
 	cfg.setDefaults()
 	// An insert-only client: no queues, no pool (it writes through the
 	// projector's transaction).
-	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{MaxAttempts: cfg.MaxAttempts})
+	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{MaxAttempts: cfg.MaxAttempts, FetchCooldown: cfg.FetchCooldown})
 	if err != nil {
 		return nil, fmt.Errorf("jobs: river client: %w", err)
 	}

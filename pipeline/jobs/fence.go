@@ -126,6 +126,18 @@ func (w *Worker) stale(ctx context.Context, t token) bool {
 	return attempt != t.attempt || !running
 }
 
+// Fence is an SQL condition that holds only while attempt (the
+// placeholders jobParam and attemptParam, e.g. 6 and 4 for $6 and $4) is
+// its job's running attempt, and locks the job's row for the statement's
+// transaction. A write guarded by it (UPDATE ... WHERE ... AND Fence(6, 4))
+// is made by the attempt only while it holds the job, in one round trip;
+// River's completer then completes the job in its batch (and the trigger
+// fences that too). Complete and Record are the same in a transaction of
+// their own.
+func Fence(jobParam, attemptParam int) string {
+	return fmt.Sprintf(`EXISTS (SELECT 1 FROM river_job WHERE id = $%d AND attempt = $%d AND state = 'running' FOR UPDATE)`, jobParam, attemptParam)
+}
+
 const lockAttemptSQL = `SELECT attempt, state = 'running' FROM river_job WHERE id = $1 FOR UPDATE`
 
 // Complete runs fn and completes job in one transaction of pool, fenced:

@@ -54,6 +54,7 @@ func New(cfg Config, pool *pgxpool.Pool, register func(*Worker, *river.Workers) 
 		MaxAttempts:          cfg.MaxAttempts,
 		RetryPolicy:          w.retry,
 		FetchPollInterval:    cfg.FetchPollInterval,
+		FetchCooldown:        cfg.FetchCooldown,
 		Logger:               w.logger,
 	})
 	if err != nil {

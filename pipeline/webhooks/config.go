@@ -12,6 +12,7 @@ const (
 	DefaultBreakerFailures = 5
 	DefaultBreakerCooldown = 30 * time.Second
 	DefaultMaxPerTenant    = 10
+	DefaultCacheTTL        = time.Second
 )
 
 // Config is how a worker delivers; zero means the default.
@@ -32,6 +33,11 @@ type Config struct {
 	// runs at once; more of that tenant's wait briefly, so other tenants
 	// keep workers. Default 10.
 	MaxPerTenant int
+	// CacheTTL is how long a worker keeps what it read of a subscription
+	// (URL, secrets, status, breaker): a change made elsewhere (a
+	// rotation, a deletion, another worker's breaker) reaches it within
+	// that. Default 1s.
+	CacheTTL time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -46,6 +52,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxPerTenant == 0 {
 		c.MaxPerTenant = DefaultMaxPerTenant
+	}
+	if c.CacheTTL == 0 {
+		c.CacheTTL = DefaultCacheTTL
 	}
 }
 

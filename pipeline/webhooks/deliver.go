@@ -32,6 +32,7 @@ type Deliverer struct {
 
 	mu       sync.Mutex
 	inflight map[string]int // per tenant
+	subs     map[subKey]subscription
 }
 
 // Register returns what jobs.New needs to run deliveries with cfg.
@@ -46,7 +47,7 @@ func Register(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (func(
 	m := newMetrics(reg)
 	return func(w *jobs.Worker, ws *river.Workers) error {
 		d := &Deliverer{cfg: cfg, w: w, pool: w.Pool(), client: Guard{Allow: cfg.Allow}.Client(cfg.Timeout),
-			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}}
+			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{}}
 		return river.AddWorkerSafely(ws, d)
 	}, nil
 }
@@ -57,10 +58,64 @@ func (d *Deliverer) Timeout(*river.Job[DeliveryArgs]) time.Duration {
 	return d.cfg.Timeout + 10*time.Second
 }
 
-const deliveryStateSQL = `SELECT d.status, s.url, s.secrets, s.status, s.disabled_reason, greatest(s.open_until - now(), '0'::interval)
-	FROM webhook_deliveries d
-	LEFT JOIN webhook_subscriptions s ON s.tenant = d.tenant AND s.id = d.subscription_id
-	WHERE d.tenant = $1 AND d.subscription_id = $2 AND d.event_id = $3`
+// subscriptionSQL reads what a delivery needs of its subscription; the
+// worker keeps it for CacheTTL.
+const subscriptionSQL = `SELECT url, secrets, status, coalesce(disabled_reason, ''), greatest(open_until - now(), '0'::interval)
+	FROM webhook_subscriptions WHERE tenant = $1 AND id = $2`
+
+const deliveryStatusSQL = `SELECT status FROM webhook_deliveries WHERE tenant = $1 AND subscription_id = $2 AND event_id = $3`
+
+// subscription is a cached read of a subscription.
+type subscription struct {
+	gone      bool // deleted
+	url       string
+	secrets   []string
+	status    string
+	reason    string
+	openUntil time.Time // local clock
+	readAt    time.Time
+}
+
+type subKey struct {
+	tenant string
+	id     pipeline.ID
+}
+
+// subscription returns the delivery's subscription, from the cache when
+// it was read within CacheTTL.
+func (d *Deliverer) subscription(ctx context.Context, tenant string, id pipeline.ID) (subscription, error) {
+	k := subKey{tenant, id}
+	d.mu.Lock()
+	s, ok := d.subs[k]
+	d.mu.Unlock()
+	if ok && time.Since(s.readAt) < d.cfg.CacheTTL {
+		return s, nil
+	}
+	s = subscription{readAt: time.Now()}
+	var open time.Duration
+	err := d.pool.QueryRow(ctx, subscriptionSQL, tenant, [16]byte(id)).Scan(&s.url, &s.secrets, &s.status, &s.reason, &open)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		s.gone = true
+	case err != nil:
+		return subscription{}, fmt.Errorf("read subscription: %w", err)
+	}
+	s.openUntil = s.readAt.Add(open)
+	d.mu.Lock()
+	if len(d.subs) > 100_000 {
+		clear(d.subs) // bounded: it is only a cache
+	}
+	d.subs[k] = s
+	d.mu.Unlock()
+	return s, nil
+}
+
+// forget drops a subscription from the cache (this worker changed it).
+func (d *Deliverer) forget(tenant string, id pipeline.ID) {
+	d.mu.Lock()
+	delete(d.subs, subKey{tenant, id})
+	d.mu.Unlock()
+}
 
 // Work implements river.Worker: one attempt of one delivery (doc.go).
 func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) error {
@@ -71,31 +126,41 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	}
 	defer d.release(a.Tenant)
 
-	var status string
-	var url, subStatus, reason *string
-	var secrets []string
-	var openFor time.Duration
-	err := d.pool.QueryRow(ctx, deliveryStateSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID)).
-		Scan(&status, &url, &secrets, &subStatus, &reason, &openFor)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return pipeline.Permanent(fmt.Errorf("no delivery row for event %s to subscription %s", a.EventID, a.SubscriptionID))
-	case err != nil:
-		return fmt.Errorf("read delivery: %w", err)
-	case status == "delivered":
-		// An earlier attempt delivered and recorded it; only River's
-		// completion of that attempt was lost.
-		d.w.Skipped(Kind)
-		d.metrics.deliveries.WithLabelValues("skipped").Inc()
-		return jobs.Complete(ctx, d.pool, job, nil)
-	case url == nil:
-		return d.dead(ctx, job, 0, "the subscription was deleted")
-	case *subStatus != "enabled":
-		return d.dead(ctx, job, 0, "the endpoint is disabled: "+deref(reason))
-	case openFor > 0:
-		d.metrics.deliveries.WithLabelValues("deferred-breaker").Inc()
-		return river.JobSnooze(openFor + time.Duration(rand.IntN(1000))*time.Millisecond) // #nosec G404 -- spreading retries
+	if job.Attempt > 1 {
+		// Only an earlier attempt of this job can have delivered it (a
+		// redelivery resets the row): its River completion was lost.
+		var status string
+		err := d.pool.QueryRow(ctx, deliveryStatusSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID)).Scan(&status)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return pipeline.Permanent(fmt.Errorf("no delivery row for event %s to subscription %s", a.EventID, a.SubscriptionID))
+		case err != nil:
+			return fmt.Errorf("read delivery: %w", err)
+		case status == "delivered":
+			d.w.Skipped(Kind)
+			d.metrics.deliveries.WithLabelValues("skipped").Inc()
+			return nil
+		}
 	}
+	sub, err := d.subscription(ctx, a.Tenant, a.SubscriptionID)
+	if err == nil && (sub.gone || sub.status != "enabled") {
+		// Ending a delivery is decided on a fresh read, never on the
+		// cache: the subscription may have been enabled again since.
+		d.forget(a.Tenant, a.SubscriptionID)
+		sub, err = d.subscription(ctx, a.Tenant, a.SubscriptionID)
+	}
+	switch {
+	case err != nil:
+		return err
+	case sub.gone:
+		return d.dead(ctx, job, 0, "the subscription was deleted")
+	case sub.status != "enabled":
+		return d.dead(ctx, job, 0, "the endpoint is disabled: "+sub.reason)
+	case time.Until(sub.openUntil) > 0:
+		d.metrics.deliveries.WithLabelValues("deferred-breaker").Inc()
+		return river.JobSnooze(time.Until(sub.openUntil) + time.Duration(rand.IntN(1000))*time.Millisecond) // #nosec G404 -- spreading retries
+	}
+	url, secrets := &sub.url, sub.secrets
 
 	req, err := http.NewRequest(http.MethodPost, *url, bytes.NewReader(a.Body))
 	if err != nil {
@@ -120,13 +185,6 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	return d.failed(ctx, job, ce, callErr)
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
 func (d *Deliverer) acquire(tenant string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -145,26 +203,30 @@ func (d *Deliverer) release(tenant string) {
 	}
 }
 
-const deliveredSQL = `UPDATE webhook_deliveries
-	SET status = 'delivered', attempts = $4, last_status = $5, last_error = NULL, job_id = $6, delivered_at = now(), updated_at = now()
-	WHERE tenant = $1 AND subscription_id = $2 AND event_id = $3
-	RETURNING extract(epoch FROM now() - created_at)`
-
-const closeBreakerSQL = `UPDATE webhook_subscriptions SET failures = 0, open_until = NULL
-	WHERE tenant = $1 AND id = $2 AND (failures > 0 OR open_until IS NOT NULL)`
+// deliveredSQL records a delivery, fenced by the attempt ($6, $4) in the
+// same statement, and closes the endpoint's breaker; no row means the
+// attempt no longer holds the job. River completes the job afterwards, in
+// its batch: a crash in between leaves the job to run again, and that
+// attempt finds the delivery recorded and does not send it again.
+var deliveredSQL = `WITH d AS (
+		UPDATE webhook_deliveries
+		SET status = 'delivered', attempts = $4, last_status = $5, last_error = NULL, job_id = $6, delivered_at = now(), updated_at = now()
+		WHERE tenant = $1 AND subscription_id = $2 AND event_id = $3 AND ` + jobs.Fence(6, 4) + `
+		RETURNING created_at),
+	s AS (
+		UPDATE webhook_subscriptions SET failures = 0, open_until = NULL
+		WHERE tenant = $1 AND id = $2 AND (failures > 0 OR open_until IS NOT NULL) AND EXISTS (SELECT 1 FROM d))
+	SELECT extract(epoch FROM now() - created_at) FROM d`
 
 func (d *Deliverer) delivered(ctx context.Context, job *river.Job[DeliveryArgs], code int) error {
 	a := job.Args
 	var latency float64
-	err := jobs.Complete(context.WithoutCancel(ctx), d.pool, job, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, deliveredSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID), job.Attempt, code, job.ID).Scan(&latency); err != nil {
-			return fmt.Errorf("record delivery: %w", err)
-		}
-		_, err := tx.Exec(ctx, closeBreakerSQL, a.Tenant, [16]byte(a.SubscriptionID))
-		return err
-	})
-	if err != nil {
-		return err
+	err := d.pool.QueryRow(context.WithoutCancel(ctx), deliveredSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID), job.Attempt, code, job.ID).Scan(&latency)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return jobs.ErrFenced
+	case err != nil:
+		return fmt.Errorf("record delivery: %w", err)
 	}
 	jobs.Note(ctx, fmt.Sprintf("delivered %d", code))
 	d.metrics.deliveries.WithLabelValues("delivered").Inc()
@@ -217,6 +279,7 @@ func (d *Deliverer) failed(ctx context.Context, job *river.Job[DeliveryArgs], ce
 	}
 	if opened {
 		d.metrics.breakerOpen.Inc()
+		d.forget(a.Tenant, a.SubscriptionID)
 	}
 	jobs.Note(ctx, status+": "+callErr.Error())
 	d.metrics.deliveries.WithLabelValues(status).Inc()
@@ -236,6 +299,7 @@ func (d *Deliverer) gone(ctx context.Context, job *river.Job[DeliveryArgs], ce *
 		}
 		tag, err := tx.Exec(ctx, disableSQL, a.Tenant, [16]byte(a.SubscriptionID), reason)
 		if err == nil && tag.RowsAffected() == 1 {
+			d.forget(a.Tenant, a.SubscriptionID)
 			d.metrics.disabled.Inc()
 			d.logger.Warn("webhook endpoint answered 410 Gone: disabled", "tenant", a.Tenant, "subscription_id", a.SubscriptionID)
 		}

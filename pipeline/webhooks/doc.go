@@ -23,8 +23,11 @@
 // with each of the subscription's secrets (two during a rotation), and
 // Idempotency-Key the job key. The answer decides:
 //
-//   - 2xx: delivered. The row (status, answer, time) and the job's
-//     completion commit together, fenced by the attempt (jobs.Complete).
+//   - 2xx: delivered. The row (status, answer, time) is written in one
+//     statement fenced by the attempt (jobs.Fence: only while the attempt
+//     holds the job); River then completes the job in its batch. A crash in
+//     between runs the job again, and that attempt finds the row delivered
+//     and sends nothing.
 //   - 410 Gone: the endpoint is disabled (no more deliveries to it) and
 //     the delivery is dead.
 //   - 429 and 503 with Retry-After, 408, 425, 5xx, no answer: failed, retried
@@ -36,6 +39,12 @@
 // worker): after BreakerFailures failures in a row it opens for
 // BreakerCooldown, and deliveries to it are snoozed (no attempt spent)
 // until then; one success closes it.
+//
+// A worker keeps what it read of a subscription (URL, secrets, status,
+// breaker) for CacheTTL (1 s), so the hot path is the request and one
+// write; a rotation or another worker's breaker reaches it within that,
+// and a delivery is never ended on a cached read (disabled, deleted): it
+// reads again first.
 //
 // # Guarding the network
 //

@@ -63,7 +63,7 @@ func (g Guard) Client(timeout time.Duration) *http.Client {
 			return d.DialContext(ctx, network, addr)
 		},
 		MaxIdleConns:          256,
-		MaxIdleConnsPerHost:   16,
+		MaxIdleConnsPerHost:   64, // a worker's deliveries to one endpoint at once, mostly
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   timeout,
 		ResponseHeaderTimeout: timeout,

@@ -387,6 +387,7 @@ func TestRotationSignsWithBothSecrets(t *testing.T) {
 	if _, err := webhooks.DropPrevious(ctx, e.pool, "acme", sOld.ID); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(webhooks.DefaultCacheTTL) // what the worker read of it expires
 	e.project(deposit("acme", 2))
 	pipelinetest.Eventually(t, 10*time.Second, func() error {
 		if len(oldOnly.Bad()) == 0 {
