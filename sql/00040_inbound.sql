@@ -22,7 +22,10 @@
 -- inbound_aggregates is, per provider and aggregate, the event that last
 -- won (its version and precedence): the one row an arriving event is
 -- compared with, under its row lock. It outlives the events' retention on
--- purpose: a delivery of an old event must still lose to what came after it.
+-- purpose: a delivery of an old event must still lose to a higher version
+-- or precedence that came after it. (An old event that made a command is
+-- recognized by that command's command_status row, kept for good: ingest
+-- makes no second one.)
 
 -- +goose Up
 CREATE TABLE inbound_events (

@@ -81,11 +81,16 @@ const (
 	// WHERE is the precedence rule of docs/inbound.md) and, if it wins and
 	// makes a command, writes the command as ingest writes any command:
 	// the outbox row and the pending command_status row. Then it sets the
-	// event's status. A repeat of the aggregate's current event never wins
-	// again, even after its inbound_events row is gone.
-	applySQL = `WITH won AS (
+	// event's status. An event delivered again after the retention deleted
+	// its row makes nothing: if it made a command, that command's status
+	// row (kept for good) is there (prior: the event is enqueued as it was,
+	// no second command, the aggregate's winner untouched); if it was the
+	// aggregate's winner, it does not win over itself.
+	applySQL = `WITH prior AS (
+		SELECT 1 FROM command_status WHERE command_id = $8::uuid AND tenant = $14 AND aggregate_id = $3
+	), won AS (
 		INSERT INTO inbound_aggregates AS a (provider, aggregate_id, event_id, event_type, version, precedence)
-		VALUES ($1, $3, $2, $4, $5, $6)
+		SELECT $1, $3, $2, $4, $5, $6 WHERE NOT EXISTS (SELECT 1 FROM prior)
 		ON CONFLICT (provider, aggregate_id) DO UPDATE
 		SET event_id = excluded.event_id, event_type = excluded.event_type, version = excluded.version,
 			precedence = excluded.precedence, updated_at = now()
@@ -101,8 +106,9 @@ const (
 		ON CONFLICT DO NOTHING
 	)
 	UPDATE inbound_events
-	SET status = CASE WHEN NOT EXISTS (SELECT 1 FROM won) THEN 'superseded' WHEN $7 THEN 'enqueued' ELSE 'recorded' END,
-		command_id = CASE WHEN $7 AND EXISTS (SELECT 1 FROM won) THEN $8::uuid END
+	SET status = CASE WHEN EXISTS (SELECT 1 FROM prior) THEN 'enqueued'
+			WHEN NOT EXISTS (SELECT 1 FROM won) THEN 'superseded' WHEN $7 THEN 'enqueued' ELSE 'recorded' END,
+		command_id = CASE WHEN EXISTS (SELECT 1 FROM prior) OR $7 AND EXISTS (SELECT 1 FROM won) THEN $8::uuid END
 	WHERE provider = $1 AND event_id = $2
 	RETURNING status`
 
@@ -302,7 +308,7 @@ func (s *Server) storeInbound(ctx context.Context, row inboundEventRow) (Inbound
 		}
 		if ans.Status == "enqueued" {
 			ans.CommandID = row.commandID.String()
-			enqueued = true
+			enqueued = true // or was, before the retention (prior): the relays look and find nothing
 		}
 		return nil
 	})

@@ -359,8 +359,9 @@ func TestInboundConfigurationIsChecked(t *testing.T) {
 
 // Event ids are kept for the retention and deleted after it (by every
 // ingest process, from its start); a delivery of an event older than that
-// is a new event, but it cannot win over itself again: the aggregate's
-// winner is kept for ever, so it makes no second command.
+// is a new event, but it makes no second command: the aggregate's winner
+// does not win over itself, and an event whose command's status row is
+// there (kept for good) is enqueued as it was.
 func TestInboundRetention(t *testing.T) {
 	t.Parallel()
 	pool, _ := ledgerPool(t)
@@ -386,11 +387,35 @@ func TestInboundRetention(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DELETE FROM inbound_events WHERE event_id = 'evt_r'`); err != nil {
 		t.Fatal(err)
 	}
-	if a := answer(t, s.deliver(t, d)); a.Status != "superseded" || a.Duplicate || a.CommandID != "" {
-		t.Errorf("the same event after the retention: %+v, want a new event, superseded", a)
+	if a := answer(t, s.deliver(t, d)); a.Status != "enqueued" || a.Duplicate || a.CommandID != ingest.InboundCommandID("payments", "evt_r").String() {
+		t.Errorf("the same event after the retention: %+v, want a new delivery answering its command, made once", a)
 	}
 	if n := len(outboxRows(t, s)); n != 1 {
 		t.Errorf("%d outbox rows, want 1", n)
+	}
+	// An event that lost its place as the winner (a later one of the same
+	// precedence won) and comes again after the retention: its command is
+	// known, so it is not made twice.
+	later := delivery{provider: "payments", id: "evt_r2", typ: "payment.succeeded", data: map[string]any{"account_id": "acc-r", "amount": 4}}
+	if a := answer(t, s.deliver(t, later)); a.Status != "enqueued" {
+		t.Fatalf("a later event: %+v", a)
+	}
+	first := delivery{provider: "payments", id: "evt_r0", typ: "payment.succeeded", data: map[string]any{"account_id": "acc-q", "amount": 1}}
+	then := delivery{provider: "payments", id: "evt_r1", typ: "payment.succeeded", data: map[string]any{"account_id": "acc-q", "amount": 2}}
+	answer(t, s.deliver(t, first))
+	answer(t, s.deliver(t, then))
+	if _, err := pool.Exec(ctx, `DELETE FROM inbound_events WHERE event_id = 'evt_r0'`); err != nil {
+		t.Fatal(err)
+	}
+	if a := answer(t, s.deliver(t, first)); a.Status != "enqueued" || a.Duplicate || a.CommandID != ingest.InboundCommandID("payments", "evt_r0").String() {
+		t.Errorf("an old event whose command exists, after the retention: %+v, want enqueued as its command, made once", a)
+	}
+	var winner string
+	if err := pool.QueryRow(ctx, `SELECT event_id FROM inbound_aggregates WHERE aggregate_id = 'acme/acc-q'`).Scan(&winner); err != nil || winner != "evt_r1" {
+		t.Errorf("acc-q's winner %q (%v), want evt_r1 still", winner, err)
+	}
+	if n := len(outboxRows(t, s)); n != 4 {
+		t.Errorf("%d outbox rows, want 4 (evt_r, evt_r2, evt_r0, evt_r1, each once)", n)
 	}
 }
 
