@@ -118,6 +118,15 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	c := config{step: *step, warmup: *warmup, closed: *closed, goal: *goal, search: *search,
 		tenants: *tenants, accounts: *accounts, md: *md, png: *png, cpuprofile: *cpuprofile, bin: *bin}
+	if c.cpuprofile != "" {
+		// Absolute, so the profile lands where it was asked for whatever
+		// directory the profiled process runs in.
+		abs, err := filepath.Abs(c.cpuprofile)
+		if err != nil {
+			return config{}, err
+		}
+		c.cpuprofile = abs
+	}
 	for _, t := range strings.Split(*targets, ",") {
 		switch t = strings.TrimSpace(t); t {
 		case "dev", "split", "watermill", "noop":
