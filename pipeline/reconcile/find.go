@@ -18,7 +18,6 @@ const (
 	// findPendingSQL: commands pending past the age, other than inbound
 	// events' (those are inbound findings) and those corrected.
 	findPendingSQL = `SELECT c.command_id::text, c.tenant, c.aggregate_id, c.command_type, c.created_at,
-			(SELECT k.key FROM idempotency_keys AS k WHERE k.command_id = c.command_id AND k.tenant = c.tenant LIMIT 1),
 			EXISTS (SELECT 1 FROM outbox AS o WHERE o.headers->>'command-id' = c.command_id::text)
 		FROM command_status AS c
 		WHERE c.status = 'pending' AND c.created_at < now() - make_interval(secs => $1)
@@ -27,8 +26,7 @@ const (
 		ORDER BY c.created_at
 		LIMIT $2`
 
-	findDeadSQL = `SELECT d.id, d.topic, d.key, d.value, d.headers, d.created_at, d.reason, d.detail,
-			(SELECT k.key FROM idempotency_keys AS k WHERE k.command_id::text = d.headers->>'command-id' LIMIT 1)
+	findDeadSQL = `SELECT d.id, d.topic, d.key, d.value, d.headers, d.created_at, d.reason, d.detail
 		FROM outbox_dead AS d
 		WHERE NOT EXISTS (SELECT 1 FROM reconcile_corrections AS r WHERE r.kind = 'outbox-dead' AND r.subject = d.id::text)
 		ORDER BY d.id
@@ -71,8 +69,11 @@ const (
 			WHERE c.command_id = ANY($1::uuid[]) AND c.status IN ('accepted', 'rejected')
 		UNION ALL
 		SELECT 'corrected', r.subject FROM reconcile_corrections AS r WHERE r.kind = 'dlq' AND r.subject = ANY($2)
-		UNION ALL
-		SELECT 'key', k.command_id::text || ' ' || k.key FROM idempotency_keys AS k WHERE k.command_id = ANY($1::uuid[])`
+`
+
+	// keysSQL: the Idempotency-Keys of commands, in one statement for a
+	// run's findings (idempotency_keys has no index by command id).
+	keysSQL = `SELECT command_id::text, tenant, key FROM idempotency_keys WHERE command_id = ANY($1::uuid[])`
 )
 
 // find runs every kind's query.
@@ -85,8 +86,49 @@ func (r *Reconciler) find(ctx context.Context) ([]Finding, error) {
 		}
 		out = append(out, fs...)
 	}
+	if err := r.keys(ctx, out); err != nil {
+		return nil, err
+	}
 	sortFindings(out)
 	return out, nil
+}
+
+// keys sets the Idempotency-Key of the findings of commands ingest
+// accepted over HTTP (pending, outbox-dead, dlq), while the key is kept.
+func (r *Reconciler) keys(ctx context.Context, fs []Finding) error {
+	var ids []string
+	for _, f := range fs {
+		if f.Key == "" && f.Kind != KindInbound && f.Kind != KindJob {
+			if _, err := pipeline.ParseID(f.CommandID); err == nil {
+				ids = append(ids, f.CommandID)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := r.pool.Query(ctx, keysSQL, ids)
+	if err != nil {
+		return fmt.Errorf("read the findings' Idempotency-Keys: %w", err)
+	}
+	defer rows.Close()
+	keys := map[[2]string]string{}
+	for rows.Next() {
+		var id, tenant, key string
+		if err := rows.Scan(&id, &tenant, &key); err != nil {
+			return err
+		}
+		keys[[2]string{id, tenant}] = key
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i := range fs {
+		if fs[i].Key == "" && fs[i].Kind != KindInbound && fs[i].Kind != KindJob {
+			fs[i].Key = keys[[2]string{fs[i].CommandID, fs[i].Tenant}]
+		}
+	}
+	return nil
 }
 
 func (r *Reconciler) findPending(ctx context.Context) ([]Finding, error) {
@@ -98,15 +140,11 @@ func (r *Reconciler) findPending(ctx context.Context) ([]Finding, error) {
 	var out []Finding
 	for rows.Next() {
 		f := Finding{Kind: KindPending}
-		var key *string
 		var inOutbox bool
-		if err := rows.Scan(&f.CommandID, &f.Tenant, &f.AggregateID, &f.CommandType, &f.Since, &key, &inOutbox); err != nil {
+		if err := rows.Scan(&f.CommandID, &f.Tenant, &f.AggregateID, &f.CommandType, &f.Since, &inOutbox); err != nil {
 			return nil, err
 		}
 		f.Subject = f.CommandID
-		if key != nil {
-			f.Key = *key
-		}
 		f.Detail = fmt.Sprintf("pending for %s; shipped: no outcome from the processor and projector yet", age(f.Since))
 		if inOutbox {
 			f.Detail = fmt.Sprintf("pending for %s, still in the outbox: no relay has shipped it", age(f.Since))
@@ -127,9 +165,8 @@ func (r *Reconciler) findDead(ctx context.Context) ([]Finding, error) {
 		var id int64
 		rec := &record{}
 		var reason, detail string
-		var key *string
 		f := Finding{Kind: KindOutboxDead}
-		if err := rows.Scan(&id, &rec.topic, &rec.key, &rec.value, &rec.headers, &f.Since, &reason, &detail, &key); err != nil {
+		if err := rows.Scan(&id, &rec.topic, &rec.key, &rec.value, &rec.headers, &f.Since, &reason, &detail); err != nil {
 			return nil, err
 		}
 		rec.deadID = &id
@@ -138,9 +175,6 @@ func (r *Reconciler) findDead(ctx context.Context) ([]Finding, error) {
 		f.Tenant = rec.headers[pipeline.HeaderTenant]
 		f.CommandID = rec.headers[pipeline.HeaderCommandID]
 		f.CommandType = rec.headers[pipeline.HeaderCommandType]
-		if key != nil {
-			f.Key = *key
-		}
 		f.Detail = "the broker refused it for good: " + reason
 		f.record = rec
 		out = append(out, f)
@@ -190,7 +224,7 @@ func (r *Reconciler) findDLQ(ctx context.Context) ([]Finding, error) {
 	if len(dls) == 0 {
 		return nil, nil
 	}
-	settled, corrected, keys := map[string]bool{}, map[string]bool{}, map[string]string{}
+	settled, corrected := map[string]bool{}, map[string]bool{}
 	rows, err := r.pool.Query(ctx, dlqStateSQL, ids, subjects)
 	if err != nil {
 		return nil, fmt.Errorf("read the DLQ commands' outcomes: %w", err)
@@ -201,14 +235,10 @@ func (r *Reconciler) findDLQ(ctx context.Context) ([]Finding, error) {
 		if err := rows.Scan(&what, &v); err != nil {
 			return nil, err
 		}
-		switch what {
-		case "settled":
+		if what == "settled" {
 			settled[v] = true
-		case "corrected":
+		} else {
 			corrected[v] = true
-		default:
-			id, key, _ := strings.Cut(v, " ")
-			keys[id] = key
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -222,7 +252,7 @@ func (r *Reconciler) findDLQ(ctx context.Context) ([]Finding, error) {
 		}
 		f := Finding{
 			Kind: KindDLQ, Subject: dlqSubject(d), Tenant: d.Header(pipeline.HeaderTenant), AggregateID: string(d.Key),
-			CommandID: id, CommandType: d.Header(pipeline.HeaderCommandType), Key: keys[id], Since: d.Time,
+			CommandID: id, CommandType: d.Header(pipeline.HeaderCommandType), Since: d.Time,
 			Detail: "in the DLQ: " + d.Reason,
 		}
 		if len(d.Omitted) == 0 {
