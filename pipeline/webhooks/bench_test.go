@@ -121,6 +121,26 @@ func BenchmarkDeliveryThroughput(b *testing.B) {
 	}
 	b.Cleanup(func() { client.Stop(context.Background()) })
 
+	// River under onceflow's fence middleware (jobs.Worker), no-op jobs:
+	// what the fence and the token in every outcome cost.
+	fencedPool := benchPool(b)
+	var fencedDone atomic.Int64
+	fw, err := jobs.New(benchWorkers, fencedPool, func(_ *jobs.Worker, ws *river.Workers) error {
+		return river.AddWorkerSafely(ws, &noopWorker{done: &fencedDone})
+	}, nil, prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	fctx, fcancel := context.WithCancel(ctx)
+	fdone := make(chan error, 1)
+	go func() { fdone <- fw.Run(fctx) }()
+	b.Cleanup(func() { fcancel(); <-fdone })
+	<-fw.Ready()
+	fencedClient, err := river.NewClient(riverpgxv5.New(fencedPool), &river.Config{FetchCooldown: jobs.DefaultFetchCooldown})
+	if err != nil {
+		b.Fatal(err)
+	}
+
 	// Deliveries.
 	pool := benchPool(b)
 	proj, err := jobs.NewProjection("webhooks", jobs.Config{}, webhooks.Router{}, nil)
@@ -133,7 +153,7 @@ func BenchmarkDeliveryThroughput(b *testing.B) {
 	}
 	runWorker(b, pool)
 
-	var riverTime, deliveryTime time.Duration
+	var riverTime, fencedTime, deliveryTime time.Duration
 	b.ResetTimer()
 	for range b.N {
 		params := make([]river.InsertManyParams, batch)
@@ -146,6 +166,13 @@ func BenchmarkDeliveryThroughput(b *testing.B) {
 		}
 		waitFor(b, &done, base+batch, time.Minute)
 		riverTime += time.Since(start)
+
+		start, base = time.Now(), fencedDone.Load()
+		if _, err := fencedClient.InsertMany(ctx, params); err != nil {
+			b.Fatal(err)
+		}
+		waitFor(b, &fencedDone, base+batch, time.Minute)
+		fencedTime += time.Since(start)
 
 		evs := make([]pipeline.Event, batch)
 		for i := range evs {
@@ -176,6 +203,7 @@ func BenchmarkDeliveryThroughput(b *testing.B) {
 	riverRate := float64(b.N*batch) / riverTime.Seconds()
 	deliveryRate := float64(b.N*batch) / deliveryTime.Seconds()
 	b.ReportMetric(riverRate, "river_jobs/s")
+	b.ReportMetric(float64(b.N*batch)/fencedTime.Seconds(), "fenced_jobs/s")
 	b.ReportMetric(deliveryRate, "deliveries/s")
 	b.ReportMetric(deliveryRate/riverRate, "ratio")
 }

@@ -33,6 +33,7 @@ type Deliverer struct {
 	mu       sync.Mutex
 	inflight map[string]int // per tenant
 	subs     map[subKey]subscription
+	recorder recorder
 }
 
 // Register returns what jobs.New needs to run deliveries with cfg.
@@ -50,12 +51,6 @@ func Register(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (func(
 			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{}}
 		return river.AddWorkerSafely(ws, d)
 	}, nil
-}
-
-// Timeout implements river.Worker: an attempt is its request and the
-// writes around it.
-func (d *Deliverer) Timeout(*river.Job[DeliveryArgs]) time.Duration {
-	return d.cfg.Timeout + 10*time.Second
 }
 
 // subscriptionSQL reads what a delivery needs of its subscription; the
@@ -203,35 +198,131 @@ func (d *Deliverer) release(tenant string) {
 	}
 }
 
-// deliveredSQL records a delivery, fenced by the attempt ($6, $4) in the
-// same statement, and closes the endpoint's breaker; no row means the
-// attempt no longer holds the job. River completes the job afterwards, in
-// its batch: a crash in between leaves the job to run again, and that
-// attempt finds the delivery recorded and does not send it again.
-var deliveredSQL = `WITH d AS (
-		UPDATE webhook_deliveries
-		SET status = 'delivered', attempts = $4, last_status = $5, last_error = NULL, job_id = $6, delivered_at = now(), updated_at = now()
-		WHERE tenant = $1 AND subscription_id = $2 AND event_id = $3 AND ` + jobs.Fence(6, 4) + `
-		RETURNING created_at),
+// deliveredSQL records deliveries — tenants $1, subscriptions $2, events
+// $3, attempts $4, answers $5, jobs $6 — each fenced by its attempt in the
+// same statement (the job's row locked, its attempt the running one), and
+// closes their endpoints' breakers. It returns the jobs it recorded: one
+// missing no longer holds its job. River completes the jobs afterwards, in
+// its batch: a crash in between leaves a job to run again, and that
+// attempt finds its delivery recorded and does not send it again.
+const deliveredSQL = `WITH input AS (
+		SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::int[], $5::int[], $6::bigint[]) AS t(tenant, sub, event, attempt, code, job)),
+	fence AS (
+		SELECT j.id FROM river_job j JOIN input i ON j.id = i.job AND j.attempt = i.attempt AND j.state = 'running'
+		ORDER BY j.id FOR UPDATE OF j),
+	d AS (
+		UPDATE webhook_deliveries w
+		SET status = 'delivered', attempts = i.attempt, last_status = i.code, last_error = NULL, job_id = i.job, delivered_at = now(), updated_at = now()
+		FROM input i
+		WHERE w.tenant = i.tenant AND w.subscription_id = i.sub AND w.event_id = i.event AND i.job IN (SELECT id FROM fence)
+		RETURNING i.job, i.tenant, i.sub, extract(epoch FROM now() - w.created_at) AS latency),
 	s AS (
-		UPDATE webhook_subscriptions SET failures = 0, open_until = NULL
-		WHERE tenant = $1 AND id = $2 AND (failures > 0 OR open_until IS NOT NULL) AND EXISTS (SELECT 1 FROM d))
-	SELECT extract(epoch FROM now() - created_at) FROM d`
+		UPDATE webhook_subscriptions s SET failures = 0, open_until = NULL
+		FROM (SELECT DISTINCT tenant, sub FROM d) x
+		WHERE s.tenant = x.tenant AND s.id = x.sub AND (s.failures > 0 OR s.open_until IS NOT NULL))
+	SELECT job, latency FROM d`
+
+// record is one delivery waiting for its write.
+type record struct {
+	args    DeliveryArgs
+	attempt int
+	code    int
+	job     int64
+	latency float64
+	err     error
+	done    chan struct{} // closed once written (or failed)
+	lead    chan struct{} // closed when this caller is to write the batch
+}
+
+// recorder writes the deliveries of concurrent attempts together, one
+// statement and one commit for all that wait (group commit): a commit per
+// delivery was most of a delivery's cost. The caller that finds no write
+// running writes everything waiting; whoever waits meanwhile goes in the
+// next one, written by the first of them.
+type recorder struct {
+	mu      sync.Mutex
+	pending []*record
+	running bool
+}
 
 func (d *Deliverer) delivered(ctx context.Context, job *river.Job[DeliveryArgs], code int) error {
-	a := job.Args
-	var latency float64
-	err := d.pool.QueryRow(context.WithoutCancel(ctx), deliveredSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID), job.Attempt, code, job.ID).Scan(&latency)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return jobs.ErrFenced
-	case err != nil:
-		return fmt.Errorf("record delivery: %w", err)
+	r := &record{args: job.Args, attempt: job.Attempt, code: code, job: job.ID, done: make(chan struct{}), lead: make(chan struct{})}
+	rec := &d.recorder
+	rec.mu.Lock()
+	rec.pending = append(rec.pending, r)
+	lead := !rec.running
+	rec.running = true
+	rec.mu.Unlock()
+	if !lead {
+		select {
+		case <-r.done:
+		case <-r.lead:
+			lead = true
+		}
+	}
+	if lead {
+		rec.mu.Lock()
+		batch := rec.pending
+		rec.pending = nil
+		rec.mu.Unlock()
+		d.write(batch)
+		rec.mu.Lock()
+		if len(rec.pending) > 0 {
+			close(rec.pending[0].lead)
+		} else {
+			rec.running = false
+		}
+		rec.mu.Unlock()
+		<-r.done
+	}
+	if r.err != nil {
+		return r.err
 	}
 	jobs.Note(ctx, fmt.Sprintf("delivered %d", code))
 	d.metrics.deliveries.WithLabelValues("delivered").Inc()
-	d.metrics.latency.Observe(latency)
+	d.metrics.latency.Observe(r.latency)
 	return nil
+}
+
+// write records batch in one statement and tells each of them.
+func (d *Deliverer) write(batch []*record) {
+	n := len(batch)
+	tenants, subs, events := make([]string, n), make([][16]byte, n), make([][16]byte, n)
+	attempts, codes, ids := make([]int, n), make([]int, n), make([]int64, n)
+	for i, r := range batch {
+		tenants[i], subs[i], events[i] = r.args.Tenant, r.args.SubscriptionID, r.args.EventID
+		attempts[i], codes[i], ids[i] = r.attempt, r.code, r.job
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
+	defer cancel()
+	written := map[int64]float64{}
+	rows, err := d.pool.Query(ctx, deliveredSQL, tenants, subs, events, attempts, codes, ids)
+	if err == nil {
+		for rows.Next() {
+			var id int64
+			var latency float64
+			if err = rows.Scan(&id, &latency); err != nil {
+				break
+			}
+			written[id] = latency
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	d.metrics.batchSize.Observe(float64(n))
+	for _, r := range batch {
+		switch latency, ok := written[r.job]; {
+		case err != nil:
+			r.err = fmt.Errorf("record delivery: %w", err)
+		case !ok:
+			r.err = jobs.ErrFenced
+		default:
+			r.latency = latency
+		}
+		close(r.done)
+	}
 }
 
 const failedSQL = `UPDATE webhook_deliveries

@@ -8,6 +8,7 @@ type metrics struct {
 	requestSeconds prometheus.Histogram
 	disabled       prometheus.Counter
 	breakerOpen    prometheus.Counter
+	batchSize      prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +35,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "onceflow_webhooks_breaker_opened_total",
 			Help: "Failures that left an endpoint's circuit breaker open.",
 		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceflow_webhooks_record_batch_size",
+			Help:    "Deliveries recorded by one statement (the attempts that finished while the previous write ran).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.deliveries, m.latency, m.requestSeconds, m.disabled, m.breakerOpen)
+		reg.MustRegister(m.deliveries, m.latency, m.requestSeconds, m.disabled, m.breakerOpen, m.batchSize)
 	}
 	return m
 }
