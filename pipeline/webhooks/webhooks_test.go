@@ -424,3 +424,36 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 		t.Errorf("after a success: failures %d (%v), want the breaker closed", failures, err)
 	}
 }
+
+// One tenant's slow endpoint and backlog do not hold the others': a worker
+// runs at most MaxPerTenant of a tenant's deliveries at once, and another
+// tenant's deliveries go through meanwhile.
+func TestTenantsShareTheWorkers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, jobs.Config{MaxWorkers: 10})
+	slow := webhookstest.New(nil, func(string, int) *webhookstest.Fault { return &webhookstest.Fault{Hang: 300 * time.Millisecond} })
+	fast := webhookstest.New(nil, nil)
+	t.Cleanup(slow.Close)
+	t.Cleanup(fast.Close)
+	sSlow, sFast := e.subscribe("acme", slow.URL), e.subscribe("globex", fast.URL)
+	slow.SetSecrets([]string{sSlow.Secret})
+	fast.SetSecrets([]string{sFast.Secret})
+	e.work(webhooks.Config{Allow: loopback, MaxPerTenant: 2}, "w1")
+	var backlog []pipeline.Event
+	for range 20 {
+		backlog = append(backlog, deposit("acme", 1))
+	}
+	e.project(backlog...)
+	time.Sleep(200 * time.Millisecond) // acme's backlog is being worked
+	start := time.Now()
+	e.project(deposit("globex", 1), deposit("globex", 2), deposit("globex", 3))
+	e.waitStatus("globex", 3, 10*time.Second, "delivered")
+	took := time.Since(start)
+	e.waitStatus("acme", 20, 30*time.Second, "delivered")
+	if took > 2*time.Second {
+		t.Errorf("globex's deliveries took %s behind acme's backlog, want them through at once", took)
+	}
+	if n := slow.MaxInFlight("acme"); n > 2 {
+		t.Errorf("acme had %d deliveries in flight at once, want at most MaxPerTenant 2", n)
+	}
+}
