@@ -1,6 +1,6 @@
 // Command e2e is `make bench-e2e`: onceflow measured whole, from outside
 // its processes, next to the same work built with Watermill and next to an
-// HTTP server that does no work (docs/benchmarks.md#end-to-end).
+// HTTP server that does no work (docs/benchmarks.md#end-to-end-make-bench-e2e).
 //
 // It starts each system under test as processes of its own (`onceflow
 // dev`; with -split the broker, ingest, relay, processor and projector

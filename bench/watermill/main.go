@@ -1,7 +1,7 @@
 // Command watermill is bench-e2e's peer: the ledger's deposit pipeline
-// built with Watermill (docs/benchmarks.md#end-to-end), as close to
-// onceflow's guarantees as Watermill allows, serving the same HTTP routes
-// so the same load generator drives both.
+// built with Watermill, as close to onceflow's guarantees as Watermill
+// allows (the differences: docs/benchmarks.md#the-watermill-peer), serving
+// the same HTTP routes so the same load generator drives both.
 //
 //	POST /v1/accounts, POST /v1/accounts/{id}/deposits
 //	  one Postgres transaction: the Idempotency-Key (a retry gets the
