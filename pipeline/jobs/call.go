@@ -65,7 +65,7 @@ const maxErrorBody = 256
 func Call(ctx context.Context, client *http.Client, req *http.Request, key string) (*http.Response, error) {
 	req = req.WithContext(ctx)
 	req.Header.Set(IdempotencyKeyHeader, key)
-	resp, err := client.Do(req)
+	resp, err := client.Do(req) // #nosec G704 -- the URL is a subscriber's by design; webhooks.Guard checks the address dialled
 	if err != nil {
 		return nil, &CallError{Err: err}
 	}

@@ -32,7 +32,7 @@
 // UPDATE would finish the attempt that replaced it. The fence middleware
 // records the token of the attempt in the job's output
 // (metadata.output.onceflow_attempt) before River writes the outcome, and
-// a trigger (sql/00038_jobs_fence.sql) in that same UPDATE refuses a token
+// a trigger (sql/00039_jobs.sql) in that same UPDATE refuses a token
 // other than the row's current attempt: the late attempt's completion
 // changes nothing. A worker's own writes (a delivery's log) go through
 // Complete, which locks the job's row, checks the token and completes the

@@ -21,10 +21,6 @@ import (
 // kept; the worker should return (its outcome is refused too).
 var ErrFenced = errors.New("jobs: a later attempt holds the job")
 
-// fenceKey is the job output key holding the attempt's token; the trigger
-// of sql/00038_jobs_fence.sql reads it.
-const fenceKey = "onceflow_attempt"
-
 // Output is what a job attempt records as its output
 // (river_job.metadata.output): the attempt that wrote it, its fencing
 // token, and a short note of what happened (a delivery's status).

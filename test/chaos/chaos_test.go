@@ -96,6 +96,10 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 		}
 		tenants[i] = tn
 	}
+	hk, err := subscribe(ctx, c, seed, tenants)
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg, err := avro.NewClient(c.pl.RegistryURL)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +157,10 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 	drainTime := time.Since(faultsStopped)
 
 	vs, tl := check(ctx, c, m, serdes.Events.Decode)
+	hvs, delivered, retried := hk.delivered(ctx, c, 2*time.Minute)
+	vs = append(vs, hvs...)
 	report(t, seed, time.Since(start), duration, m, tenants, f, tl, drainTime, drained)
+	t.Logf("webhooks: %d subscribed events delivered and applied once (%d of them after the receiver's faults or a retry)", delivered, retried)
 	f.mu.Lock()
 	for _, err := range f.errs {
 		t.Errorf("fault injection: %v", err)

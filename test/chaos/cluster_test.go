@@ -44,7 +44,12 @@ var instances = []struct{ kind, name string }{
 	{"relay", "relay-1"}, {"relay", "relay-2"},
 	{"processor", "processor-1"}, {"processor", "processor-2"},
 	{"projector", "projector-1"}, {"projector", "projector-2"},
+	{"worker", "worker-1"}, {"worker", "worker-2"},
 }
+
+// workerLease is the workers' ONCEFLOW_WORKER_LEASE: the worker pause
+// fault outlasts it.
+const workerLease = 3 * time.Second
 
 func startCluster(t *testing.T, ctx context.Context, bin string) *cluster {
 	t.Helper()
@@ -101,6 +106,22 @@ func (c *cluster) env(kind string) map[string]string {
 	if kind == "processor" {
 		env["ONCEFLOW_PROCESSOR_SESSION_TIMEOUT"] = sessionTimeout.String()
 		env["ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES"] = strconv.Itoa(maxCommandBytes)
+	}
+	if kind == "worker" || kind == "projector" {
+		// Deliveries to the run's receiver, on loopback, retried quickly and
+		// never out of attempts within a run; the projectors enqueue them
+		// with the same limit.
+		env["ONCEFLOW_WORKER_MAX_ATTEMPTS"] = "200"
+	}
+	if kind == "worker" {
+		env["ONCEFLOW_WORKER_LEASE"] = workerLease.String()
+		env["ONCEFLOW_WORKER_ATTEMPT_TIMEOUT"] = "2s"
+		env["ONCEFLOW_WEBHOOK_TIMEOUT"] = "1s"
+		env["ONCEFLOW_WORKER_BASE_DELAY"] = "100ms"
+		env["ONCEFLOW_WORKER_MAX_DELAY"] = "1s"
+		env["ONCEFLOW_WEBHOOK_ALLOW_NETWORKS"] = "127.0.0.0/8"
+		env["ONCEFLOW_WEBHOOK_BREAKER_FAILURES"] = "50"
+		env["ONCEFLOW_WEBHOOK_BREAKER_COOLDOWN"] = "1s"
 	}
 	return env
 }

@@ -4,7 +4,7 @@
 //
 // TestChaos runs the real binaries as separate processes: the embedded
 // broker (`onceflow dev --broker-only` with a data directory), two ingest,
-// two relay, two processor and two projector processes, against a
+// two relay, two processor, two projector and two worker processes, against a
 // PostgreSQL cluster of its own. A seeded workload of many tenants and
 // accounts opens, deposits, withdraws, transfers (across partitions) and
 // closes; HTTP clients time out and retry with the same key, and sometimes
@@ -28,7 +28,12 @@
 // (a crash between two of its requests: kfake, unlike a real broker, has no
 // transaction log to finish a commit it was writing; see docs/decisions.md),
 // an immediate Postgres restart, a processor paused past its session
-// timeout (a zombie), an extra relay on the same shards.
+// timeout (a zombie), an extra relay on the same shards, a worker paused
+// past its job lease while it delivers. Each tenant subscribes a webhook
+// receiver (pipeline/webhooks/webhookstest) to every event type; the
+// receiver answers a delivery's first requests, by a hash of the seed and
+// its key, with 500s, 503s and 429s with Retry-After before applying it,
+// and with hangs past the worker's timeout and 502s after applying it.
 //
 // After the faults stop and the pipeline drains, the checker verifies:
 //
@@ -50,7 +55,12 @@
 //     command-id, then a bad field, value, type header, size or time) is
 //     recorded there by one CommandFailed with that reason and shows
 //     failed in command_status; the oversized record is refused with
-//     MESSAGE_TOO_LARGE and is nowhere.
+//     MESSAGE_TOO_LARGE and is nowhere;
+//   - every subscribed event delivered, and applied once, by the receiver:
+//     each event of the events topic reached it under its delivery's key
+//     with webhook-id = the event id, one effect per key however many
+//     requests brought it, nothing else reached it, and its delivery row
+//     is delivered.
 //
 // TestChaosInventory is a second workload shape on the same cluster and
 // fault schedule, running the inventory binary (examples/inventory): three

@@ -17,6 +17,7 @@ const (
 	faultPostgres = "postgres immediate restart"
 	faultZombie   = "processor paused past session timeout"
 	faultRelay    = "extra relay on the same shards"
+	faultWorker   = "worker paused past its lease"
 )
 
 // faults injects a seeded schedule of faults, one at a time.
@@ -55,16 +56,16 @@ type faultKind struct {
 // faultKinds returns the kinds a run injects, with their weights: all of
 // them, or those -chaos.faults names (to chase one kind's failure).
 func faultKinds(only string) []faultKind {
-	all := []faultKind{{faultKill, 50}, {faultBroker, 10}, {faultPostgres, 10}, {faultZombie, 15}, {faultRelay, 15}}
+	all := []faultKind{{faultKill, 50}, {faultBroker, 10}, {faultPostgres, 10}, {faultZombie, 15}, {faultRelay, 15}, {faultWorker, 10}}
 	if only == "" {
 		return all
 	}
-	short := map[string]string{"kill": faultKill, "broker": faultBroker, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay}
+	short := map[string]string{"kill": faultKill, "broker": faultBroker, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker}
 	var out []faultKind
 	for _, name := range strings.Split(only, ",") {
 		long, ok := short[strings.TrimSpace(name)]
 		if !ok {
-			panic(fmt.Sprintf("-chaos.faults: unknown fault kind %q (kill, broker, postgres, zombie, relay)", name))
+			panic(fmt.Sprintf("-chaos.faults: unknown fault kind %q (kill, broker, postgres, zombie, relay, worker)", name))
 		}
 		for _, k := range all {
 			if k.name == long {
@@ -110,6 +111,9 @@ func (f *faults) run(ctx context.Context) {
 		// schedule however long each fault takes.
 		victim := instances[f.rng.IntN(len(instances))].name
 		zombie := fmt.Sprintf("processor-%d", 1+f.rng.IntN(2))
+		if kind == faultWorker {
+			zombie = fmt.Sprintf("worker-%d", 1+f.rng.IntN(2))
+		}
 		down := time.Duration(200+f.rng.IntN(1800)) * time.Millisecond
 		f.inject(ctx, kind, victim, zombie, down)
 	}
@@ -140,6 +144,14 @@ func (f *faults) inject(ctx context.Context, kind, victim, zombie string, down t
 		p := f.c.comp(zombie)
 		p.Pause()
 		time.Sleep(sessionTimeout + 2*time.Second)
+		p.Resume()
+		f.note(kind, zombie, start)
+	case faultWorker:
+		// Mid-delivery, holding jobs' leases: River gives them to the other
+		// worker, and this one's late attempts are fenced when it wakes.
+		p := f.c.comp(zombie)
+		p.Pause()
+		time.Sleep(workerLease + 2*time.Second)
 		p.Resume()
 		f.note(kind, zombie, start)
 	case faultRelay:

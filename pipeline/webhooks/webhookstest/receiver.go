@@ -52,7 +52,6 @@ type Receiver struct {
 	ids      map[string]string
 	bad      []string // signature failures and malformed requests
 	bodies   map[string]webhooks.Body
-	inFlight int
 	maxInFl  map[string]int // per tenant (aggregate id's tenant): the most at once
 	inTenant map[string]int
 }
