@@ -457,3 +457,57 @@ func TestTenantsShareTheWorkers(t *testing.T) {
 		t.Errorf("acme had %d deliveries in flight at once, want at most MaxPerTenant 2", n)
 	}
 }
+
+// The runtime role (docs/security.md#database-roles), which reads and
+// writes rows only, runs all of it: the projection enqueues, River's
+// client works (leadership, queues, notifications, completion), the
+// worker records, the fence trigger fires; and a tenant-scoped session
+// sees only its own subscriptions and deliveries.
+func TestRuntimeRoleDelivers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, rtURL := pipelinetest.LeastPrivilege(t)
+	pool, err := pgxpool.New(ctx, rtURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	proj, err := jobs.NewProjection("webhooks", jobs.Config{}, webhooks.Router{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, pool: pool, proj: proj, jcfg: jobs.Config{FetchPollInterval: 100 * time.Millisecond, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}}
+	r := webhookstest.New(nil, func(_ string, n int) *webhookstest.Fault {
+		if n == 1 {
+			return &webhookstest.Fault{Status: 500, BeforeApply: true}
+		}
+		return nil
+	})
+	t.Cleanup(r.Close)
+	sub := e.subscribe("acme", r.URL)
+	other := e.subscribe("globex", r.URL+"/other")
+	r.SetSecrets([]string{sub.Secret, other.Secret})
+	e.work(webhooks.Config{Allow: loopback}, "w1")
+	e.project(deposit("acme", 1), deposit("acme", 2), deposit("globex", 3))
+	e.waitStatus("acme", 2, 15*time.Second, "delivered")
+	e.waitStatus("globex", 1, 15*time.Second, "delivered")
+	if n := r.Effects(); n != 3 {
+		t.Errorf("effects: %d, want 3", n)
+	}
+	// Scoped to acme, as ingest's reads are.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT set_config('onceflow.tenant', 'acme', true)`); err != nil {
+		t.Fatal(err)
+	}
+	var subs, deliveries int
+	if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM webhook_subscriptions), (SELECT count(*) FROM webhook_deliveries)`).Scan(&subs, &deliveries); err != nil {
+		t.Fatal(err)
+	}
+	if subs != 1 || deliveries != 2 {
+		t.Errorf("scoped to acme, without a tenant predicate: %d subscriptions and %d deliveries, want acme's 1 and 2", subs, deliveries)
+	}
+}
