@@ -47,7 +47,7 @@ var transferNamespace = pipeline.MustParseID("6f6e6365-666c-5f77-8074-72616e7366
 // which debit twice and must credit twice.
 func CreditCommandID(source string, requestID pipeline.ID, transferID string) pipeline.ID {
 	name := make([]byte, 0, len("credit\x00")+len(source)+1+len(requestID)+len(transferID))
-	name = append(append(append(append([]byte("credit\x00"), source...), 0), requestID[:]...), transferID...)
+	name = append(append(append(append(append(name, "credit\x00"...), source...), 0), requestID[:]...), transferID...)
 	return pipeline.NameID(transferNamespace, name)
 }
 

@@ -48,7 +48,9 @@ func TestLedgerCommands(t *testing.T) {
 	}
 	// The follow-ups: t1's credit lands; t2's credit is refused (unknown
 	// account) and refunded; t3's is refused (currency) and refunded.
-	credit := func(i int, tr string) pipeline.ID { return ledger.CreditCommandID(steps[i].c.aggregate, steps[i].c.id, tr) }
+	credit := func(i int, tr string) pipeline.ID {
+		return ledger.CreditCommandID(steps[i].c.aggregate, steps[i].c.id, tr)
+	}
 	followUps := []pipeline.ID{
 		credit(7, "t1"), credit(8, "t2"), credit(9, "t3"),
 		ledger.RefundCommandID(credit(8, "t2")), ledger.RefundCommandID(credit(9, "t3")),
