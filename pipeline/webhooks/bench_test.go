@@ -253,6 +253,25 @@ func BenchmarkDeliveryLatency(b *testing.B) {
 	}
 	b.Cleanup(func() { client.Stop(context.Background()) })
 
+	// Warm up both sides (connections, River's first fetches, the
+	// receiver's connections) before measuring.
+	warm := make([]pipeline.Event, 50)
+	for i := range warm {
+		warm[i] = deposit("acme", 1)
+	}
+	base := rcv.n.Load()
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := proj.ApplyBatch(ctx, tx, warm); return err }); err != nil {
+		b.Fatal(err)
+	}
+	warmJobs := make([]river.InsertManyParams, 50)
+	for i := range warmJobs {
+		warmJobs[i] = river.InsertManyParams{Args: noopArgs{N: -1 - i}, InsertOpts: &river.InsertOpts{Queue: jobs.DefaultQueue}}
+	}
+	if _, err := client.InsertMany(ctx, warmJobs); err != nil {
+		b.Fatal(err)
+	}
+	waitFor(b, &rcv.n, base+50, time.Minute)
+
 	var hookLat, riverLat []time.Duration
 	b.ResetTimer()
 	for range b.N {
