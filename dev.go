@@ -177,6 +177,8 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 %s
 Every route, with its body: curl -s http://%s/openapi.json
 Send commands with -H "Authorization: Bearer %s" -H "Idempotency-Key: <one per operation>".
+Outbound webhooks: POST /v1/webhooks {"url","event_types"} (docs/webhooks.md); a receiver on this
+machine needs ONCEFLOW_WEBHOOK_ALLOW_NETWORKS=127.0.0.0/8.
 `, broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, postgres.Redact(dc.DatabaseURL),
 			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, dep.routeList(), loopback(a.HTTP), shown)
 	}
