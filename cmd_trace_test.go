@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow"
@@ -41,16 +40,9 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 	brokers := pipelinetest.Broker(t).Addrs()
 	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	// Webhooks: the domain's events produce deliveries (the jobs projection
-	// in the projector), a worker delivers them to a receiver subscribed
+	// Webhooks: every projector enqueues the deliveries of each event, and
+	// the worker (in onceflow.All) delivers them to a receiver subscribed
 	// to every event type of acme.
-	jcfg := jobs.Config{FetchPollInterval: 100 * time.Millisecond, ID: "trace-worker"}
-	hooks, err := jobs.NewProjection("webhooks", jcfg, webhooks.Router{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	domain := ledgerapp.Domain()
-	domain.Projections = append(domain.Projections, hooks)
 	sub, _, err := webhooks.Create(ctx, pool, "acme", "trace-sub", "http://127.0.0.1:1/placeholder", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -60,37 +52,27 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE webhook_subscriptions SET url = $1 WHERE id = $2`, receiver.URL, sub.ID.String()); err != nil {
 		t.Fatal(err)
 	}
-	register, err := webhooks.Register(webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, nil, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	worker, err := jobs.New(jcfg, pool, register, nil, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
 	runCtx, cancel := context.WithCancel(ctx)
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- worker.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-workerDone; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	}()
 	addrs := make(chan onceflow.Addrs, 1)
 	done := make(chan error, 1)
 	go func() {
 		done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
 			Config: onceflow.Config{
-				Domains: []*onceflow.Domain{domain}, Kafka: kafka.Config{Brokers: brokers, Logger: logger},
+				Domains: []*onceflow.Domain{ledgerapp.Domain()}, Kafka: kafka.Config{Brokers: brokers, Logger: logger},
 				Topics: kafka.Topics{Partitions: 2}, DatabaseURL: url, Logger: logger,
 			},
 			Components: onceflow.All, HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-			Started: func(a onceflow.Addrs) { addrs <- a },
+			Worker:   jobs.Config{FetchPollInterval: 100 * time.Millisecond},
+			Webhooks: webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+			Started:  func(a onceflow.Addrs) { addrs <- a },
 		})
 	}()
+	stopped := false
 	defer func() {
 		cancel()
+		if stopped {
+			return
+		}
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("deployment: %v", err)
 		}
@@ -100,6 +82,7 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 	case a := <-addrs:
 		base = "http://" + a.HTTP
 	case err := <-done:
+		stopped = true
 		t.Fatalf("deployment stopped: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("deployment did not start")
@@ -149,6 +132,9 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 		}
 		if d := tr.Events[0].Deliveries; len(d) != 1 || d[0].Status != "delivered" {
 			return fmt.Errorf("webhook deliveries %+v: not delivered yet", d)
+		}
+		if j := tr.Events[0].Jobs; len(j) != 1 || j[0].State != "completed" {
+			return fmt.Errorf("jobs %+v: not completed yet", j)
 		}
 		return nil
 	})
