@@ -10,7 +10,10 @@
 // tenant's enabled subscriptions whose event types match, and for each
 // writes a delivery row (webhook_deliveries, status pending) and enqueues a
 // webhook_delivery job whose key is jobs.Key(event id, subscription id).
-// Both commit with the event, or neither does.
+// Both commit with the event, or neither does. Only a row the transaction
+// made gets a job: the row outlives River's finished jobs (cleaned after
+// a day), so the same event applied again, however much later, is not
+// sent again.
 //
 // # One delivery
 //

@@ -65,7 +65,8 @@ const subscribedSQL = `SELECT tenant, id, event_types FROM webhook_subscriptions
 
 const insertDeliveriesSQL = `INSERT INTO webhook_deliveries (tenant, subscription_id, event_id, event_type)
 	SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[])
-	ON CONFLICT DO NOTHING`
+	ON CONFLICT DO NOTHING
+	RETURNING subscription_id, event_id`
 
 type subscribed struct {
 	id    [16]byte
@@ -117,10 +118,38 @@ func (Router) Jobs(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([][]jo
 			dTenants, dSubs, dEvents, dTypes = append(dTenants, ev.Tenant), append(dSubs, s.id), append(dEvents, [16]byte(ev.ID)), append(dTypes, ev.Type())
 		}
 	}
-	if len(dTenants) > 0 {
-		if _, err := tx.Exec(ctx, insertDeliveriesSQL, dTenants, dSubs, dEvents, dTypes); err != nil {
+	if len(dTenants) == 0 {
+		return out, nil
+	}
+	// Only the deliveries this transaction made get a job: the row is the
+	// lasting memory (River forgets a finished job after its retention), so
+	// an event applied again, however much later, sends nothing again.
+	rows, err = tx.Query(ctx, insertDeliveriesSQL, dTenants, dSubs, dEvents, dTypes)
+	if err != nil {
+		return nil, fmt.Errorf("record webhook deliveries: %w", err)
+	}
+	made := map[[2][16]byte]bool{}
+	for rows.Next() {
+		var sub, ev [16]byte
+		if err := rows.Scan(&sub, &ev); err != nil {
+			rows.Close()
 			return nil, fmt.Errorf("record webhook deliveries: %w", err)
 		}
+		made[[2][16]byte{sub, ev}] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("record webhook deliveries: %w", err)
+	}
+	for i, jobs := range out {
+		kept := jobs[:0]
+		for _, j := range jobs {
+			a := j.(DeliveryArgs)
+			if k := [2][16]byte{a.SubscriptionID, a.EventID}; made[k] {
+				kept = append(kept, j)
+				delete(made, k) // the same event twice in a batch: one job
+			}
+		}
+		out[i] = kept
 	}
 	return out, nil
 }

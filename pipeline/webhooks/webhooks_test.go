@@ -511,3 +511,36 @@ func TestRuntimeRoleDelivers(t *testing.T) {
 		t.Errorf("scoped to acme, without a tenant predicate: %d subscriptions and %d deliveries, want acme's 1 and 2", subs, deliveries)
 	}
 }
+
+// An event applied again long after — its River job cleaned away, the
+// inbox's memory gone — is not delivered again: the delivery row is the
+// lasting memory.
+func TestEventAppliedAgainLaterIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, jobs.Config{})
+	r := webhookstest.New(nil, nil)
+	t.Cleanup(r.Close)
+	sub := e.subscribe("acme", r.URL)
+	r.SetSecrets([]string{sub.Secret})
+	e.work(webhooks.Config{Allow: loopback}, "w1")
+	ev := deposit("acme", 1)
+	e.project(ev)
+	e.waitStatus("acme", 1, 10*time.Second, "delivered")
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		// River's cleaner, after its retention, once the job is completed.
+		tag, err := e.pool.Exec(context.Background(), `DELETE FROM river_job WHERE state = 'completed'`)
+		if err == nil && tag.RowsAffected() != 1 {
+			err = errors.New("the job is not completed yet")
+		}
+		return err
+	})
+	e.project(ev)
+	time.Sleep(500 * time.Millisecond)
+	var jobsLeft int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job`).Scan(&jobsLeft); err != nil || jobsLeft != 0 {
+		t.Errorf("jobs after the event came again: %d (%v), want none", jobsLeft, err)
+	}
+	if n := r.Requests(jobs.Key(ev.ID, sub.ID.String())); n != 1 {
+		t.Errorf("the receiver got the event %d times, want 1", n)
+	}
+}
