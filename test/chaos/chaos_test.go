@@ -161,22 +161,7 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 	vs = append(vs, hvs...)
 	report(t, seed, time.Since(start), duration, m, tenants, f, tl, drainTime, drained)
 	t.Logf("webhooks: %d subscribed events delivered and applied once (%d of them after the receiver's faults or a retry)", delivered, retried)
-	f.mu.Lock()
-	for _, err := range f.errs {
-		t.Errorf("fault injection: %v", err)
-	}
-	f.mu.Unlock()
-	if derr != nil {
-		t.Errorf("seed %d: pipeline did not drain within %s: %v", seed, *drainFlag, derr)
-	}
-	if len(vs) > 0 {
-		t.Errorf("seed %d: first violated property: %s", seed, vs[0])
-		for _, v := range vs[1:] {
-			t.Errorf("also violated: %s", v)
-		}
-		f.mu.Lock()
-		t.Logf("fault log:\n%s", strings.Join(f.log, "\n"))
-		f.mu.Unlock()
+	if !verdict(t, f, seed, derr, vs) {
 		return
 	}
 	if selfTest {

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -77,6 +78,32 @@ func faultKinds(only string) []faultKind {
 }
 
 // run injects faults until ctx ends, then makes sure everything runs.
+// verdict reports a run's failures: the faults that could not be
+// injected, a pipeline that did not drain (derr) and the violated
+// properties (vs: the bank's violations or the inventory's texts), the
+// first one first, with the fault log. It returns whether the run passed
+// its properties (the self-test runs only then).
+func verdict[V any](t *testing.T, f *faults, seed uint64, derr error, vs []V) bool {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, err := range f.errs {
+		t.Errorf("fault injection: %v", err)
+	}
+	if derr != nil {
+		t.Errorf("seed %d: pipeline did not drain within %s: %v", seed, *drainFlag, derr)
+	}
+	if len(vs) == 0 {
+		return true
+	}
+	t.Errorf("seed %d: first violated property: %v", seed, vs[0])
+	for _, v := range vs[1:] {
+		t.Errorf("also violated: %v", v)
+	}
+	t.Logf("fault log:\n%s", strings.Join(f.log, "\n"))
+	return false
+}
+
 func (f *faults) run(ctx context.Context) {
 	kinds := faultKinds(*faultsFlag)
 	total := 0

@@ -129,22 +129,7 @@ func runInventorySeed(t *testing.T, seed uint64, duration time.Duration) {
 	t.Logf("seed %d: %s in %s; %d requests, %d retries, %d replays, %d orders placed again, %d produced to Kafka (%d twice); faults: %s; drained in %s",
 		seed, summary, time.Since(start).Round(time.Second), load.M.Requests.Load(), load.M.Retries.Load(), load.M.Replays.Load(),
 		len(load.M.Again), load.M.Produced.Load(), load.M.Twice.Load(), strings.Join(faults, ", "), drainTime.Round(time.Millisecond))
-	f.mu.Lock()
-	for _, err := range f.errs {
-		t.Errorf("fault injection: %v", err)
-	}
-	f.mu.Unlock()
-	if derr != nil {
-		t.Errorf("seed %d: pipeline did not drain within %s: %v", seed, *drainFlag, derr)
-	}
-	if len(vs) > 0 {
-		t.Errorf("seed %d: first violated property: %s", seed, vs[0])
-		for _, v := range vs[1:] {
-			t.Errorf("also violated: %s", v)
-		}
-		f.mu.Lock()
-		t.Logf("fault log:\n%s", strings.Join(f.log, "\n"))
-		f.mu.Unlock()
+	if !verdict(t, f, seed, derr, vs) {
 		return
 	}
 	inventorySelfTest(t, ctx, c, serdes.Events.Decode, &load.M, st)
