@@ -57,6 +57,20 @@ type env struct {
 
 func freeAddr() string { return "127.0.0.1:" + strconv.Itoa(e2e.FreePort()) }
 
+// newTarget is a target of the ledger on a database of its own,
+// bench_e2e_{db}_{pid}, dropped when it closes; it returns the database's
+// URL.
+func newTarget(ctx context.Context, e env, name, label, db string) (*target, string, error) {
+	t := &target{Name: name, Label: label, Ledger: true}
+	t.db, t.adminURL = fmt.Sprintf("bench_e2e_%s_%d", db, os.Getpid()), e.databaseURL
+	dbURL, drop, err := createDatabase(ctx, e.databaseURL, t.db)
+	if err != nil {
+		return nil, "", err
+	}
+	t.stop = append(t.stop, drop)
+	return t, dbURL, nil
+}
+
 // createDatabase creates a database of its own for a target on the server
 // of base and returns its URL; stop drops it.
 func createDatabase(ctx context.Context, base, name string) (string, func(), error) {
@@ -117,13 +131,10 @@ func onceflowEnv() map[string]string {
 // startDev starts `onceflow dev`: the embedded broker, registry and all
 // four components in one process, on a database of its own.
 func startDev(ctx context.Context, e env) (*target, error) {
-	t := &target{Name: "dev", Label: "onceflow dev", Ledger: true}
-	db, drop, err := createDatabase(ctx, e.databaseURL, fmt.Sprintf("bench_e2e_dev_%d", os.Getpid()))
+	t, db, err := newTarget(ctx, e, "dev", "onceflow dev", "dev")
 	if err != nil {
 		return nil, err
 	}
-	t.db, t.adminURL = fmt.Sprintf("bench_e2e_dev_%d", os.Getpid()), e.databaseURL
-	t.stop = append(t.stop, drop)
 	httpAddr, admin := freeAddr(), freeAddr()
 	vars := onceflowEnv()
 	for k, v := range map[string]string{
@@ -163,13 +174,10 @@ func startDev(ctx context.Context, e env) (*target, error) {
 // embedded broker (`onceflow dev --broker-only`) and the ingest, relay,
 // processor and projector binaries.
 func startSplit(ctx context.Context, e env) (*target, error) {
-	t := &target{Name: "split", Label: "onceflow, 4 processes", Ledger: true}
-	db, drop, err := createDatabase(ctx, e.databaseURL, fmt.Sprintf("bench_e2e_split_%d", os.Getpid()))
+	t, db, err := newTarget(ctx, e, "split", "onceflow, 4 processes", "split")
 	if err != nil {
 		return nil, err
 	}
-	t.db, t.adminURL = fmt.Sprintf("bench_e2e_split_%d", os.Getpid()), e.databaseURL
-	t.stop = append(t.stop, drop)
 	dir := filepath.Join(e.dir, "split")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Close()
@@ -214,13 +222,10 @@ func startSplit(ctx context.Context, e env) (*target, error) {
 // own (`onceflow dev --broker-only`, topics prefixed "wm") and a database
 // of its own.
 func startWatermill(ctx context.Context, e env) (*target, error) {
-	t := &target{Name: "watermill", Label: "Watermill peer", Ledger: true}
-	db, drop, err := createDatabase(ctx, e.databaseURL, fmt.Sprintf("bench_e2e_wm_%d", os.Getpid()))
+	t, db, err := newTarget(ctx, e, "watermill", "Watermill peer", "wm")
 	if err != nil {
 		return nil, err
 	}
-	t.db, t.adminURL = fmt.Sprintf("bench_e2e_wm_%d", os.Getpid()), e.databaseURL
-	t.stop = append(t.stop, drop)
 	dir := filepath.Join(e.dir, "watermill")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Close()
