@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,12 +143,12 @@ func deref[T any](p *T) any {
 	return *p
 }
 
-var version int64
+// version numbers the events the tests make; the tests run in parallel.
+var version atomic.Int64
 
 func deposit(tenant string, amount int64) pipeline.Event {
-	version++
 	return pipeline.Event{ID: pipeline.NameID(pipeline.NewCommandID(), []byte("0")), CommandID: pipeline.NewCommandID(), Tenant: tenant,
-		AggregateID: tenant + "/acc-1", Version: version, Time: time.Now(), Payload: ledger.Deposited{Amount: amount}}
+		AggregateID: tenant + "/acc-1", Version: version.Add(1), Time: time.Now(), Payload: ledger.Deposited{Amount: amount}}
 }
 
 func opened(tenant string) pipeline.Event {
