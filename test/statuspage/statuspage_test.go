@@ -392,7 +392,9 @@ func startDev(t testing.TB, ctx context.Context, partitions int32, metrics *prom
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	const apiKey = "status-page-test-key"
 	started := make(chan onceflow.Addrs, 1)
-	runCtx, stop := context.WithCancel(ctx)
+	// The stack outlives ctx, the test's deadline, so a failed test can
+	// still see where it stands (diagnose) before stopping it.
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
 	go func() {
 		done <- onceflow.RunDev(runCtx, onceflow.DevConfig{
@@ -411,19 +413,21 @@ func startDev(t testing.TB, ctx context.Context, partitions int32, metrics *prom
 			APIKey: apiKey, Out: io.Discard,
 		})
 	}()
+	var s *devStack
 	t.Cleanup(func() {
+		if t.Failed() && s != nil {
+			s.diagnose(t)
+		}
 		stop()
 		if err := <-done; err != nil {
 			t.Errorf("onceflow dev: %v", err)
 		}
-		if t.Failed() {
-			t.Logf("the log's last lines:\n%s", logs.tail(60))
-		}
 	})
 	select {
 	case a := <-started:
-		return &devStack{addrs: a, pool: pool, logs: logs,
+		s = &devStack{addrs: a, pool: pool, logs: logs,
 			api: &ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + a.HTTP, APIKey: apiKey}}}
+		return s
 	case err := <-done:
 		t.Fatalf("onceflow dev: %v", err)
 	case <-ctx.Done():
