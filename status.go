@@ -28,7 +28,7 @@ func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, p
 	for _, on := range []struct {
 		run  bool
 		name string
-	}{{c.Ingest, "ingest"}, {c.Relay, "relay"}, {c.Processor, "processor"}, {c.Projector, "projector"}} {
+	}{{c.Ingest, "ingest"}, {c.Relay, "relay"}, {c.Processor, "processor"}, {c.Projector, "projector"}, {c.Worker, "worker"}} {
 		if on.run {
 			cfg.Components = append(cfg.Components, on.name)
 		}

@@ -45,11 +45,13 @@ var flow = []stage{
 			{"requests", "onceflow_api_requests_total", "code"},
 			{"commands accepted", "onceflow_api_commands_accepted_total", ""},
 			{"idempotent replays", "onceflow_api_idempotency_hits_total", ""},
+			{"inbound webhooks", "onceflow_api_inbound_deliveries_total", "outcome"},
 		},
 		latencies: []latency{
 			{"age when accepted", "onceflow_api_command_age_seconds"},
 			{"request", "onceflow_api_request_duration_seconds"},
 			{"accept transaction", "onceflow_api_accept_batch_duration_seconds"},
+			{"inbound webhook", "onceflow_api_inbound_duration_seconds"},
 		},
 		into: outboxQueue,
 	},
@@ -84,10 +86,26 @@ var flow = []stage{
 		rates: []rate{
 			{"events applied", "onceflow_projector_events_applied_total", ""},
 			{"duplicates absorbed", "onceflow_projector_duplicates_total", ""},
+			{"jobs enqueued", "onceflow_projector_jobs_enqueued_total", ""},
 		},
 		latencies: []latency{
 			{"age when projected", "onceflow_projector_event_age_seconds"},
 			{"batch", "onceflow_projector_batch_duration_seconds"},
+		},
+	},
+	{
+		// The worker (docs/jobs.md, docs/webhooks.md): the jobs the
+		// projector enqueued, webhook deliveries first among them.
+		name: "worker",
+		rates: []rate{
+			{"webhook deliveries", "onceflow_webhooks_deliveries_total", "outcome"},
+			{"job attempts", "onceflow_worker_attempts_total", "outcome"},
+			{"dead jobs", "onceflow_worker_dead_jobs_total", "reason"},
+		},
+		latencies: []latency{
+			{"delivered after projection", "onceflow_webhooks_delivery_latency_seconds"},
+			{"webhook request", "onceflow_webhooks_request_duration_seconds"},
+			{"job attempt", "onceflow_worker_attempt_duration_seconds"},
 		},
 	},
 }

@@ -212,3 +212,52 @@ func TestStageOfTheProcess(t *testing.T) {
 		t.Errorf("a process without relay, lag or database shows %+v, %+v, %+v", st.Outbox, st.Lag, st.Parked)
 	}
 }
+
+// A worker alone (cmd/worker) has its own stage: webhook deliveries and
+// job attempts broken down by outcome, dead jobs by reason; no other
+// stage is drawn as in the process.
+func TestWorkerStage(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	deliveries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_webhooks_deliveries_total"}, []string{"outcome"})
+	latency := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_webhooks_delivery_latency_seconds"})
+	reg.MustRegister(deliveries, latency)
+	deliveries.WithLabelValues("delivered").Add(3)
+	deliveries.WithLabelValues("failed").Inc()
+	latency.Observe(0.02)
+	page, err := status.New(status.Config{Gatherer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Sample()
+	st := page.Build(context.Background())
+	var worker *status.StageStatus
+	for i, s := range st.Flow {
+		if s.Name == "worker" {
+			worker = &st.Flow[i]
+		} else if s.Present {
+			t.Errorf("stage %s present in a worker alone", s.Name)
+		}
+	}
+	if worker == nil || !worker.Present {
+		t.Fatalf("no worker stage: %+v", st.Flow)
+	}
+	by := map[string]float64{}
+	for _, r := range worker.Rates {
+		if r.Metric != "onceflow_webhooks_deliveries_total" {
+			continue
+		}
+		if r.Total != 4 {
+			t.Errorf("deliveries: %v, want 4", r.Total)
+		}
+		for _, b := range r.By {
+			by[b.Value] = b.Total
+		}
+	}
+	if by["delivered"] != 3 || by["failed"] != 1 {
+		t.Errorf("deliveries by outcome: %v, want delivered 3, failed 1", by)
+	}
+	if l := worker.Latencies[0]; l.Metric != "onceflow_webhooks_delivery_latency_seconds" || l.Total != 1 {
+		t.Errorf("the worker's first latency: %+v, want the delivery latency with one observation", l)
+	}
+}
