@@ -17,7 +17,7 @@ func init() {
 	register("dev", "run the embedded default: broker, registry, Postgres and every component", runDev)
 	register("demo", "drive a scripted workload against a running ingest and check the balances", runDemo)
 	register("migrate", "apply the Postgres migrations", runMigrate)
-	register("migrate version", "print the database's migration version and the newest this binary has", runMigrateVersion)
+	register("migrate version", "print where the database stands on each set of migrations (onceflow's, each domain's) and the newest this binary has", runMigrateVersion)
 	register("topics create", "create the topics (cleanup policies, retention, partitions) and check them", runTopicsCreate)
 	register("postgres up", "start (or reuse) the private Postgres cluster and print its URL", runPostgresUp)
 	register("postgres down", "stop the private Postgres cluster", runPostgresDown)
@@ -195,12 +195,22 @@ func runMigrate(ctx context.Context, domains []*Domain, args []string, getenv fu
 	if err := postgres.Migrate(ctx, url, nil, dep.migrations()...); err != nil {
 		return err
 	}
-	cur, _, err := postgres.MigrationVersion(ctx, url)
+	vs, err := postgres.MigrationVersions(ctx, url, dep.migrations()...)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "migrated to version %d\n", cur)
+	for _, v := range vs {
+		fmt.Fprintf(stdout, "%s: migrated to version %d\n", setName(v), v.Current)
+	}
 	return nil
+}
+
+// setName names a set of migrations as the CLI prints it.
+func setName(v postgres.SetVersion) string {
+	if v.Name == "" {
+		return "onceflow"
+	}
+	return v.Name
 }
 
 func runMigrateVersion(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -208,11 +218,26 @@ func runMigrateVersion(ctx context.Context, domains []*Domain, args []string, ge
 	if err != nil {
 		return err
 	}
-	cur, latest, err := postgres.MigrationVersion(ctx, c.DatabaseURL)
+	cfg, err := setup(c, io.Discard)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "database at version %d; this binary has up to %d\n", cur, latest)
+	dep, err := cfg.deployment()
+	if err != nil {
+		return err
+	}
+	vs, err := postgres.MigrationVersions(ctx, c.DatabaseURL, dep.migrations()...)
+	if err != nil {
+		return err
+	}
+	behind := false
+	for _, v := range vs {
+		fmt.Fprintf(stdout, "%s: database at version %d; this binary has up to %d\n", setName(v), v.Current, v.Latest)
+		behind = behind || v.Current < v.Latest
+	}
+	if behind {
+		fmt.Fprintln(stdout, "pending migrations: `onceflow migrate` applies them")
+	}
 	return nil
 }
 

@@ -140,18 +140,35 @@ func MigrateDownTo(ctx context.Context, url string, version int64, logger *slog.
 	return nil
 }
 
-// MigrationVersion returns the version the database is at and the newest
-// version this binary carries.
-func MigrationVersion(ctx context.Context, url string) (current, latest int64, err error) {
+// SetVersion is where a database stands on one set of migrations.
+type SetVersion struct {
+	// Name is the set's (a domain's); "" for onceflow's own.
+	Name string
+	// Current is the version the database is at, Latest the newest this
+	// binary carries.
+	Current, Latest int64
+}
+
+// MigrationVersions returns where the database stands on onceflow's own
+// migrations, then on each of domains in order.
+func MigrationVersions(ctx context.Context, url string, domains ...Migrations) (_ []SetVersion, err error) {
 	defer func() { err = redactError(url, err) }()
 	db, err := openDB(url)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer db.Close()
-	p, err := newProvider(db, core, nil)
-	if err != nil {
-		return 0, 0, err
+	var out []SetVersion
+	for _, set := range append([]Migrations{core}, domains...) {
+		p, err := newProvider(db, set, nil)
+		if err != nil {
+			return nil, err
+		}
+		cur, latest, err := p.GetVersions(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("versions of %s: %w", set.table(), err)
+		}
+		out = append(out, SetVersion{Name: set.Name, Current: cur, Latest: latest})
 	}
-	return p.GetVersions(ctx)
+	return out, nil
 }

@@ -49,7 +49,7 @@ func TestConnectErrorsHideThePassword(t *testing.T) {
 		for _, f := range []func() error{
 			func() error { return Reachable(ctx, url, time.Second) },
 			func() error { return Migrate(ctx, url, nil) },
-			func() error { _, _, err := MigrationVersion(ctx, url); return err },
+			func() error { _, err := MigrationVersions(ctx, url); return err },
 		} {
 			if err := f(); err == nil || strings.Contains(err.Error(), "SEC") {
 				t.Errorf("got %v, want an error without the password", err)
