@@ -152,19 +152,37 @@ func (c *Client) CommandWait(ctx context.Context, id string, wait time.Duration)
 }
 
 // WaitCommand long-polls a command until its outcome is known or ctx
-// ends.
+// ends. It asks again after network errors, 5xx, 408, 429 and 404 (a
+// command produced straight to Kafka is unknown to the API until its
+// outcome is projected), and returns any other refusal at once: 401 (the
+// key is wrong or revoked), 400 and the other 4xx never turn into an
+// outcome by asking again. When ctx ends first, the error says what the
+// last answer was.
 func (c *Client) WaitCommand(ctx context.Context, id string) (Command, error) {
+	var last error // the last answer that was not ctx ending
 	for {
 		cmd, err := c.CommandWait(ctx, id, 5*time.Second)
 		if err == nil && cmd.Status != "pending" {
 			return cmd, nil
 		}
+		var e *Error
+		if errors.As(err, &e) && e.Response.Status >= 400 && e.Response.Status < 500 &&
+			e.Response.Status != http.StatusNotFound && e.Response.Status != http.StatusTooManyRequests &&
+			e.Response.Status != http.StatusRequestTimeout {
+			return cmd, err
+		}
+		switch {
+		case err == nil:
+			last = fmt.Errorf("command %s still %s", id, cmd.Status)
+		case ctx.Err() == nil:
+			last = err
+		}
 		select {
 		case <-ctx.Done():
-			if err == nil {
-				err = fmt.Errorf("command %s still %s", id, cmd.Status)
+			if last == nil {
+				last = err
 			}
-			return cmd, fmt.Errorf("%w: %v", ctx.Err(), err)
+			return cmd, fmt.Errorf("%w: the last answer: %v", ctx.Err(), last)
 		default:
 		}
 		if err != nil { // not a long poll's answer: do not spin

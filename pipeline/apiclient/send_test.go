@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -223,5 +224,52 @@ func TestSendOneCommandPerIntention(t *testing.T) {
 	sent, err := down.Send(ctx, deposit(apiclient.NewKey()), apiclient.Retry{Deadline: 700 * time.Millisecond, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond})
 	if !errors.Is(err, apiclient.ErrDeadline) || sent.Attempts < 3 || time.Since(start) > 5*time.Second {
 		t.Errorf("a server that drops every request: %v after %d attempts in %v, want ErrDeadline after several", err, sent.Attempts, time.Since(start))
+	}
+}
+
+// WaitCommand asks again after what may pass (a 503, a 429, a 404 for a
+// command not known yet) and returns at once what will not: a wrong key's
+// 401 does not become an outcome by waiting, and its caller learns so
+// before its deadline. A wait that runs out says what the last answer
+// was.
+func TestWaitCommandRetriesOnlyWhatMayPass(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	c := f.with(nil)
+	c.APIKey = "not-a-key"
+	_, err := c.WaitCommand(ctx, "01890000-0000-7000-8000-000000000000")
+	if !apiclient.IsStatus(err, http.StatusUnauthorized) || ctx.Err() != nil {
+		t.Fatalf("a wrong key: %v (deadline passed: %v), want its 401 at once", err, ctx.Err())
+	}
+
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	_, err = f.with(nil).WaitCommand(short, "01890000-0000-7000-8000-000000000000")
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "the last answer: 404") {
+		t.Fatalf("a command not known (yet): %v, want the deadline and the last answer, its 404", err)
+	}
+
+	c = f.with(func(n int, w http.ResponseWriter, r *http.Request, _ func() (*http.Response, []byte)) bool {
+		switch n {
+		case 0:
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case 1:
+			w.WriteHeader(http.StatusTooManyRequests)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"command_id":"01890000-0000-7000-8000-000000000001","status":"accepted","event_ids":[]}`)
+		}
+		return true
+	})
+	cmd, err := c.WaitCommand(ctx, "01890000-0000-7000-8000-000000000001")
+	if err != nil || cmd.Status != "accepted" {
+		t.Fatalf("after a 503 and a 429: %+v %v, want the outcome", cmd, err)
+	}
+	if n := f.requests.Load(); n != 3 {
+		t.Errorf("%d requests, want 3 (503, 429, the answer)", n)
 	}
 }
