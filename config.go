@@ -82,6 +82,7 @@ type Common struct {
 	// The projector's.
 	ProjectorSessionTimeout string
 	ProjectorParallelism    int
+	ProjectorSyncCommit     bool
 	// The relay's (the lease a string until Relay parses it).
 	RelayLease     string
 	RelayBatchSize int
@@ -179,6 +180,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.ProjectorSessionTimeout, "projector-session-timeout", env("ONCEFLOW_PROJECTOR_SESSION_TIMEOUT", projector.DefaultSessionTimeout.String()), "projector group session timeout: how long a dead projector keeps its partitions (ONCEFLOW_PROJECTOR_SESSION_TIMEOUT)")
 	parallelism := envInt("ONCEFLOW_PROJECTOR_PARALLELISM", projector.DefaultParallelism)
 	fs.IntVar(&c.ProjectorParallelism, "projector-parallelism", parallelism, "transactions a projector runs at once over disjoint partitions of a batch (ONCEFLOW_PROJECTOR_PARALLELISM)")
+	fs.BoolVar(&c.ProjectorSyncCommit, "projector-synchronous-commit", envBool("ONCEFLOW_PROJECTOR_SYNCHRONOUS_COMMIT"), "each projector batch's commit waits for its WAL flush; by default batches commit asynchronously and a database crash's lost ones are read again (ONCEFLOW_PROJECTOR_SYNCHRONOUS_COMMIT)")
 	fs.StringVar(&c.RelayLease, "relay-lease", env("ONCEFLOW_RELAY_LEASE", relay.DefaultLeaseDuration.String()), "relay shard lease period: a silent relay's shards move to the others after it (ONCEFLOW_RELAY_LEASE)")
 	batch := envInt("ONCEFLOW_RELAY_BATCH_SIZE", relay.DefaultBatchSize)
 	fs.IntVar(&c.RelayBatchSize, "relay-batch-size", batch, "outbox rows per relay Kafka transaction (ONCEFLOW_RELAY_BATCH_SIZE)")
@@ -524,7 +526,7 @@ func (c *Common) projector(getenv func(string) string) (projector.Config, error)
 	if c.ProjectorParallelism < 1 {
 		return projector.Config{}, fmt.Errorf("ONCEFLOW_PROJECTOR_PARALLELISM %d: want 1 or more", c.ProjectorParallelism)
 	}
-	pc := projector.Config{SessionTimeout: session, Parallelism: c.ProjectorParallelism}
+	pc := projector.Config{SessionTimeout: session, Parallelism: c.ProjectorParallelism, SynchronousCommit: c.ProjectorSyncCommit}
 	if dir := getenv(projector.HoldEnv); dir != "" {
 		pc.Hold = projector.HoldInDir(dir)
 	}

@@ -39,9 +39,13 @@ func Notify(ctx context.Context, pool *pgxpool.Pool, channel string, payloads ..
 	if len(payloads) == 0 {
 		payloads = []string{""}
 	}
-	_, err := pool.Exec(ctx, `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, channel, payloads)
+	_, err := pool.Exec(ctx, NotifySQL, channel, payloads)
 	return err
 }
+
+// NotifySQL notifies channel ($1) once per payload ($2, text[]); in a
+// transaction, at its commit.
+const NotifySQL = `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`
 
 // Listen holds one connection that LISTENs on channel and calls notified
 // with each notification's payload until ctx ends. It reconnects, backing

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -67,6 +68,74 @@ type applier struct {
 	// committed (the live projector's: their age, and the outcomes it
 	// notifies).
 	committed func(evs []event)
+	// asyncCommit commits without waiting for the WAL flush
+	// (docs/projector.md#asynchronous-commit). Only with remembered set:
+	// a database crash may then lose the last commits, offsets included,
+	// and remembered is what notices.
+	asyncCommit bool
+	// notifyInTx sends the notification of the outcomes a transaction
+	// commits (postgres.OutcomesChannel) from the transaction itself, in
+	// the round trip that saves its offsets, rather than after the
+	// commit in a round trip of its own. Postgres delivers it at the
+	// commit, holding a lock that serializes notifying commits until
+	// then: short with asyncCommit, a WAL flush without.
+	notifyInTx bool
+	// remembered, if set, is each partition's offset as this consumer last
+	// stored or loaded it. A transaction that finds less in the database
+	// (it lost commits: a crash after asynchronous commits, or an operator
+	// moved the offset back) does not apply its batch on top of the gap: it
+	// fails with a rewindError, and the projector reads the partition
+	// again from the stored offset.
+	remembered *offsetMemory
+}
+
+// offsetMemory is a consumer's last known stored offset per partition,
+// shared by the transactions of one poll batch (over disjoint partitions).
+type offsetMemory struct {
+	mu sync.Mutex
+	m  map[int32]int64
+}
+
+func newOffsetMemory() *offsetMemory { return &offsetMemory{m: map[int32]int64{}} }
+
+func (o *offsetMemory) get(part int32) (int64, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	off, ok := o.m[part]
+	return off, ok
+}
+
+func (o *offsetMemory) set(part int32, off int64) {
+	o.mu.Lock()
+	o.m[part] = off
+	o.mu.Unlock()
+}
+
+func (o *offsetMemory) snapshot() map[int32]int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[int32]int64, len(o.m))
+	for part, off := range o.m {
+		out[part] = off
+	}
+	return out
+}
+
+func (o *offsetMemory) forget(parts []int32) {
+	o.mu.Lock()
+	for _, part := range parts {
+		delete(o.m, part)
+	}
+	o.mu.Unlock()
+}
+
+// rewindError is a batch found behind the database: to holds, for each
+// partition whose stored offset is less than this consumer last stored,
+// the offset to read it again from. Nothing of the batch was applied.
+type rewindError struct{ to map[int32]int64 }
+
+func (e *rewindError) Error() string {
+	return fmt.Sprintf("stored offsets behind what this projector committed (lost commits): read again from %v", e.to)
 }
 
 const (
@@ -95,6 +164,9 @@ const (
 		SELECT DISTINCT $1, id FROM unnest($6::uuid[]) AS id
 		WHERE id NOT IN (SELECT * FROM seen)
 		RETURNING event_id`
+	// asyncCommitSQL makes the transaction's commit return before its WAL
+	// is flushed (docs/projector.md#asynchronous-commit).
+	asyncCommitSQL = `SET LOCAL synchronous_commit = off`
 	saveOffsetsSQL = `UPDATE consumer_offsets o SET next_offset = v.next, updated_at = now()
 		FROM unnest($3::int[], $4::bigint[]) AS v(partition, next)
 		WHERE o.consumer = $1 AND o.topic = $2 AND o.partition = v.partition`
@@ -153,6 +225,11 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 		if err := tx.Commit(ctx); err != nil {
 			return result{}, fmt.Errorf("commit: %w", err)
 		}
+		if a.remembered != nil {
+			for part, eo := range res.next {
+				a.remembered.set(part, eo.Offset)
+			}
+		}
 		if a.committed != nil {
 			a.committed(evs)
 		}
@@ -183,15 +260,34 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 	}
 
 	// 1. Lock the partitions' offsets; skip what is already below them.
+	// (With asynchronous commit, the setting goes in the same round trip.)
 	stored := make(map[int32]int64, len(parts))
-	rows, err := tx.Query(ctx, lockOffsetsSQL, a.consumer, a.topic, parts)
-	if err != nil {
+	b := &pgx.Batch{}
+	if a.asyncCommit {
+		b.Queue(asyncCommitSQL)
+	}
+	b.Queue(lockOffsetsSQL, a.consumer, a.topic, parts).Query(func(rows pgx.Rows) error {
+		var part int32
+		var off int64
+		_, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { stored[part] = off; return nil })
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return res, nil, fmt.Errorf("lock offsets: %w", err)
 	}
-	var part int32
-	var off int64
-	if _, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { stored[part] = off; return nil }); err != nil {
-		return res, nil, fmt.Errorf("lock offsets: %w", err)
+	if a.remembered != nil {
+		var back map[int32]int64
+		for _, part := range parts {
+			if last, ok := a.remembered.get(part); ok && stored[part] < last {
+				if back == nil {
+					back = make(map[int32]int64)
+				}
+				back[part] = stored[part]
+			}
+		}
+		if back != nil {
+			return res, nil, &rewindError{to: back}
+		}
 	}
 	kept := evs[:0:0]
 	for _, e := range evs {
@@ -288,6 +384,8 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 	}
 
 	// 4. Offsets and parked partitions, in the same transaction.
+	// In one round trip, with the outcomes' notification when the
+	// transaction sends it (notifyInTx).
 	offParts, offs := make([]int32, 0, len(res.next)), make([]int64, 0, len(res.next))
 	for p, eo := range res.next {
 		if eo.Offset < stored[p] {
@@ -296,26 +394,46 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		}
 		offParts, offs = append(offParts, p), append(offs, eo.Offset)
 	}
+	b = &pgx.Batch{}
 	if len(offParts) > 0 {
-		if _, err := tx.Exec(ctx, saveOffsetsSQL, a.consumer, a.topic, offParts, offs); err != nil {
-			return res, nil, fmt.Errorf("save offsets: %w", err)
-		}
+		b.Queue(saveOffsetsSQL, a.consumer, a.topic, offParts, offs)
 	}
-	if _, err := tx.Exec(ctx, clearParkedSQL, a.consumer, a.topic, offParts, offs, parts); err != nil {
-		return res, nil, fmt.Errorf("clear parked partitions: %w", err)
-	}
+	b.Queue(clearParkedSQL, a.consumer, a.topic, offParts, offs, parts)
 	if len(keptParks) > 0 {
 		n := len(keptParks)
 		pp, po, pr, pd := make([]int32, n), make([]int64, n), make([]string, n), make([]string, n)
 		for i, pk := range keptParks {
 			pp[i], po[i], pr[i], pd[i] = pk.partition, pk.offset, pk.reason, cleanText(pk.detail)
 		}
-		if _, err := tx.Exec(ctx, saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd); err != nil {
-			return res, nil, fmt.Errorf("save parked partitions: %w", err)
-		}
+		b.Queue(saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd)
 		res.parks = keptParks
 	}
+	if a.notifyInTx {
+		if payloads := outcomePayloads(kept); len(payloads) > 0 {
+			b.Queue(postgres.NotifySQL, postgres.OutcomesChannel, payloads)
+		}
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return res, nil, fmt.Errorf("save offsets and parked partitions: %w", err)
+	}
 	return res, nil, nil
+}
+
+// outcomePayloads are the notification payloads naming the commands of
+// evs, each once (postgres.OutcomesChannel).
+func outcomePayloads(evs []event) []string {
+	ids := make([]pipeline.ID, 0, len(evs))
+	seen := make(map[pipeline.ID]bool, len(evs))
+	for _, e := range evs {
+		if !seen[e.CommandID] {
+			seen[e.CommandID] = true
+			ids = append(ids, e.CommandID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	return postgres.OutcomePayloads(ids)
 }
 
 // skew is how far a command id's clock may be from the database's.

@@ -30,7 +30,11 @@ import (
 //     with no inbox, no version reads or guards and no offsets;
 //   - per-event: the projector with one transaction per event, over the
 //     first ONCEFLOW_BENCH_PER_EVENT_EVENTS (default 5,000) events: what
-//     batching buys.
+//     batching buys;
+//   - per-event, synchronous: the same with SynchronousCommit, each
+//     commit waiting for its WAL flush: what asynchronous commit buys
+//     where it matters most, a transaction of few events
+//     (docs/projector.md#asynchronous-commit). The two alternate (ABBA).
 //
 // The goal is >= 50,000 events/s and >= 0.6x the baseline.
 func BenchmarkCatchUp(b *testing.B) {
@@ -51,13 +55,26 @@ func BenchmarkCatchUp(b *testing.B) {
 		e.resetReadModels(ctx)
 		rate = e.runProjector(projector.Config{Consumer: "bench", Parallelism: parallelism}, produced)
 	}
-	e.resetReadModels(ctx)
-	single := e.runProjector(projector.Config{Consumer: "bench-per-event", MaxPollRecords: 1}, int64(min(perEvent, total)))
+	n := int64(min(perEvent, total))
+	var async, sync []float64
+	for i, synchronous := range []bool{false, true, true, false} {
+		e.resetReadModels(ctx)
+		r := e.runProjector(projector.Config{Consumer: fmt.Sprintf("bench-per-event-%d", i), MaxPollRecords: 1, SynchronousCommit: synchronous}, n)
+		if synchronous {
+			sync = append(sync, r)
+		} else {
+			async = append(async, r)
+		}
+	}
+	single := (async[0] + async[1]) / 2
+	singleSync := (sync[0] + sync[1]) / 2
 
 	b.ReportMetric(rate, "events/s")
 	b.ReportMetric(base, "baseline_events/s")
 	b.ReportMetric(rate/base, "ratio")
 	b.ReportMetric(single, "per_event_tx_events/s")
+	b.ReportMetric(singleSync, "per_event_tx_sync_events/s")
+	b.ReportMetric(single/singleSync, "async_speedup")
 	b.ReportMetric(rate/single, "batching_speedup")
 }
 

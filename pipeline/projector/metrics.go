@@ -11,6 +11,7 @@ type metrics struct {
 	duplicates prometheus.Counter
 	fenced     prometheus.Counter
 	gaps       prometheus.Counter
+	rewinds    prometheus.Counter
 	parked     *prometheus.GaugeVec   // by reason (parkReasons)
 	errors     *prometheus.CounterVec // by class (retryClasses)
 	retrying   *prometheus.GaugeVec   // by class (retryClasses)
@@ -32,6 +33,9 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 		}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceflow_projector_version_gaps_total", Help: "Version gaps found; each parks its partition.", ConstLabels: l,
+		}),
+		rewinds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_projector_rewinds_total", Help: "Partitions read again from an earlier offset because the stored offset was behind what this projector had committed: the database lost commits (a crash after asynchronous commits) or an operator moved the offset back.", ConstLabels: l,
 		}),
 		parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "onceflow_projector_parked_partitions", Help: "Partitions parked until an operator acts, by reason (version-gap, undecodable, rejected-by-projection, data-error).", ConstLabels: l,
@@ -60,6 +64,6 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 		m.errors.WithLabelValues(c)
 		m.retrying.WithLabelValues(c)
 	}
-	reg.MustRegister(m.applied, m.duplicates, m.fenced, m.gaps, m.parked, m.errors, m.retrying, m.batch, m.age)
+	reg.MustRegister(m.applied, m.duplicates, m.fenced, m.gaps, m.rewinds, m.parked, m.errors, m.retrying, m.batch, m.age)
 	return m
 }

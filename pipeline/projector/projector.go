@@ -49,6 +49,12 @@ type Config struct {
 	// partitions), so Postgres can use more than one core on a batch.
 	// Each uses a connection of the pool. Default 2.
 	Parallelism int
+	// SynchronousCommit makes each batch's commit wait for its WAL flush
+	// before the next batch. Off, the default, batches commit
+	// asynchronously: a database crash may lose the last ones, offsets
+	// included, and the projector, which remembers what it stored, reads
+	// them again (docs/projector.md#asynchronous-commit).
+	SynchronousCommit bool
 	// Hold is a test hook called at each crash point of a batch (see
 	// Hold). Nil, its default, is what production runs.
 	Hold Hold
@@ -108,7 +114,8 @@ type Projector struct {
 	parked   map[int32]park     // partition -> the record it stopped on, and why
 	retrying map[int32]retrying // partition -> the transient error its batch is retried on
 
-	lastParkCheck time.Time
+	lastParkCheck   time.Time
+	lastStoredCheck time.Time
 
 	ready chan struct{}
 	once  sync.Once
@@ -124,7 +131,8 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 	}
 	p := &Projector{
 		cfg: cfg, kafka: kcfg, pool: pool, dec: dec,
-		app:      &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold},
+		app: &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold,
+			asyncCommit: !cfg.SynchronousCommit, notifyInTx: !cfg.SynchronousCommit, remembered: newOffsetMemory()},
 		logger:   logger.With("component", "projector", "consumer", cfg.Consumer),
 		metrics:  newMetrics(reg, cfg.Consumer),
 		parked:   make(map[int32]park),
@@ -142,21 +150,19 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 // postgres.Notify.
 func (p *Projector) committed(evs []event) {
 	now := time.Now()
-	ids := make([]pipeline.ID, 0, len(evs))
-	seen := make(map[pipeline.ID]bool, len(evs))
 	for _, e := range evs {
 		p.metrics.age.Observe(max(now.Sub(e.Time).Seconds(), 0))
-		if !seen[e.CommandID] {
-			seen[e.CommandID] = true
-			ids = append(ids, e.CommandID)
-		}
 	}
-	if len(ids) == 0 {
+	if p.app.notifyInTx {
+		return // the transaction notified
+	}
+	payloads := outcomePayloads(evs)
+	if len(payloads) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := postgres.Notify(ctx, p.pool, postgres.OutcomesChannel, postgres.OutcomePayloads(ids)...); err != nil {
+	if err := postgres.Notify(ctx, p.pool, postgres.OutcomesChannel, payloads...); err != nil {
 		// A waiter polls too: a lost notification costs it waitPoll.
 		p.logger.Debug("notify outcomes", "err", err)
 	}
@@ -236,8 +242,13 @@ func (p *Projector) Run(ctx context.Context) error {
 
 	for {
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
-		if p.hasParked() {
-			// Wake up now and then to see whether an operator unparked.
+		switch {
+		case p.app.asyncCommit:
+			// Wake up now and then to compare the stored offsets with what
+			// was committed (checkStored) and, when parked, to see whether
+			// an operator unparked.
+			pollCtx, cancel = context.WithTimeout(ctx, min(storedCheckInterval, p.cfg.ParkCheckInterval))
+		case p.hasParked():
 			pollCtx, cancel = context.WithTimeout(ctx, p.cfg.ParkCheckInterval)
 		}
 		fetches := cl.PollRecords(pollCtx, p.cfg.MaxPollRecords)
@@ -261,6 +272,9 @@ func (p *Projector) Run(ctx context.Context) error {
 			p.processAll(ctx, cl, records)
 		}
 		p.checkUnparked(ctx, cl)
+		if p.app.asyncCommit {
+			p.checkStored(ctx, cl)
+		}
 		cl.AllowRebalance()
 	}
 }
@@ -287,29 +301,96 @@ func (p *Projector) ensurePartitions(ctx context.Context) error {
 func (p *Projector) processAll(ctx context.Context, cl *kgo.Client, records []*kgo.Record) {
 	groups := splitByPartition(records, p.cfg.Parallelism)
 	nexts := make([]map[int32]kgo.EpochOffset, len(groups))
+	rewinds := make([]map[int32]int64, len(groups))
 	if len(groups) == 1 {
-		nexts[0] = p.process(ctx, cl, groups[0])
+		nexts[0], rewinds[0] = p.process(ctx, cl, groups[0])
 	} else {
 		var wg sync.WaitGroup
 		for i, g := range groups {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				nexts[i] = p.process(ctx, cl, g)
+				nexts[i], rewinds[i] = p.process(ctx, cl, g)
 			}()
 		}
 		wg.Wait()
 	}
 	next := map[int32]kgo.EpochOffset{}
-	for _, n := range nexts {
+	rewind := map[int32]int64{}
+	for i, n := range nexts {
 		for part, eo := range n {
 			next[part] = eo
 		}
+		for part, off := range rewinds[i] {
+			rewind[part] = off
+		}
 	}
+	p.rewind(cl, rewind)
 	if len(next) > 0 {
 		// Monitoring only: Postgres holds the offsets that count.
 		cl.CommitOffsets(context.WithoutCancel(ctx), map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: next}, nil)
 	}
+}
+
+// rewind reads partitions again from the given offsets, where the
+// database's stored offsets are behind what this projector committed. It
+// runs on the poll's goroutine, before AllowRebalance, as kgo asks of
+// SetOffsets: the records fetched after these offsets are dropped and
+// fetched again.
+func (p *Projector) rewind(cl *kgo.Client, to map[int32]int64) {
+	if len(to) == 0 {
+		return
+	}
+	set := make(map[int32]kgo.EpochOffset, len(to))
+	for part, off := range to {
+		set[part] = kgo.EpochOffset{Epoch: -1, Offset: off}
+	}
+	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: set})
+	for part, off := range to {
+		p.app.remembered.set(part, off)
+		p.metrics.rewinds.Inc()
+		p.logger.Warn("stored offset behind what this projector committed: the database lost commits (a crash after asynchronous commits) or an operator moved it back; reading the partition again from it",
+			"partition", part, "offset", off)
+	}
+}
+
+// storedCheckInterval is how often an idle projector compares the offsets
+// it committed with the database's: a crash that loses asynchronous
+// commits is found within about that long of the database coming back,
+// even when no new event arrives on the partitions it set back.
+const storedCheckInterval = time.Second
+
+// checkStored rewinds the partitions whose stored offset is behind what
+// this projector last committed or loaded (docs/projector.md#asynchronous-commit).
+// A batch's transaction finds the same when it locks the offsets; this
+// finds it on a partition that gets no new events.
+func (p *Projector) checkStored(ctx context.Context, cl *kgo.Client) {
+	if time.Since(p.lastStoredCheck) < storedCheckInterval {
+		return
+	}
+	p.lastStoredCheck = time.Now()
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	rows, err := p.pool.Query(qctx, loadOffsetsSQL, p.cfg.Consumer, p.cfg.Topic)
+	if err != nil {
+		return // the database is away: checked again when it is back
+	}
+	stored := map[int32]int64{}
+	var part int32
+	var off int64
+	if _, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { stored[part] = off; return nil }); err != nil {
+		return
+	}
+	back := map[int32]int64{}
+	for part, last := range p.app.remembered.snapshot() {
+		if p.isParked(part) {
+			continue // not fetched; unparking seeks to the stored offset
+		}
+		if off := stored[part]; off < last { // no row: the lost commits were its first
+			back[part] = off
+		}
+	}
+	p.rewind(cl, back)
 }
 
 // splitByPartition splits records into at most n groups of whole
@@ -348,16 +429,37 @@ func splitByPartition(records []*kgo.Record, n int) [][]*kgo.Record {
 // process decodes and applies a batch, retrying while Postgres (or the
 // schema registry) is unavailable, until it is applied or ctx ends (the
 // batch is then read again from the stored offsets later), and returns the
-// offsets it stored. Retrying is never silent: each failure is counted by
-// class, its partitions show as retrying (in the metrics, and in
-// projector_retrying for `onceflow lag`), and it is logged at its first
-// failure and then every retryLogInterval.
-func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.Record) map[int32]kgo.EpochOffset {
+// offsets it stored, and the partitions to read again from an earlier
+// offset (a rewindError: their records are left out of the batch).
+// Retrying is never silent: each failure is counted by class, its
+// partitions show as retrying (in the metrics, and in projector_retrying
+// for `onceflow lag`), and it is logged at its first failure and then
+// every retryLogInterval.
+func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.Record) (next map[int32]kgo.EpochOffset, rewind map[int32]int64) {
 	wait := 50 * time.Millisecond
 	var f failures
 	for {
 		start := time.Now()
 		res, err := p.processOnce(ctx, records)
+		var rw *rewindError
+		if errors.As(err, &rw) {
+			if rewind == nil {
+				rewind = make(map[int32]int64)
+			}
+			kept := records[:0:0]
+			for _, r := range records {
+				if _, back := rw.to[r.Partition]; !back {
+					kept = append(kept, r)
+				}
+			}
+			for part, off := range rw.to {
+				rewind[part] = off
+			}
+			if records = kept; len(records) == 0 {
+				return nil, rewind
+			}
+			continue
+		}
 		if err == nil {
 			if f.n > 0 {
 				p.recovered(records, &f)
@@ -369,10 +471,10 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 			for _, pk := range res.parks {
 				p.park(cl, pk)
 			}
-			return res.next
+			return res.next, rewind
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil, rewind
 		}
 		if postgres.IsMissingPartition(err, "inbox") {
 			if perr := ensureInboxPartitions(ctx, p.pool); perr == nil {
@@ -382,7 +484,7 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 		p.failed(ctx, records, err, &f, wait)
 		select {
 		case <-ctx.Done():
-			return nil
+			return nil, rewind
 		case <-time.After(wait):
 		}
 		wait = backoff(wait, p.cfg.MaxBackoff)
@@ -531,6 +633,7 @@ func (p *Projector) park(cl *kgo.Client, pk park) {
 // owner (or this one after a restart) starts from the stored offset, at the
 // record that parked it, and parks again if it still cannot be applied.
 func (p *Projector) forget(parts []int32) {
+	p.app.remembered.forget(parts)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, part := range parts {
@@ -572,6 +675,7 @@ func (p *Projector) checkUnparked(ctx context.Context, cl *kgo.Client) {
 		cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.cfg.Topic: {part: {Epoch: -1, Offset: off}}})
 		cl.ResumeFetchPartitions(map[string][]int32{p.cfg.Topic: {part}})
 		p.forget([]int32{part})
+		p.app.remembered.set(part, off)
 		p.logger.Info("partition unparked by an operator; trying again", "partition", part, "offset", off)
 	}
 }
@@ -611,8 +715,12 @@ func (p *Projector) loadOffsets(ctx context.Context, fetched map[string]map[int3
 		for part := range parts {
 			if off, ok := stored[part]; ok && topic == p.cfg.Topic {
 				out[topic][part] = kgo.NewOffset().At(off).WithEpoch(-1)
+				p.app.remembered.set(part, off)
 			} else {
 				out[topic][part] = kgo.NewOffset().AtStart()
+				if topic == p.cfg.Topic {
+					p.app.remembered.set(part, 0) // a first commit lost is a rewind to the start too
+				}
 			}
 		}
 	}
