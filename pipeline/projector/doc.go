@@ -23,7 +23,10 @@
 //     the partition, or its successor) and are skipped
 //     (onceflow_projector_fenced_records_total). Every writer of a
 //     partition takes this lock first, so writers of one partition are
-//     serialized;
+//     serialized. A stored offset below the one this projector last stored
+//     or loaded means the database lost commits: nothing is applied, and
+//     the partition is read again from the stored offset (Asynchronous
+//     commit, below);
 //  2. the inbox: look the batch's event ids up (onceflow_inbox_seen) and
 //     insert the new ones; only those reach the projections, each once even
 //     if the batch holds it twice. Ids already there are duplicates
@@ -33,9 +36,26 @@
 //     event as applied, a duplicate (at or below the stored version,
 //     counted) or a gap (above the stored version + 1);
 //  4. store the next offset of every partition (never lower than stored),
-//     and the parked partitions; commit. Only then are the same offsets
-//     committed to Kafka, for monitoring only (standard lag tools see the
-//     group).
+//     and the parked partitions, and notify the batch's commands' outcomes
+//     to ingest (postgres.OutcomesChannel), in one round trip; commit.
+//     Only then are the same offsets committed to Kafka, for monitoring
+//     only (standard lag tools see the group).
+//
+// # Asynchronous commit
+//
+// The transaction commits with synchronous_commit off (set in step 1's
+// round trip): visible at once, durable within the WAL writer's delay. A
+// database crash can lose the last batches whole, offsets included; the
+// events are still in Kafka, and the consumer is already past them. So
+// the projector remembers each partition's offset as it last stored or
+// loaded it, and compares: in step 1 of every batch, and every second
+// while idle (a partition that gets no new event would otherwise never be
+// looked at). Behind, it seeks the partition back to the stored offset
+// (onceflow_projector_rewinds_total). With Config.SynchronousCommit each
+// commit waits for its flush instead, and the notification follows the
+// commit on its own (a notifying transaction holds a lock that serializes
+// notifying commits until its commit is flushed). docs/projector.md says
+// what a crash then means for a reader.
 //
 // # Failures
 //
