@@ -34,18 +34,28 @@ const maxPayload = 7900
 // Notify sends one notification on channel per payload, in one statement
 // on its own (not inside the caller's transaction: a transaction that
 // notifies takes a lock at commit that serializes every notifying commit
-// of the cluster, so the notification follows the commit instead).
+// of the cluster, so the notification follows the commit instead). Its
+// transaction commits without waiting for the WAL flush: the lock is held
+// until the commit returns, and a notification is a hint that a crash may
+// lose anyway.
 func Notify(ctx context.Context, pool *pgxpool.Pool, channel string, payloads ...string) error {
 	if len(payloads) == 0 {
 		payloads = []string{""}
 	}
-	_, err := pool.Exec(ctx, NotifySQL, channel, payloads)
+	_, err := pool.Exec(ctx, notifyAloneSQL, channel, payloads)
 	return err
 }
 
 // NotifySQL notifies channel ($1) once per payload ($2, text[]); in a
 // transaction, at its commit.
 const NotifySQL = `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`
+
+// notifyAloneSQL is NotifySQL as a transaction of its own, committed
+// asynchronously.
+const notifyAloneSQL = `WITH async AS (
+		SELECT set_config('synchronous_commit', 'off', true)
+	)
+	SELECT pg_notify($1, p) FROM async, unnest($2::text[]) AS p`
 
 // Listen holds one connection that LISTENs on channel and calls notified
 // with each notification's payload until ctx ends. It reconnects, backing

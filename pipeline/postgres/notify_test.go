@@ -1,11 +1,17 @@
 package postgres_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -46,5 +52,43 @@ func TestOutcomePayloads(t *testing.T) {
 	}
 	if ids, err := postgres.ParseOutcomePayload("zz,0123"); err != nil || len(ids) != 0 {
 		t.Errorf("garbage: %v, %v; want nothing named", ids, err)
+	}
+}
+
+// Notify reaches a listener, and its asynchronous commit stays its own:
+// the connection it ran on commits synchronously again afterwards.
+func TestNotifyDeliversAndLeavesCommitsSynchronous(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	url := pipelinetest.DatabaseURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := listener.Exec(ctx, "LISTEN "+postgres.OutboxChannel); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.Notify(ctx, pool, postgres.OutboxChannel, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := listener.WaitForNotification(ctx)
+	if err != nil || n.Payload != "hello" {
+		t.Fatalf("notification: %+v %v", n, err)
+	}
+	var sc string
+	if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil || sc != "on" {
+		t.Errorf("synchronous_commit after Notify: %q (%v), want on", sc, err)
 	}
 }
