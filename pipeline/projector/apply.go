@@ -71,15 +71,13 @@ type applier struct {
 	// asyncCommit commits without waiting for the WAL flush
 	// (docs/projector.md#asynchronous-commit). Only with remembered set:
 	// a database crash may then lose the last commits, offsets included,
-	// and remembered is what notices.
+	// and remembered is what notices. Such a transaction also sends the
+	// notification of the outcomes it commits (postgres.OutcomesChannel)
+	// itself, in the round trip that saves its offsets: Postgres delivers
+	// it at the commit, holding a lock that serializes notifying commits
+	// until then, which is short without the flush (a synchronous
+	// applier's committed callback notifies after the commit instead).
 	asyncCommit bool
-	// notifyInTx sends the notification of the outcomes a transaction
-	// commits (postgres.OutcomesChannel) from the transaction itself, in
-	// the round trip that saves its offsets, rather than after the
-	// commit in a round trip of its own. Postgres delivers it at the
-	// commit, holding a lock that serializes notifying commits until
-	// then: short with asyncCommit, a WAL flush without.
-	notifyInTx bool
 	// remembered, if set, is each partition's offset as this consumer last
 	// stored or loaded it. A transaction that finds less in the database
 	// (it lost commits: a crash after asynchronous commits, or an operator
@@ -385,7 +383,7 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 
 	// 4. Offsets and parked partitions, in the same transaction.
 	// In one round trip, with the outcomes' notification when the
-	// transaction sends it (notifyInTx).
+	// transaction sends it (asyncCommit).
 	offParts, offs := make([]int32, 0, len(res.next)), make([]int64, 0, len(res.next))
 	for p, eo := range res.next {
 		if eo.Offset < stored[p] {
@@ -408,7 +406,7 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		b.Queue(saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd)
 		res.parks = keptParks
 	}
-	if a.notifyInTx {
+	if a.asyncCommit {
 		if payloads := outcomePayloads(kept); len(payloads) > 0 {
 			b.Queue(postgres.NotifySQL, postgres.OutcomesChannel, payloads)
 		}

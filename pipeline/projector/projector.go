@@ -132,7 +132,7 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 	p := &Projector{
 		cfg: cfg, kafka: kcfg, pool: pool, dec: dec,
 		app: &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold,
-			asyncCommit: !cfg.SynchronousCommit, notifyInTx: !cfg.SynchronousCommit, remembered: newOffsetMemory()},
+			asyncCommit: !cfg.SynchronousCommit, remembered: newOffsetMemory()},
 		logger:   logger.With("component", "projector", "consumer", cfg.Consumer),
 		metrics:  newMetrics(reg, cfg.Consumer),
 		parked:   make(map[int32]park),
@@ -145,15 +145,16 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 
 // committed is told the events of each transaction that committed: it
 // observes their age and tells ingest which commands' outcomes may have
-// changed (postgres.OutcomesChannel), so their ?wait= answer at once. The
-// notification follows the commit, in its own statement: see
-// postgres.Notify.
+// changed (postgres.OutcomesChannel), so their ?wait= answer at once. An
+// asynchronous transaction sent that notification itself; after a
+// synchronous one it follows the commit, in its own statement (see
+// postgres.Notify).
 func (p *Projector) committed(evs []event) {
 	now := time.Now()
 	for _, e := range evs {
 		p.metrics.age.Observe(max(now.Sub(e.Time).Seconds(), 0))
 	}
-	if p.app.notifyInTx {
+	if p.app.asyncCommit {
 		return // the transaction notified
 	}
 	payloads := outcomePayloads(evs)
