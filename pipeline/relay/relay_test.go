@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
@@ -210,7 +211,7 @@ func (e *env) readTopic(t *testing.T, topic string, want int) []*kgo.Record {
 		fs.EachRecord(func(r *kgo.Record) { out = append(out, r); n++ })
 		switch {
 		case len(out) < want && time.Now().After(deadline):
-			t.Fatalf("read %d records from %s, want at least %d", len(out), topic, want)
+			t.Fatalf("read %d records from %s, want at least %d; %s", len(out), topic, want, e.topicEnds(t, topic))
 		case len(out) >= want && n == 0:
 			if quiet.IsZero() {
 				quiet = time.Now()
@@ -221,6 +222,27 @@ func (e *env) readTopic(t *testing.T, topic string, want int) []*kgo.Record {
 			quiet = time.Time{}
 		}
 	}
+}
+
+// topicEnds says where each partition of topic ends and where its last
+// stable offset is: a transaction left open shows as the one behind the
+// other, a record lost as neither.
+func (e *env) topicEnds(t *testing.T, topic string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(pipelinetest.Client(t, e.brokers))
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	stable, err2 := adm.ListCommittedOffsets(ctx, topic)
+	if err != nil || err2 != nil {
+		return fmt.Sprintf("offsets: %v %v", err, err2)
+	}
+	var parts []string
+	ends.Each(func(o kadm.ListedOffset) {
+		lso, _ := stable.Lookup(o.Topic, o.Partition)
+		parts = append(parts, fmt.Sprintf("%d: end %d, last stable %d", o.Partition, o.Offset, lso.Offset))
+	})
+	slices.Sort(parts)
+	return "partitions " + strings.Join(parts, "; ")
 }
 
 func header(r *kgo.Record, key string) string {
