@@ -209,7 +209,9 @@ func TestOpenAPIMatchesTheServer(t *testing.T) {
 	// documented fields.
 	limited := startServer(t, pool, ingest.Config{RateLimit: 0.001, RateBurst: 1})
 	cmd := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "battery", body: `{"account_id":"acc-1","currency":"EUR"}`}))
-	pool.Exec(ctx, `INSERT INTO accounts (tenant, account_id, currency, balance, version, updated_at) VALUES ('acme', 'acc-1', 'EUR', 0, 1, now())`)
+	if _, err := pool.Exec(ctx, `INSERT INTO accounts (tenant, account_id, currency, balance, version, updated_at) VALUES ('acme', 'acc-1', 'EUR', 0, 1, now())`); err != nil {
+		t.Fatal(err)
+	}
 	type seen struct {
 		route string
 		r     response

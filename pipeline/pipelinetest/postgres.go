@@ -127,7 +127,11 @@ func LeastPrivilege(t testing.TB, domains ...postgres.Migrations) (ownerURL, run
 	db := fmt.Sprintf("test_lp_%d_%d_%d", os.Getpid(), n, time.Now().UnixNano())
 	// The cluster-wide group role, which the migration makes only where the
 	// migration role may make roles.
-	conn.Exec(ctx, "CREATE ROLE onceflow_runtime NOLOGIN")
+	// Two test processes may make it at once: the loser sees
+	// unique_violation rather than duplicate_object.
+	if _, err := conn.Exec(ctx, `DO $$ BEGIN CREATE ROLE onceflow_runtime NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`); err != nil {
+		t.Fatalf("create role onceflow_runtime: %v", err)
+	}
 	for _, stmt := range []string{
 		"CREATE ROLE " + pgx.Identifier{owner}.Sanitize() + " LOGIN",
 		"CREATE DATABASE " + pgx.Identifier{db}.Sanitize() + " OWNER " + pgx.Identifier{owner}.Sanitize(),

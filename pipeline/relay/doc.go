@@ -51,7 +51,10 @@
 //  2. produce them in one Kafka transaction on the shard's transactional
 //     producer (key = aggregate id, the stored headers plus relay-lease,
 //     timestamp = when ingest accepted the row), and commit it, all before
-//     the local lease deadline (minus a margin);
+//     the local lease deadline (minus a margin); before the commit, wait
+//     until the producer's metadata holds every partition the records went
+//     to, or franz-go may turn a fresh producer's first commit into an
+//     abort and report success (docs/decisions.md);
 //  3. delete the rows by id, if the token still holds, and read the next
 //     batch in the same statement (so a busy shard costs one query per
 //     batch). The delete commits without waiting for the WAL flush: a

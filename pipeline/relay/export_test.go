@@ -1,5 +1,11 @@
 package relay
 
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
 // SetHooks stops a relay at the moments fencing is about: beforeProduce
 // runs after the lease check and before producing a batch, afterCommit
 // after the Kafka commit and before the delete, beforeKeep before each
@@ -11,3 +17,9 @@ func SetHooks(r *Relay, beforeProduce, afterCommit func(shard int), beforeKeep f
 // SetBeforeCommit stops a relay after its batch was produced (and acked)
 // and before its Kafka transaction commits.
 func SetBeforeCommit(r *Relay, f func(shard int)) { r.hooks.beforeCommit = f }
+
+// AwaitPartitions is the check before a batch's commit that the producer
+// sees the partitions it wrote to (shard.go, awaitPartitions).
+func (r *Relay) AwaitPartitions(ctx context.Context, cl *kgo.Client, recs []kgo.Record) error {
+	return r.awaitPartitions(ctx, cl, recs)
+}

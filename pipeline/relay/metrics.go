@@ -19,6 +19,8 @@ type metrics struct {
 	fenced  *prometheus.CounterVec
 	leases  *prometheus.CounterVec
 	owned   prometheus.Gauge
+
+	commitWaits prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.Duration) *metrics {
@@ -60,6 +62,11 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.D
 			Name: "onceflow_outbox_shards_owned",
 			Help: "Outbox shards whose lease this relay holds.",
 		}),
+		commitWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_outbox_commit_waits_total",
+			Help: "Batches whose commit waited until the producer's metadata held the partitions it had just written to: " +
+				"without the wait franz-go v1.22.3 may turn the commit into an abort (docs/decisions.md).",
+		}),
 	}
 	for _, s := range []string{"check", "renew", "delete", "kafka"} {
 		m.fenced.WithLabelValues(s)
@@ -67,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.D
 	for _, c := range []string{"acquired", "lost", "released"} {
 		m.leases.WithLabelValues(c)
 	}
-	reg.MustRegister(m.shipped, m.errors, m.publish, m.latency, m.dead, m.fenced, m.leases, m.owned,
+	reg.MustRegister(m.shipped, m.errors, m.publish, m.latency, m.dead, m.fenced, m.leases, m.owned, m.commitWaits,
 		&backlogCollector{pool: pool, ttl: backlogTTL})
 	return m
 }

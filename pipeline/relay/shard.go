@@ -678,6 +678,9 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 	if len(failed) > 0 {
 		return failed, fmt.Errorf("produce %d rows of shard %d: %w", len(rows), w.shard, failed[0])
 	}
+	if err := r.awaitPartitions(ctx, cl, recs); err != nil {
+		return nil, fmt.Errorf("commit %d rows of shard %d: %w", len(rows), w.shard, err)
+	}
 	if h := r.hooks.beforeCommit; h != nil {
 		h(w.shard)
 	}
@@ -687,6 +690,46 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 		return nil, fmt.Errorf("commit %d rows of shard %d: %w", len(rows), w.shard, err)
 	}
 	return nil, nil
+}
+
+// awaitPartitions returns once the producer's own view of the topics
+// holds every partition recs were written to, so that EndTransaction sees
+// them. franz-go v1.22.3 partitions the records buffered for a topic it
+// produces to for the first time before it stores the topic's partitions
+// (storePartitionsUpdate stores them when it returns); if the records are
+// acknowledged in between, EndTransaction finds no partition of the
+// transaction, turns the commit into an abort and returns nil, and the
+// rows would be deleted for records no read_committed reader will see
+// (docs/decisions.md, "A commit franz-go turned into an abort"). A
+// partition is in that view when PartitionLeader knows its leader; the
+// view is completed microseconds after the acknowledgement, so the wait is
+// rare and short, and bounded by ctx (the lease deadline): a batch that
+// cannot be checked is not committed.
+func (r *Relay) awaitPartitions(ctx context.Context, cl *kgo.Client, recs []kgo.Record) error {
+	waited := false
+	for i := range recs {
+		if i > 0 && recs[i].Topic == recs[i-1].Topic && recs[i].Partition == recs[i-1].Partition {
+			continue
+		}
+		for {
+			if leader, _, _ := cl.PartitionLeader(recs[i].Topic, recs[i].Partition); leader >= 0 {
+				break
+			}
+			if !waited {
+				waited = true
+				r.metrics.commitWaits.Inc()
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("partition %d of %s is not in the producer's metadata: %w", recs[i].Partition, recs[i].Topic, ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	if waited {
+		r.logger.Info("waited for the producer to see the partitions it wrote to before committing")
+	}
+	return nil
 }
 
 // clientFor returns the shard's transactional producer, creating it if
