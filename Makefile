@@ -48,6 +48,24 @@ pg-up: build ## start (or reuse) the private Postgres cluster in .data/postgres 
 pg-down: build ## stop the private Postgres cluster
 	@$(BIN)/onceflow postgres down
 
+# The local Apache Kafka cluster (test/kafkacluster): KAFKA_NODES nodes,
+# node i's broker on 127.0.0.1:KAFKA_PORT+2(i-1).
+KAFKA_NODES ?= 1
+KAFKA_PORT  ?= 19092
+KAFKACTL = $(GO) build -o $(BIN)/kafkactl ./test/kafkacluster/kafkactl && $(BIN)/kafkactl
+
+.PHONY: kafka-up
+kafka-up: ## start (or reuse) Apache Kafka as JVM processes: KAFKA_NODES=1|3, KAFKA_PORT=19092; prints the bootstrap address last
+	@$(KAFKACTL) up -nodes $(KAFKA_NODES) -port $(KAFKA_PORT)
+
+.PHONY: kafka-down
+kafka-down: ## stop the local Apache Kafka cluster (SIGTERM, SIGKILL after 30s); its topics stay in .data/apache-kafka
+	@$(KAFKACTL) down
+
+.PHONY: kafka-logs
+kafka-logs: ## where the local Apache Kafka nodes write their logs
+	@$(KAFKACTL) logs
+
 .PHONY: test
 test: build ## run every test (race detector on the pipeline packages) against Postgres and the embedded broker
 	@$(PG_URL) && \
