@@ -66,12 +66,29 @@ kafka-down: ## stop the local Apache Kafka cluster (SIGTERM, SIGKILL after 30s);
 kafka-logs: ## where the local Apache Kafka nodes write their logs
 	@$(KAFKACTL) logs
 
+# make test runs on the embedded broker whatever KAFKA_BROKERS says
+# (test-kafka is the suite on Apache Kafka).
 .PHONY: test
 test: build ## run every test (race detector on the pipeline packages) against Postgres and the embedded broker
-	@$(PG_URL) && \
+	@$(PG_URL) && export KAFKA_BROKERS= && \
 	DATABASE_URL="$$url" $(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS) && \
 	DATABASE_URL="$$url" $(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list $(PKGS) | grep -v '/pipeline') && \
 	cd bench && DATABASE_URL="$$url" $(GO) test -mod=mod -timeout $(TEST_TIMEOUT) ./...
+
+# The suites that run on Apache Kafka when KAFKA_BROKERS names it
+# (docs/decisions.md#the-embedded-broker-and-apache-kafka), one package at
+# a time: they share the cluster and the ledger's consumer groups.
+KAFKA_TEST_PKGS ?= ./test/e2e/ ./test/consumers/
+
+.PHONY: test-kafka
+test-kafka: build ## the end-to-end and consumers' tests on Apache Kafka: KAFKA_BROKERS if set, else a node of their own
+	@$(PG_URL) && brokers="$$KAFKA_BROKERS" && \
+	if [ -z "$$brokers" ]; then \
+	  out=$$($(KAFKACTL) up -dir .data/apache-kafka/test -cache .data/apache-kafka -port 0) || { echo "$$out"; exit 1; }; \
+	  echo "$$out"; brokers=$$(echo "$$out" | tail -n 1); \
+	  trap '$(BIN)/kafkactl down -dir .data/apache-kafka/test' EXIT; \
+	fi && \
+	KAFKA_BROKERS="$$brokers" DATABASE_URL="$$url" $(GO) test -p 1 -timeout $(TEST_TIMEOUT) $(KAFKA_TEST_PKGS)
 
 .PHONY: test/race
 test/race: build ## run every test under the race detector

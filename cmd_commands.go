@@ -88,6 +88,10 @@ func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(s
 	}
 	var brokerOnly bool
 	var registryAddr string
+	brokerAddr := getenv("ONCEFLOW_DEV_BROKER_ADDR")
+	if brokerAddr == "" {
+		brokerAddr = "127.0.0.1:9092"
+	}
 	minSession := getenv("ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT")
 	if minSession == "" {
 		minSession = "6s"
@@ -97,10 +101,15 @@ func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(s
 		fs.StringVar(&minSession, "group-min-session-timeout", minSession, "the broker's smallest group session timeout; lower it to test rebalances quickly (ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT)")
 		fs.StringVar(&dataDir, "data-dir", dataDir, "broker data and private Postgres cluster (ONCEFLOW_DATA_DIR)")
 		fs.StringVar(&registryAddr, "registry-addr", "127.0.0.1:8081", "schema registry address; it accepts new schemas from anyone who reaches it")
+		fs.StringVar(&brokerAddr, "broker-addr", brokerAddr, "the embedded broker's address, when KAFKA_BROKERS does not name a Kafka cluster to run on instead (ONCEFLOW_DEV_BROKER_ADDR)")
 	})
 	if err != nil {
 		return err
 	}
+	// KAFKA_BROKERS (or -kafka-brokers) names a cluster to run on instead
+	// of the embedded broker: Apache Kafka, `make kafka-up`.
+	external := getenv("KAFKA_BROKERS") != ""
+	fs.Visit(func(f *flag.Flag) { external = external || f.Name == "kafka-brokers" })
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
@@ -127,12 +136,13 @@ func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(s
 	return RunDev(ctx, DevConfig{
 		RunConfig: RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
 			Ingest: icfg, Processor: pcfg, Relay: rcfg, LagExport: c.LagExport},
-		DataDir:      dataDir,
-		BrokerAddr:   cfg.Kafka.Brokers[0],
-		RegistryAddr: registryAddr,
-		BrokerOnly:   brokerOnly,
-		APIKey:       getenv("ONCEFLOW_DEV_API_KEY"),
-		Out:          stdout,
+		DataDir:       dataDir,
+		BrokerAddr:    brokerAddr,
+		ExternalKafka: external,
+		RegistryAddr:  registryAddr,
+		BrokerOnly:    brokerOnly,
+		APIKey:        getenv("ONCEFLOW_DEV_API_KEY"),
+		Out:           stdout,
 
 		GroupMinSessionTimeout: minSessionTimeout,
 	})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,11 +15,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -33,6 +36,12 @@ type DevConfig struct {
 	// BrokerAddr is where the embedded broker listens. Default
 	// "127.0.0.1:9092".
 	BrokerAddr string
+	// ExternalKafka runs the components on the Kafka cluster of
+	// RunConfig.Kafka (KAFKA_BROKERS: Apache Kafka, `make kafka-up`)
+	// instead of an embedded broker; BrokerAddr and
+	// GroupMinSessionTimeout are then unused. Topics are created with the
+	// cluster's default replication factor.
+	ExternalKafka bool
 	// RegistryAddr serves the embedded schema registry. Default
 	// "127.0.0.1:8081": it accepts new schemas from anyone who reaches it.
 	RegistryAddr string
@@ -60,41 +69,19 @@ const DevAdminAddr = "127.0.0.1:9090"
 
 // RunDev runs the embedded default: a Kafka-compatible broker and a schema
 // registry in process, Postgres (DATABASE_URL or a private cluster), the
-// demo tenant, and all four components, until ctx ends. It exports the lag
-// of every consumer of the cluster unless RunConfig.LagExport says
-// otherwise.
+// demo tenant, and all four components, until ctx ends; with ExternalKafka,
+// the same on a Kafka cluster of its own instead of the embedded broker.
+// It exports the lag of every consumer of the cluster unless
+// RunConfig.LagExport says otherwise.
 func RunDev(ctx context.Context, dc DevConfig) error {
 	dc.setDefaults()
 	logger := dc.Logger.With("component", "dev")
 
-	var brokerOpts []kfake.Opt
-	if dc.GroupMinSessionTimeout > 0 {
-		brokerOpts = append(brokerOpts, kfake.GroupMinSessionTimeout(dc.GroupMinSessionTimeout))
-	}
-	broker, err := devbroker.Start(devbroker.Config{
-		Addr:    dc.BrokerAddr,
-		DataDir: filepath.Join(dc.DataDir, "kafka"),
-		Logger:  logger,
-		Opts:    brokerOpts,
-	})
+	kafkaAddr, kafkaNote, stopBroker, err := dc.startBroker(ctx, logger)
 	if err != nil {
 		return err
 	}
-	defer broker.Close()
-	dc.Kafka.Brokers = broker.Addrs()
-	// SIGUSR1 crashes the process between two of the broker's requests:
-	// the hard restart the chaos harness injects (CrashAtNextRequest).
-	crash := make(chan os.Signal, 1)
-	signal.Notify(crash, syscall.SIGUSR1)
-	defer signal.Stop(crash)
-	go func() {
-		select {
-		case <-crash:
-			logger.Warn("SIGUSR1: crashing at the broker's next request")
-			broker.CrashAtNextRequest()
-		case <-ctx.Done():
-		}
-	}()
+	defer stopBroker()
 
 	// The dev stack always serves its own registry, so other clients
 	// (kcat, other processes) can use the same ids. It keeps them next to
@@ -124,8 +111,8 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	registryURL := "http://" + loopback(registryLn.Addr().String())
 
 	if dc.BrokerOnly {
-		fmt.Fprintf(dc.Out, "onceflow dev (broker only) is running\n  kafka      %s   (data %s)\n  registry   %s\nRun the components against them with KAFKA_BROKERS=%s SCHEMA_REGISTRY_URL=%s.\n",
-			broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, broker.Addrs()[0], registryURL)
+		fmt.Fprintf(dc.Out, "onceflow dev (broker only) is running\n  kafka      %s   (%s)\n  registry   %s\nRun the components against them with KAFKA_BROKERS=%s SCHEMA_REGISTRY_URL=%s.\n",
+			kafkaAddr, kafkaNote, registryURL, kafkaAddr, registryURL)
 		<-ctx.Done()
 		return nil
 	}
@@ -163,12 +150,12 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	rc.Started = func(a Addrs) {
 		defer func() {
 			if started != nil {
-				a.Kafka, a.RegistryURL = broker.Addrs()[0], registryURL
+				a.Kafka, a.RegistryURL = kafkaAddr, registryURL
 				started(a)
 			}
 		}()
 		fmt.Fprintf(dc.Out, `onceflow dev is running
-  kafka      %s   (data %s)
+  kafka      %s   (%s)
   registry   %s
   postgres   %s
   ingest     http://%s
@@ -179,7 +166,7 @@ Every route, with its body: curl -s http://%s/openapi.json
 Send commands with -H "Authorization: Bearer %s" -H "Idempotency-Key: <one per operation>".
 Outbound webhooks: POST /v1/webhooks {"url","event_types"} (docs/webhooks.md); a receiver on this
 machine needs ONCEFLOW_WEBHOOK_ALLOW_NETWORKS=127.0.0.0/8.
-`, broker.Addrs()[0], filepath.Join(dc.DataDir, "kafka"), registryURL, postgres.Redact(dc.DatabaseURL),
+`, kafkaAddr, kafkaNote, registryURL, postgres.Redact(dc.DatabaseURL),
 			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, dep.routeList(), loopback(a.HTTP), shown)
 	}
 	err = RunComponents(ctx, rc)
@@ -187,6 +174,68 @@ machine needs ONCEFLOW_WEBHOOK_ALLOW_NETWORKS=127.0.0.0/8.
 		return nil
 	}
 	return err
+}
+
+// startBroker starts the embedded broker, or checks that the external
+// cluster answers, and points the components at it. It returns the
+// brokers' address and what they are, for the banner, and what stops the
+// embedded broker.
+func (dc *DevConfig) startBroker(ctx context.Context, logger *slog.Logger) (addr, note string, stop func(), err error) {
+	if dc.ExternalKafka {
+		if err := pingKafka(ctx, dc.Kafka); err != nil {
+			return "", "", nil, err
+		}
+		return strings.Join(dc.Kafka.Brokers, ","), "KAFKA_BROKERS, not embedded", func() {}, nil
+	}
+	var brokerOpts []kfake.Opt
+	if dc.GroupMinSessionTimeout > 0 {
+		brokerOpts = append(brokerOpts, kfake.GroupMinSessionTimeout(dc.GroupMinSessionTimeout))
+	}
+	broker, err := devbroker.Start(devbroker.Config{
+		Addr:    dc.BrokerAddr,
+		DataDir: filepath.Join(dc.DataDir, "kafka"),
+		Logger:  logger,
+		Opts:    brokerOpts,
+	})
+	if err != nil {
+		return "", "", nil, err
+	}
+	dc.Kafka.Brokers = broker.Addrs()
+	// SIGUSR1 crashes the process between two of the broker's requests:
+	// the hard restart the chaos harness injects (CrashAtNextRequest).
+	crash := make(chan os.Signal, 1)
+	signal.Notify(crash, syscall.SIGUSR1)
+	stopped := make(chan struct{})
+	go func() {
+		select {
+		case <-crash:
+			logger.Warn("SIGUSR1: crashing at the broker's next request")
+			broker.CrashAtNextRequest()
+		case <-stopped:
+		}
+	}()
+	stop = func() {
+		signal.Stop(crash)
+		close(stopped)
+		broker.Close()
+	}
+	return broker.Addrs()[0], "data " + filepath.Join(dc.DataDir, "kafka"), stop, nil
+}
+
+// pingKafka checks that the external cluster answers, so that a wrong
+// KAFKA_BROKERS is one clear error rather than components retrying.
+func pingKafka(ctx context.Context, kc kafka.Config) error {
+	cl, err := kc.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).BrokerMetadata(ctx); err != nil {
+		return fmt.Errorf("no Kafka answers at KAFKA_BROKERS=%s (%w): start one (make kafka-up), or unset KAFKA_BROKERS for the embedded broker (its address: -broker-addr)", strings.Join(kc.Brokers, ","), err)
+	}
+	return nil
 }
 
 func (dc *DevConfig) setDefaults() {

@@ -139,7 +139,7 @@ func startDev(ctx context.Context, e env) (*target, error) {
 	vars := onceflowEnv()
 	for k, v := range map[string]string{
 		"DATABASE_URL": db, "HTTP_ADDR": httpAddr, "ADMIN_ADDR": admin,
-		"KAFKA_BROKERS": freeAddr(), "ONCEFLOW_DEV_API_KEY": ingest.NewAPIKey(),
+		"ONCEFLOW_DEV_BROKER_ADDR": freeAddr(), "ONCEFLOW_DEV_API_KEY": ingest.NewAPIKey(),
 	} {
 		vars[k] = v
 	}

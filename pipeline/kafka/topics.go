@@ -126,6 +126,7 @@ func (t Topics) Specs() []TopicSpec {
 // (Check). Creating is idempotent: concurrent callers both succeed.
 func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
 	t = t.withDefaults()
+	var created []string
 	for _, spec := range t.Specs() {
 		configs := make(map[string]*string, len(spec.Configs))
 		for k, v := range spec.Configs {
@@ -138,8 +139,44 @@ func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			return fmt.Errorf("create topic %s: %w", spec.Name, err)
 		}
+		created = append(created, spec.Name)
+	}
+	if err := waitListed(ctx, adm, created); err != nil {
+		return err
 	}
 	return Check(ctx, adm, t)
+}
+
+// waitListed waits until the metadata lists names. Apache Kafka answers
+// CreateTopics once its controller has the topic, and the brokers that
+// answer metadata learn of it a moment later: a Check right after the
+// creation found the topics missing (the embedded broker creates them
+// before it answers).
+func waitListed(ctx context.Context, adm *kadm.Client, names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	for {
+		details, err := adm.ListTopics(ctx, names...)
+		if err != nil {
+			return fmt.Errorf("list topics: %w", err)
+		}
+		missing := ""
+		for _, name := range names {
+			if d, ok := details[name]; !ok || d.Err != nil {
+				missing = name
+				break
+			}
+		}
+		if missing == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topic %s, just created, is not listed: %w", missing, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Check verifies that the topics exist with the cleanup policies of

@@ -45,17 +45,40 @@ func TestMain(m *testing.M) {
 // newPipeline prepares a deployment in t's temporary directory against
 // databaseURL ("" when no component needs Postgres). Its processes die
 // when the test ends, and their logs are printed if it failed.
+//
+// On an external cluster (KAFKA_BROKERS) the deployments of the package
+// take the cluster one at a time: the ledger's consumer groups and
+// transactional ids are fixed names, which two deployments running at once
+// would share (one cluster per deployment is what production has). Each
+// stops gracefully, so its consumers leave their groups, and its topics
+// are deleted.
 func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 	t.Helper()
 	pl := NewPipeline(binDir, t.TempDir(), databaseURL)
+	if pl.External {
+		externalKafka.Lock()
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("process logs:\n%s", pl.Logs(80))
+		}
+		if pl.External {
+			defer externalKafka.Unlock()
+			pl.StopAll(10 * time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := pl.DeleteTopics(ctx); err != nil {
+				t.Logf("delete the topics of %s: %v", pl.Prefix, err)
+			}
 		}
 		pl.KillAll()
 	})
 	return pl
 }
+
+// externalKafka is held by the deployment that runs on the external
+// cluster (newPipeline).
+var externalKafka sync.Mutex
 
 // registrySerdes returns the serdes of the topics of pl's running broker,
 // through its schema registry (the ids its components use).

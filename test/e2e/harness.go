@@ -21,8 +21,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // Build compiles the binaries of cmd/ into dir.
@@ -293,6 +298,9 @@ type Pipeline struct {
 	Dir         string // logs and broker data
 	DatabaseURL string
 	BrokerAddr  string
+	// External is set when BrokerAddr is an external cluster's
+	// (ExternalKafka) rather than an embedded broker's.
+	External    bool
 	RegistryURL string
 	Prefix      string
 	// App, if set, is the binary (of onceflow.Main, in Bin) the deployment
@@ -312,21 +320,48 @@ type Pipeline struct {
 	procs map[string]*Proc
 }
 
-// NewPipeline prepares a deployment; nothing runs yet.
+// ExternalKafka is KAFKA_BROKERS in the tests' environment: the Kafka
+// cluster (Apache Kafka, `make kafka-up`) every deployment runs on instead
+// of an embedded broker of its own, or "" for the embedded broker.
+func ExternalKafka() string { return os.Getenv("KAFKA_BROKERS") }
+
+// NewPipeline prepares a deployment; nothing runs yet. On an external
+// cluster (ExternalKafka) its topics get a prefix of their own, since
+// other deployments have used the cluster before it.
 func NewPipeline(bin, dir, databaseURL string) *Pipeline {
-	return &Pipeline{
+	pl := &Pipeline{
 		Bin: bin, Dir: dir, DatabaseURL: databaseURL,
 		BrokerAddr:  fmt.Sprintf("127.0.0.1:%d", FreePort()),
 		RegistryURL: fmt.Sprintf("http://127.0.0.1:%d", FreePort()),
-		Prefix:      "ledger",
 		procs:       map[string]*Proc{},
 	}
+	if ext := ExternalKafka(); ext != "" {
+		pl.BrokerAddr, pl.External = ext, true
+	}
+	pl.Prefix = pl.TopicPrefix("ledger")
+	return pl
 }
 
-// StartBroker starts `onceflow dev --broker-only` with a data directory.
+// TopicPrefix returns name on the embedded broker, and name with a
+// suffix unique to this deployment on an external cluster.
+func (pl *Pipeline) TopicPrefix(name string) string {
+	if !pl.External {
+		return name
+	}
+	return fmt.Sprintf("%s-%d-%d", name, os.Getpid(), prefixSeq.Add(1))
+}
+
+var prefixSeq atomic.Int64
+
+// StartBroker starts `onceflow dev --broker-only` with a data directory:
+// the embedded broker and the schema registry, or on an external cluster
+// the registry alone (the topics are created either way).
 func (pl *Pipeline) StartBroker(ctx context.Context) (*Proc, error) {
 	reg := strings.TrimPrefix(pl.RegistryURL, "http://")
-	env := map[string]string{"KAFKA_BROKERS": pl.BrokerAddr, "ONCEFLOW_TOPIC_PREFIX": pl.Prefix}
+	env := map[string]string{"ONCEFLOW_DEV_BROKER_ADDR": pl.BrokerAddr, "ONCEFLOW_TOPIC_PREFIX": pl.Prefix}
+	if pl.External {
+		env = map[string]string{"KAFKA_BROKERS": pl.BrokerAddr, "ONCEFLOW_TOPIC_PREFIX": pl.Prefix}
+	}
 	for k, v := range pl.BrokerEnv {
 		env[k] = v
 	}
@@ -407,6 +442,53 @@ func (pl *Pipeline) set(name string, p *Proc) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	pl.procs[name] = p
+}
+
+// StopAll stops every process still running, gracefully (SIGTERM), all
+// at once: on a shared cluster, a component that leaves its consumer group
+// does not hold up the next deployment's join for a session timeout.
+func (pl *Pipeline) StopAll(timeout time.Duration) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range pl.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.Stop(timeout)
+		}()
+	}
+	wg.Wait()
+}
+
+// DeleteTopics deletes the deployment's topics (those under its prefix)
+// from an external cluster, so that the cluster does not fill up with the
+// topics of finished tests.
+func (pl *Pipeline) DeleteTopics(ctx context.Context) error {
+	if !pl.External || pl.Prefix == "" {
+		return nil
+	}
+	cl, err := kafka.Config{Brokers: kafka.ParseBrokers(pl.BrokerAddr)}.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	topics, err := adm.ListTopics(ctx)
+	if err != nil {
+		return err
+	}
+	var mine []string
+	for _, name := range topics.Names() {
+		if strings.HasPrefix(name, pl.Prefix+".") {
+			mine = append(mine, name)
+		}
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	_, err = adm.DeleteTopics(ctx, mine...)
+	return err
 }
 
 // KillAll kills every process still running (test cleanup).

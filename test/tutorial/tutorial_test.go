@@ -130,12 +130,12 @@ func TestTutorial(t *testing.T) {
 	dev, err := e2e.Start(filepath.Join(dir, "rooms-bin"), "rooms dev",
 		[]string{"dev", "--registry-addr", fmt.Sprintf("127.0.0.1:%d", e2e.FreePort())},
 		map[string]string{
-			"ONCEFLOW_DEV_API_KEY": "devkey",
-			"DATABASE_URL":         pipelinetest.EmptyDatabaseURL(t),
-			"KAFKA_BROKERS":        fmt.Sprintf("127.0.0.1:%d", e2e.FreePort()),
-			"HTTP_ADDR":            httpAddr,
-			"ADMIN_ADDR":           admin,
-			"ONCEFLOW_DATA_DIR":    filepath.Join(dir, ".data"),
+			"ONCEFLOW_DEV_API_KEY":     "devkey",
+			"DATABASE_URL":             pipelinetest.EmptyDatabaseURL(t),
+			"ONCEFLOW_DEV_BROKER_ADDR": fmt.Sprintf("127.0.0.1:%d", e2e.FreePort()),
+			"HTTP_ADDR":                httpAddr,
+			"ADMIN_ADDR":               admin,
+			"ONCEFLOW_DATA_DIR":        filepath.Join(dir, ".data"),
 		}, logPath, "http://"+admin)
 	if err != nil {
 		t.Fatal(err)

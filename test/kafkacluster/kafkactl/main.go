@@ -2,7 +2,7 @@
 // clusters of `make kafka-up`, `make kafka-down` and `make kafka-logs`
 // (package kafkacluster):
 //
-//	kafkactl up [-nodes 1] [-port 19092] [-dir .data/apache-kafka] [-heap 512]
+//	kafkactl up [-nodes 1] [-port 19092] [-dir .data/apache-kafka] [-cache DIR] [-heap 512]
 //	kafkactl down [-dir .data/apache-kafka] [-timeout 30s]
 //	kafkactl logs [-dir .data/apache-kafka]
 //
@@ -39,7 +39,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return errors.New("want up, down or logs")
 	}
 	fs := flag.NewFlagSet("kafkactl "+args[0], flag.ContinueOnError)
-	dir := fs.String("dir", filepath.Join(".data", "apache-kafka"), "where the clusters (nodes-N) and the jars live")
+	dir := fs.String("dir", filepath.Join(".data", "apache-kafka"), "where the clusters live (nodes-N)")
+	cache := fs.String("cache", "", "where the jars live; empty: -dir")
 	nodes := fs.Int("nodes", 1, "nodes of the cluster (KAFKA_NODES): 1, or 3 for replication factor 3 and min.insync.replicas 2")
 	port := fs.Int("port", 19092, "node i's broker listens on 127.0.0.1:port+2(i-1), its controller one above (KAFKA_PORT)")
 	heap := fs.Int("heap", 512, "each node's JVM heap in MB")
@@ -49,7 +50,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	switch args[0] {
 	case "up":
-		return up(ctx, stdout, *dir, *nodes, *port, *heap)
+		if *cache == "" {
+			*cache = *dir
+		}
+		return up(ctx, stdout, *dir, *cache, *nodes, *port, *heap)
 	case "down":
 		return down(stdout, *dir, *timeout)
 	case "logs":
@@ -58,7 +62,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	return fmt.Errorf("unknown command %q: want up, down or logs", args[0])
 }
 
-func up(ctx context.Context, stdout io.Writer, dir string, nodes, port, heap int) error {
+func up(ctx context.Context, stdout io.Writer, dir, cache string, nodes, port, heap int) error {
 	clusterDir := filepath.Join(dir, fmt.Sprintf("nodes-%d", nodes))
 	if c, err := kafkacluster.Open(clusterDir); err == nil {
 		if err := c.WaitReady(ctx); err != nil {
@@ -71,7 +75,7 @@ func up(ctx context.Context, stdout io.Writer, dir string, nodes, port, heap int
 		return fmt.Errorf("another cluster runs in %v: make kafka-down first", others)
 	}
 	start := time.Now()
-	lib, err := kafkacluster.Fetch(ctx, dir)
+	lib, err := kafkacluster.Fetch(ctx, cache)
 	if err != nil {
 		return err
 	}
