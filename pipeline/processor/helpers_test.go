@@ -24,7 +24,7 @@ import (
 // env is one test's broker, topics, serdes and a plain client.
 type env struct {
 	t       testing.TB
-	broker  *devbroker.Broker
+	broker  *devbroker.Broker // nil on an external cluster
 	kcfg    kafka.Config
 	topics  kafka.Topics
 	serdes  serdes
@@ -33,10 +33,19 @@ type env struct {
 	t0      int64 // command times are t0 + sequence, in Unix ms
 }
 
+// newEnv makes a test's topics on the external cluster when KAFKA_BROKERS
+// names one (pipelinetest.Kafka), else on an embedded broker of its own;
+// with opts (the embedded broker's faults and settings) always on an
+// embedded broker.
 func newEnv(t testing.TB, partitions int32, opts ...kfake.Opt) *env {
 	t.Helper()
-	b := pipelinetest.Broker(t, opts...)
-	topics := pipelinetest.Topics(t, b.Addrs(), partitions)
+	var b *devbroker.Broker
+	brokers := pipelinetest.ExternalKafka()
+	if len(brokers) == 0 || len(opts) > 0 {
+		b = pipelinetest.Broker(t, opts...)
+		brokers = b.Addrs()
+	}
+	topics := pipelinetest.Topics(t, brokers, partitions)
 	ctx := context.Background()
 	reg := avro.NewEmbedded()
 	s, err := newSerdes(ctx, reg, topics)
@@ -44,8 +53,8 @@ func newEnv(t testing.TB, partitions int32, opts ...kfake.Opt) *env {
 		t.Fatal(err)
 	}
 	return &env{
-		t: t, broker: b, kcfg: kafka.Config{Brokers: b.Addrs()}, topics: topics, serdes: s,
-		cl: pipelinetest.Client(t, b.Addrs(), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))),
+		t: t, broker: b, kcfg: kafka.Config{Brokers: brokers}, topics: topics, serdes: s,
+		cl: pipelinetest.Client(t, brokers, kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))),
 		t0: time.Now().UnixMilli(),
 	}
 }
@@ -103,7 +112,10 @@ func (e *env) start(instance string, mod func(*processor.Config)) *running {
 
 func (e *env) startWith(instance string, d pipeline.Decider[ledger.Account], mod func(*processor.Config)) *running {
 	e.t.Helper()
-	cfg := processor.Config{Topics: e.topics, InstanceID: instance, SessionTimeout: 2 * time.Second}
+	// A group (and so transactional ids) of the test's own: on a shared
+	// cluster, parallel tests would otherwise join one group and fence
+	// one another.
+	cfg := processor.Config{Topics: e.topics, Group: "onceflow-processor-" + e.topics.Prefix, InstanceID: instance, SessionTimeout: 2 * time.Second}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -194,7 +194,7 @@ func partitionOf(t *testing.T, e *env, aggregate string) int32 {
 // produceTo produces r to the partition it names.
 func (e *env) produceTo(r *kgo.Record) {
 	e.t.Helper()
-	cl := pipelinetest.Client(e.t, e.broker.Addrs(), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl := pipelinetest.Client(e.t, e.kcfg.Brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
 		e.t.Fatal(err)
 	}
@@ -206,6 +206,7 @@ func (e *env) produceTo(r *kgo.Record) {
 // instead of stalling its partition; nothing of its decision is committed
 // and the commands behind it on the same account are decided.
 func TestRefusedDecisionGoesToTheDLQ(t *testing.T) {
+	pipelinetest.EmbeddedOnly(t, "message.max.bytes lowered to 64 KiB", "TestHostileProducer (test/e2e), whose record over the topic's max.message.bytes the broker refuses")
 	t.Parallel()
 	e := newEnv(t, 2, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "65536"}))
 	d := ledger.NewDecider()

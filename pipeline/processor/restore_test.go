@@ -92,6 +92,7 @@ func (e *env) settle(within time.Duration, ids []pipeline.ID) []event {
 // remembered command ids. A command sent again after the restart is
 // recognized as a duplicate.
 func TestRestoreEqualsStateBeforeRestart(t *testing.T) {
+	pipelinetest.EmbeddedOnly(t, "compaction on demand", "TestRestartMidStream (test/e2e), which restores the processors' state after restarts; Apache Kafka compacts on its log cleaner's schedule, which a test cannot call")
 	t.Parallel()
 	e := newEnv(t, 4)
 	p1 := e.start("p1", nil)

@@ -86,6 +86,7 @@ func checkRedecided(t *testing.T, e *env, evs []event, commands int) int {
 // carry the same ids (and bytes) as the aborted ones, and read_committed
 // sees each once.
 func TestIndeterminateCommitRedecidesSameIDs(t *testing.T) {
+	pipelinetest.EmbeddedOnly(t, "EndTxn answered with an injected error", "TestBrokerKilledWithOpenTransaction (test/e2e: the broker killed with a transaction open, a commit's answer lost with it)")
 	t.Parallel()
 	e := newEnv(t, 2)
 	p := e.start("p1", nil)
@@ -114,6 +115,7 @@ func TestIndeterminateCommitRedecidesSameIDs(t *testing.T) {
 // the processor starts a new one, whose producer fences the old
 // transaction, and decides the batch again with the same ids.
 func TestIndeterminateCommitErrorStartsNewSession(t *testing.T) {
+	pipelinetest.EmbeddedOnly(t, "EndTxn answered with an injected error", "TestBrokerKilledWithOpenTransaction (test/e2e: the broker killed with a transaction open, a commit's answer lost with it)")
 	t.Parallel()
 	e := newEnv(t, 2)
 	p := e.start("p1", nil)
@@ -145,6 +147,7 @@ func TestIndeterminateCommitErrorStartsNewSession(t *testing.T) {
 // twice or lost: a new session restores the state and offsets the commit
 // wrote.
 func TestIndeterminateCommitAppliedResponseLost(t *testing.T) {
+	pipelinetest.EmbeddedOnly(t, "listener that drops EndTxn's answer", "TestBrokerKilledWithOpenTransaction (test/e2e: the broker killed with a transaction open, a commit's answer lost with it)")
 	t.Parallel()
 	lossy := newLossyListener(kmsg.EndTxn)
 	e := newEnv(t, 2, kfake.ListenFn(lossy.listen))

@@ -104,6 +104,7 @@ func call(t *testing.T, method, url, key, idemKey, body string) (int, map[string
 // the row (docs/relay.md), the command reaches Kafka, and its outcome
 // replaces the failure.
 func TestDeadRowFailsItsCommand(t *testing.T) {
+	pipelinetest.EmbeddedOnly(t, "message.max.bytes lowered for the test", "TestRelayBrokerRestart (test/e2e), whose row over 1 MB Apache Kafka refuses (MESSAGE_TOO_LARGE) to outbox_dead")
 	t.Parallel()
 	e := newEnv(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "100"}))
 	ctx := context.Background()

@@ -22,11 +22,11 @@ import (
 func TestKafkaFencesThePreviousHolder(t *testing.T) {
 	t.Parallel()
 	pool, _ := pipelinetest.Pool(t)
-	b := pipelinetest.Broker(t)
-	topics := pipelinetest.Topics(t, b.Addrs(), 2)
+	brokers := pipelinetest.Kafka(t)
+	topics := pipelinetest.Topics(t, brokers, 2)
 	newRelay := func(instance string) *Relay {
 		r, err := New(Config{InstanceID: instance, TransactionalIDPrefix: "fence-" + topics.Prefix},
-			pool, kafka.Config{Brokers: b.Addrs()}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+			pool, kafka.Config{Brokers: brokers}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func TestKafkaFencesThePreviousHolder(t *testing.T) {
 		t.Fatalf("the new holder cannot produce: %v", err)
 	}
 
-	cl := pipelinetest.Client(t, b.Addrs(), kgo.ConsumeTopics(topics.Commands()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	cl := pipelinetest.Client(t, brokers, kgo.ConsumeTopics(topics.Commands()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var got []string
 	for len(got) < 1 {

@@ -32,10 +32,11 @@ import (
 // processor ignores headers it does not know.
 const headerHostile = "chaos-hostile"
 
-// futureSkew is how far ahead a future-timestamp record is dated: hours,
-// well past the processor's MaxClockSkew (15 minutes by default; the
-// chaos run keeps it).
-const futureSkew = 3 * time.Hour
+// futureSkew is how far ahead a future-timestamp record is dated: well
+// past the processor's MaxClockSkew (15 minutes by default; the chaos run
+// keeps it), and inside Apache Kafka 4's message.timestamp.after.max.ms
+// (an hour), beyond which the broker refuses the record at produce.
+const futureSkew = 30 * time.Minute
 
 // hostileKind is one kind of record the processor must refuse.
 type hostileKind struct {
@@ -99,7 +100,7 @@ var hostileKinds = []hostileKind{
 	{"command-type header unlike the value", processor.ReasonCommandTypeMismatch, true, func(h hostileTarget) *kgo.Record {
 		return withHeader(h.deposit(), pipeline.HeaderCommandType, "Withdraw")
 	}},
-	{"timestamp hours ahead", processor.ReasonFutureTimestamp, true, func(h hostileTarget) *kgo.Record {
+	{"timestamp half an hour ahead", processor.ReasonFutureTimestamp, true, func(h hostileTarget) *kgo.Record {
 		r := h.deposit()
 		r.Timestamp = time.Now().Add(futureSkew)
 		return r

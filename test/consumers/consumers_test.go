@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"os/exec"
 	"reflect"
 	"strconv"
@@ -87,9 +88,15 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	// The embedded default, as `onceflow dev` runs it.
+	// The embedded default, as `onceflow dev` runs it; on the cluster
+	// KAFKA_BROKERS names, when it does (make test-kafka), with topics of
+	// its own.
 	const apiKey = "consumers-test-key"
 	topics := kafka.Topics{Prefix: "ledger", Partitions: 4}
+	external := kafka.ParseBrokers(os.Getenv("KAFKA_BROKERS"))
+	if len(external) > 0 {
+		topics.Prefix = fmt.Sprintf("ledger-consumers-%d", time.Now().UnixNano())
+	}
 	started := make(chan onceflow.Addrs, 1)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -98,6 +105,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 			RunConfig: onceflow.RunConfig{
 				Config: onceflow.Config{
 					Domains: []*onceflow.Domain{ledgerapp.Domain()},
+					Kafka:   kafka.Config{Brokers: external},
 					Topics:  topics, DatabaseURL: pipelinetest.DatabaseURL(t),
 					Logger: slog.New(slog.DiscardHandler), InstanceID: "consumers-test",
 				},
@@ -105,7 +113,8 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 				Started: func(a onceflow.Addrs) { started <- a },
 			},
 			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
-			APIKey: apiKey, Out: io.Discard,
+			ExternalKafka: len(external) > 0,
+			APIKey:        apiKey, Out: io.Discard,
 		})
 	}()
 	defer func() {
@@ -122,7 +131,7 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("onceflow dev did not start")
 	}
-	brokers := []string{addrs.Kafka}
+	brokers := kafka.ParseBrokers(addrs.Kafka)
 	api := &ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + addrs.HTTP, APIKey: apiKey}}
 
 	// The workload: two accounts, a deposit with a trace context and its

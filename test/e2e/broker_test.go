@@ -24,10 +24,7 @@ func TestBrokerKilledWithOpenTransaction(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pl := newPipeline(t, "")
-	broker, err := pl.StartBroker(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	broker := startCrashableBroker(t, ctx, pl)
 	cfg := kafka.Config{Brokers: []string{pl.BrokerAddr}}
 	topic := pl.Prefix + ".commands"
 	producer := func() *kgo.Client {
@@ -52,7 +49,7 @@ func TestBrokerKilledWithOpenTransaction(t *testing.T) {
 	restart := func() {
 		t.Helper()
 		broker.Kill()
-		if broker, err = pl.StartBroker(ctx); err != nil {
+		if err := broker.Restart(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/test/kafkacluster"
 )
 
 var binDir string
@@ -65,10 +66,13 @@ func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 		if pl.External {
 			defer externalKafka.Unlock()
 			pl.StopAll(10 * time.Second)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := pl.DeleteTopics(ctx); err != nil {
-				t.Logf("delete the topics of %s: %v", pl.Prefix, err)
+			// A cluster of the test's own (startCrashableBroker) goes whole.
+			if pl.BrokerAddr == ExternalKafka() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if err := pl.DeleteTopics(ctx); err != nil {
+					t.Logf("delete the topics of %s: %v", pl.Prefix, err)
+				}
 			}
 		}
 		pl.KillAll()
@@ -79,6 +83,75 @@ func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 // externalKafka is held by the deployment that runs on the external
 // cluster (newPipeline).
 var externalKafka sync.Mutex
+
+// crashableBroker is a broker a test crashes and starts again. On the
+// embedded broker it is `onceflow dev --broker-only`. On Apache Kafka
+// (KAFKA_BROKERS) the cluster named there is shared and not the test's to
+// crash, so the test runs on a one-node cluster of its own
+// (test/kafkacluster) next to the registry of `dev --broker-only`.
+type crashableBroker struct {
+	pl   *Pipeline
+	proc *Proc              // the embedded broker; on Apache Kafka the registry
+	node *kafkacluster.Node // on Apache Kafka, the test's own node
+}
+
+// startCrashableBroker starts pl's broker, on a node of the test's own
+// when the suite runs on Apache Kafka.
+func startCrashableBroker(t *testing.T, ctx context.Context, pl *Pipeline) *crashableBroker {
+	t.Helper()
+	b := &crashableBroker{pl: pl}
+	if pl.External {
+		c, err := kafkacluster.Start(ctx, kafkacluster.Config{Dir: t.TempDir(), HeapMB: 384})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Log(c.Nodes()[0].Tail(60))
+			}
+			c.Stop(10 * time.Second)
+		})
+		pl.BrokerAddr, b.node = c.Bootstrap(), c.Nodes()[0]
+	}
+	var err error
+	if b.proc, err = pl.StartBroker(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Kill kills the broker with SIGKILL: the embedded broker's process, or
+// Apache Kafka's node (its JVM; the registry stays).
+func (b *crashableBroker) Kill() {
+	if b.node != nil {
+		b.node.Kill()
+		return
+	}
+	b.proc.Kill()
+}
+
+// Crash crashes the broker: the embedded one between two of its requests
+// (Proc.CrashBroker, which it survives); Apache Kafka's node with SIGKILL
+// at any moment, which a real broker survives by its log.
+func (b *crashableBroker) Crash() {
+	if b.node != nil {
+		b.node.Kill()
+		return
+	}
+	b.proc.CrashBroker()
+}
+
+// Restart starts the broker again on its data and waits until it serves.
+func (b *crashableBroker) Restart(ctx context.Context) error {
+	if b.node != nil {
+		return b.node.Start(ctx)
+	}
+	p, err := b.pl.StartBroker(ctx)
+	if err == nil {
+		b.proc = p
+	}
+	return err
+}
 
 // registrySerdes returns the serdes of the topics of pl's running broker,
 // through its schema registry (the ids its components use).

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -15,10 +16,15 @@ import (
 // broker: transactions, read_committed, stable offset fetches and group
 // rebalances behave as the pipeline expects on the real thing. Needs a
 // Docker engine; skipped where there is none (the CI machines of this
-// project have only the Docker client).
+// project have only the Docker client). Without Docker the same workload,
+// and the rest of the suite, runs on Apache Kafka as JVM processes: `make
+// test-kafka` (TestDepositsExactlyOnce with KAFKA_BROKERS set).
 func TestDepositsExactlyOnceOnApacheKafka(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Docker; skipped with -short")
+	}
+	if _, err := os.Stat("/var/run/docker.sock"); err != nil && os.Getenv("DOCKER_HOST") == "" {
+		t.Skip("needs a Docker engine, and none runs here; the same workload runs on Apache Kafka without one: TestDepositsExactlyOnce under make test-kafka")
 	}
 	testcontainers.SkipIfProviderIsNotHealthy(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)

@@ -32,7 +32,7 @@ type relayRig struct {
 	mu     sync.Mutex
 	relays map[string]*Component
 	env    map[string]string
-	broker *Proc
+	broker *crashableBroker
 
 	sentMu sync.Mutex
 	sent   map[string][]string // aggregate -> command ids in the order they were committed
@@ -46,10 +46,24 @@ func newRelayRig(t *testing.T, ctx context.Context, env map[string]string) *rela
 	pool, url := pipelinetest.Pool(t)
 	pl := newPipeline(t, url)
 	rig := &relayRig{Pipeline: pl, t: t, pool: pool, relays: map[string]*Component{}, env: env, sent: map[string][]string{}}
-	var err error
-	if rig.broker, err = pl.StartBroker(ctx); err != nil {
+	if _, err := pl.StartBroker(ctx); err != nil {
 		t.Fatal(err)
 	}
+	rig.serde = registrySerdes(t, ctx, pl).Commands
+	return rig
+}
+
+// newCrashableRelayRig is newRelayRig on a broker the test crashes
+// (startCrashableBroker).
+func newCrashableRelayRig(t *testing.T, ctx context.Context, env map[string]string) *relayRig {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("multi-process end-to-end test; skipped with -short")
+	}
+	pool, url := pipelinetest.Pool(t)
+	pl := newPipeline(t, url)
+	rig := &relayRig{Pipeline: pl, t: t, pool: pool, relays: map[string]*Component{}, env: env, sent: map[string][]string{}}
+	rig.broker = startCrashableBroker(t, ctx, pl)
 	rig.serde = registrySerdes(t, ctx, pl).Commands
 	return rig
 }
@@ -385,7 +399,7 @@ func TestRelayPausedPastLease(t *testing.T) {
 func TestRelayBrokerRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rig := newRelayRig(t, ctx, nil)
+	rig := newCrashableRelayRig(t, ctx, nil)
 	rig.startRelay(ctx, "relay-1")
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -396,7 +410,7 @@ func TestRelayBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	rig.broker.CrashBroker() // between two requests: see Proc.CrashBroker
+	rig.broker.Crash()
 	var during atomic.Int64
 	pipelinetest.Eventually(t, 20*time.Second, func() error {
 		n, err := rig.backlog(ctx)
@@ -416,11 +430,9 @@ func TestRelayBrokerRestart(t *testing.T) {
 	if rig.relay("relay-1").Exited() {
 		t.Fatal("the relay exited while the broker was down")
 	}
-	broker, err := rig.StartBroker(ctx)
-	if err != nil {
+	if err := rig.broker.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rig.broker = broker
 	time.Sleep(2 * time.Second)
 	stop()
 	if err := <-streamDone; err != nil {
