@@ -217,6 +217,15 @@ func (n *Node) running(pid int) bool {
 // Dir is the cluster's directory.
 func (c *Cluster) Dir() string { return c.cfg.Dir }
 
+// Tool returns the command line that runs one of Apache Kafka's tools on
+// the cluster's jars: class is org.apache.kafka.tools.TopicCommand
+// (kafka-topics), ...ConsumerGroupCommand's package
+// org.apache.kafka.tools.consumer.group, TransactionsCommand,
+// MetadataQuorumCommand.
+func (c *Cluster) Tool(class string) []string {
+	return []string{c.java, "-cp", filepath.Join(c.lib, "*"), class, "--bootstrap-server", c.Bootstrap()}
+}
+
 // Nodes returns the nodes, by id.
 func (c *Cluster) Nodes() []*Node { return c.nodes }
 

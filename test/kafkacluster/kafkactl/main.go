@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -144,7 +145,23 @@ func logs(stdout io.Writer, dir string) error {
 		for _, n := range c.Nodes() {
 			fmt.Fprintf(stdout, "  node %d  %s  log %s  (JVM output %s)\n", n.ID, n.Addr, n.LogPath(), filepath.Join(n.Dir, "stdout.log"))
 		}
+		if state == "running" {
+			fmt.Fprintf(stdout, "  Apache Kafka's tools (kafka-topics; TransactionsCommand, MetadataQuorumCommand, consumer.group.ConsumerGroupCommand alike):\n    %s --describe\n",
+				shellLine(c.Tool("org.apache.kafka.tools.TopicCommand")))
+		}
 	}
 	fmt.Fprintln(stdout, "Follow one with tail -F LOG.")
 	return nil
+}
+
+// shellLine joins args for a shell, quoting the class path's wildcard.
+func shellLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.Contains(a, "*") {
+			a = "'" + a + "'"
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
 }
