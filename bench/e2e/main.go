@@ -20,6 +20,10 @@
 //
 // then the ratios to the peer and to the no-op ceiling, as markdown, and a
 // PNG plot of latency against rate.
+//
+// With KAFKA_BROKERS set (Apache Kafka: make kafka-up), every system runs
+// on that cluster instead of an embedded broker of its own, each on topics
+// of its own; the brokers' CPU is then not counted among the system's.
 package main
 
 import (

@@ -143,6 +143,12 @@ func startDev(ctx context.Context, e env) (*target, error) {
 	} {
 		vars[k] = v
 	}
+	if ext := e2e.ExternalKafka(); ext != "" {
+		// On Apache Kafka (KAFKA_BROKERS): dev embeds no broker, and its
+		// topics are this run's.
+		vars["KAFKA_BROKERS"] = ext
+		vars["ONCEFLOW_TOPIC_PREFIX"] = fmt.Sprintf("ledger-bench-%d", os.Getpid())
+	}
 	bin, args := filepath.Join(e.bin, "onceflow"), []string{"dev"}
 	if e.cpuprofile != "" {
 		// The same `onceflow dev` (onceflow.Run over the ledger), in this
@@ -219,8 +225,8 @@ func startSplit(ctx context.Context, e env) (*target, error) {
 
 // startWatermill starts the peer (bench/watermill): the same API and work
 // built with Watermill, in one process, against an embedded broker of its
-// own (`onceflow dev --broker-only`, topics prefixed "wm") and a database
-// of its own.
+// own (`onceflow dev --broker-only`, topics prefixed "wm"), or the cluster
+// KAFKA_BROKERS names, and a database of its own.
 func startWatermill(ctx context.Context, e env) (*target, error) {
 	t, db, err := newTarget(ctx, e, "watermill", "Watermill peer", "wm")
 	if err != nil {
@@ -232,7 +238,7 @@ func startWatermill(ctx context.Context, e env) (*target, error) {
 		return nil, err
 	}
 	pl := e2e.NewPipeline(e.bin, dir, db)
-	pl.Prefix = "wm"
+	pl.Prefix = pl.TopicPrefix("wm")
 	t.stop = append(t.stop, pl.KillAll)
 	broker, err := pl.StartBroker(ctx)
 	if err != nil {

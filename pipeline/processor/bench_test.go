@@ -17,7 +17,6 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
@@ -54,12 +53,12 @@ func benchSize(b *testing.B, env string, def int) int {
 func BenchmarkThroughput(b *testing.B) {
 	n := benchSize(b, "ONCEFLOW_BENCH_COMMANDS", 200_000)
 	const accounts = 10_000
-	broker := pipelinetest.Broker(b)
+	brokers := pipelinetest.Kafka(b)
 	order := []bool{true, false, false, true, true, false, false, true} // at-least-once?
 	for range b.N {
 		var eos, alo, eosCPU, aloCPU, eosCommit, aloCommit, eosBatch []float64
 		for i, atLeastOnce := range order {
-			cps, cpu, commitMs, batchMs := throughputRun(b, broker, atLeastOnce, fmt.Sprintf("run-%d", i), n, accounts, 0)
+			cps, cpu, commitMs, batchMs := throughputRun(b, brokers, atLeastOnce, fmt.Sprintf("run-%d", i), n, accounts, 0)
 			if atLeastOnce {
 				alo, aloCPU, aloCommit = append(alo, cps), append(aloCPU, cpu), append(aloCommit, commitMs)
 			} else {
@@ -105,11 +104,11 @@ func cpuTime() time.Duration {
 // command. With remembered > 0, the first account's partition starts out
 // remembering that many command ids of that account (written to the dedup
 // changelog as a processor would have), inside the window.
-func throughputRun(b *testing.B, broker *devbroker.Broker, atLeastOnce bool, instance string, n, accounts, remembered int) (cmdsPerSec, cpuPerCmd, commitMs, batchMs float64) {
+func throughputRun(b *testing.B, brokers []string, atLeastOnce bool, instance string, n, accounts, remembered int) (cmdsPerSec, cpuPerCmd, commitMs, batchMs float64) {
 	b.Helper()
 	ctx := context.Background()
-	e := benchEnv(b, broker, 8)
-	cl := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	e := benchEnv(b, brokers, 8)
+	cl := pipelinetest.Client(b, brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	acc := func(i int) string { return fmt.Sprintf("acme/acc-%06d", i%accounts) }
 	t0 := time.Now()
 	if remembered > 0 {
@@ -140,7 +139,7 @@ func throughputRun(b *testing.B, broker *devbroker.Broker, atLeastOnce bool, ins
 		b.Fatal(err)
 	}
 
-	cfg := processor.Config{Topics: e.topics, InstanceID: instance}
+	cfg := processor.Config{Topics: e.topics, Group: "onceflow-processor-" + e.topics.Prefix, InstanceID: instance}
 	if atLeastOnce {
 		processor.AtLeastOnce(&cfg)
 	}
@@ -199,15 +198,15 @@ func histogram(b *testing.B, reg *prometheus.Registry, name string) (float64, ui
 }
 
 // benchEnv is an env on a shared broker (fresh topics).
-func benchEnv(b *testing.B, broker *devbroker.Broker, partitions int32) *env {
+func benchEnv(b *testing.B, brokers []string, partitions int32) *env {
 	b.Helper()
-	topics := pipelinetest.Topics(b, broker.Addrs(), partitions)
+	topics := pipelinetest.Topics(b, brokers, partitions)
 	s, err := newSerdes(context.Background(), avro.NewEmbedded(), topics)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &env{t: b, broker: broker, kcfg: kafka.Config{Brokers: broker.Addrs()}, topics: topics, serdes: s,
-		cl: pipelinetest.Client(b, broker.Addrs()), t0: time.Now().UnixMilli()}
+	return &env{t: b, kcfg: kafka.Config{Brokers: brokers}, topics: topics, serdes: s,
+		cl: pipelinetest.Client(b, brokers), t0: time.Now().UnixMilli()}
 }
 
 // BenchmarkRestore writes one snapshot for each of 1,000,000 accounts to an
@@ -227,13 +226,13 @@ func benchEnv(b *testing.B, broker *devbroker.Broker, partitions int32) *env {
 func BenchmarkRestore(b *testing.B) {
 	n := benchSize(b, "ONCEFLOW_BENCH_AGGREGATES", 1_000_000)
 	ctx := context.Background()
-	broker := pipelinetest.Broker(b)
-	e := benchEnv(b, broker, 8)
+	brokers := pipelinetest.Kafka(b)
+	e := benchEnv(b, brokers, 8)
 	p, err := processor.New(processor.Config{Topics: e.topics, InstanceID: "bench"}, e.kcfg, ledger.NewDecider(), e.serdes.processor(), nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	cl := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20),
+	cl := pipelinetest.Client(b, brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20),
 		kgo.ProducerBatchMaxBytes(1<<20))
 	promise := kgo.AbortingFirstErrPromise(cl)
 	now := time.Now().UnixMilli()
@@ -258,7 +257,7 @@ func BenchmarkRestore(b *testing.B) {
 	for i := range parts {
 		parts[i] = int32(i)
 	}
-	rcl := pipelinetest.Client(b, broker.Addrs())
+	rcl := pipelinetest.Client(b, brokers)
 
 	for range b.N {
 		start := time.Now()
@@ -313,15 +312,15 @@ func BenchmarkRestore(b *testing.B) {
 func BenchmarkHotAggregate(b *testing.B) {
 	n := benchSize(b, "ONCEFLOW_BENCH_COMMANDS", 200_000)
 	remembered := benchSize(b, "ONCEFLOW_BENCH_REMEMBERED", 1_000_000)
-	broker := pipelinetest.Broker(b)
+	brokers := pipelinetest.Kafka(b)
 	for range b.N {
 		var hot, cold, hotCPU, coldCPU []float64
 		for i, isHot := range []bool{true, false, false, true} {
 			if isHot {
-				cps, cpu, _, _ := throughputRun(b, broker, false, fmt.Sprintf("hot-%d", i), n, 1, remembered)
+				cps, cpu, _, _ := throughputRun(b, brokers, false, fmt.Sprintf("hot-%d", i), n, 1, remembered)
 				hot, hotCPU = append(hot, cps), append(hotCPU, cpu)
 			} else {
-				cps, cpu, _, _ := throughputRun(b, broker, false, fmt.Sprintf("cold-%d", i), n, 10_000, 0)
+				cps, cpu, _, _ := throughputRun(b, brokers, false, fmt.Sprintf("cold-%d", i), n, 10_000, 0)
 				cold, coldCPU = append(cold, cps), append(coldCPU, cpu)
 			}
 		}
@@ -381,13 +380,13 @@ func preloadRemembered(b *testing.B, e *env, cl *kgo.Client, part int32, aggrega
 func BenchmarkRestoreRemembered(b *testing.B) {
 	n := benchSize(b, "ONCEFLOW_BENCH_REMEMBERED_RESTORE", 10_000_000)
 	ctx := context.Background()
-	broker := pipelinetest.Broker(b)
-	e := benchEnv(b, broker, 8)
+	brokers := pipelinetest.Kafka(b)
+	e := benchEnv(b, brokers, 8)
 	p, err := processor.New(processor.Config{Topics: e.topics, InstanceID: "bench"}, e.kcfg, ledger.NewDecider(), e.serdes.processor(), nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	cl := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<16),
+	cl := pipelinetest.Client(b, brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<16),
 		kgo.ProducerBatchMaxBytes(1<<20), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	const part = 3
 	now := time.Now()
@@ -395,7 +394,7 @@ func BenchmarkRestoreRemembered(b *testing.B) {
 	for a := range 1000 {
 		preloadRemembered(b, e, cl, part, fmt.Sprintf("acme/acc-%04d", a), per, now)
 	}
-	rcl := pipelinetest.Client(b, broker.Addrs())
+	rcl := pipelinetest.Client(b, brokers)
 	for range b.N {
 		start := time.Now()
 		var bytes int

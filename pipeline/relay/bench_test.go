@@ -86,8 +86,8 @@ func BenchmarkDrain(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	broker := pipelinetest.Broker(b)
-	topics := pipelinetest.Topics(b, broker.Addrs(), 8)
+	brokers := pipelinetest.Kafka(b)
+	topics := pipelinetest.Topics(b, brokers, 8)
 
 	// The rows, staged once: 10,000 aggregates, 64-byte values and ingest's
 	// headers; an aggregate's rows all in one shard.
@@ -128,7 +128,7 @@ func BenchmarkDrain(b *testing.B) {
 			b.StopTimer()
 			fill()
 			b.StartTimer()
-			if d := relayDrain(b, pool, broker.Addrs(), topics.Prefix, rows); took == 0 || d < took {
+			if d := relayDrain(b, pool, brokers, topics.Prefix, rows); took == 0 || d < took {
 				took = d
 			}
 		}
@@ -250,14 +250,14 @@ func BenchmarkLatency(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer writerPool.Close()
-	broker := pipelinetest.Broker(b)
-	topics := pipelinetest.Topics(b, broker.Addrs(), 8)
+	brokers := pipelinetest.Kafka(b)
+	topics := pipelinetest.Topics(b, brokers, 8)
 	exec(b, writerPool, `CREATE TABLE bench_direct (seq int NOT NULL, at timestamptz NOT NULL DEFAULT now())`)
 
 	b.ResetTimer()
 	for range b.N {
 		r, err := relay.New(relay.Config{TransactionalIDPrefix: "bench-lat-" + topics.Prefix}, relayPool,
-			kafka.Config{Brokers: broker.Addrs()}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+			kafka.Config{Brokers: brokers}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -290,14 +290,14 @@ func BenchmarkLatency(b *testing.B) {
 			return nil
 		})
 
-		direct := pipelinetest.Client(b, broker.Addrs(), kgo.ProducerLinger(0))
+		direct := pipelinetest.Client(b, brokers, kgo.ProducerLinger(0))
 		n := seconds * rate
-		outboxed := newPath(b, broker.Addrs(), topics.Commands(), n, func(ctx context.Context, seq int, key []byte) error {
+		outboxed := newPath(b, brokers, topics.Commands(), n, func(ctx context.Context, seq int, key []byte) error {
 			_, err := writerPool.Exec(ctx, `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5)`,
 				(seq%200)%16, topics.Commands(), key, make([]byte, 64), map[string]string{"bench-seq": strconv.Itoa(seq)})
 			return err
 		}, r.Wake)
-		produced := newPath(b, broker.Addrs(), topics.Events(), n, func(ctx context.Context, seq int, key []byte) error {
+		produced := newPath(b, brokers, topics.Events(), n, func(ctx context.Context, seq int, key []byte) error {
 			if _, err := writerPool.Exec(ctx, `INSERT INTO bench_direct (seq) VALUES ($1)`, seq); err != nil {
 				return err
 			}
