@@ -101,7 +101,11 @@ func startCrashableBroker(t *testing.T, ctx context.Context, pl *Pipeline) *cras
 	t.Helper()
 	b := &crashableBroker{pl: pl}
 	if pl.External {
-		c, err := kafkacluster.Start(ctx, kafkacluster.Config{Dir: t.TempDir(), HeapMB: 384})
+		// Few partitions for the internal topics: a node killed with
+		// SIGKILL recovers every partition's log before it listens again.
+		c, err := kafkacluster.Start(ctx, kafkacluster.Config{Dir: t.TempDir(), HeapMB: 384, Props: map[string]string{
+			"offsets.topic.num.partitions": "2", "transaction.state.log.num.partitions": "2",
+		}})
 		if err != nil {
 			t.Fatal(err)
 		}

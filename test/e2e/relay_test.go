@@ -397,7 +397,7 @@ func TestRelayPausedPastLease(t *testing.T) {
 // meanwhile and drains once the broker is back; the too-large row is in
 // outbox_dead and `onceflow outbox status` shows it.
 func TestRelayBrokerRestart(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // two starts of Apache Kafka's JVM on Apache Kafka
 	defer cancel()
 	rig := newCrashableRelayRig(t, ctx, nil)
 	rig.startRelay(ctx, "relay-1")
