@@ -105,6 +105,10 @@ chaos: ## crash-and-duplicate harness with the bank invariant: make chaos DURATI
 	$(GO) test -count=1 -v -timeout 0 -run TestChaos ./test/chaos -args \
 	  -chaos.duration=$(or $(DURATION),2m) $(if $(SEED),-chaos.seed=$(SEED)) $(if $(FAULTS),-chaos.faults=$(FAULTS))
 
+.PHONY: soak
+soak: build ## run the tests that once lost a command many times under -race and load: make soak SOAK=300 [SOAK_LOAD=copies|hog|none] (docs/soak.md)
+	@$(PG_URL) && DATABASE_URL="$$url" scripts/soak.sh
+
 .PHONY: demo
 demo: build ## run `onceflow dev`, drive a scripted workload over HTTP and check the balances
 	@scripts/demo.sh
