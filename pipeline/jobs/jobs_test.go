@@ -197,7 +197,7 @@ func TestLateAttemptIsFenced(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg := jobs.Config{Lease: time.Second, AttemptTimeout: 500 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond}
-			started, release := make(chan struct{}), make(chan struct{})
+			started, release, finished := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			var lateErr atomic.Value
 			regA := prometheus.NewRegistry()
 			a := newWorker(t, pool, jobs.Config{ID: "a", Lease: cfg.Lease, AttemptTimeout: cfg.AttemptTimeout, FetchPollInterval: cfg.FetchPollInterval}, regA,
@@ -206,6 +206,7 @@ func TestLateAttemptIsFenced(t *testing.T) {
 						return record(pool)(ctx, job)
 					}
 					close(started)
+					defer close(finished)
 					<-release // paused past its lease: deaf to its context too
 					if late == "error" {
 						return errors.New("late failure")
@@ -233,7 +234,23 @@ func TestLateAttemptIsFenced(t *testing.T) {
 			})
 			time.Sleep(cfg.Lease) // the late attempt overruns its lease
 			close(release)
-			stopA() // waits for A's attempt and River's update of it
+			// The late attempt runs to its end whatever the load (stopping
+			// A gives up on it after AttemptTimeout and 5 s more).
+			select {
+			case <-finished:
+			case <-time.After(time.Minute):
+				t.Fatal("the late attempt did not return within a minute of its release")
+			}
+			// The fence middleware judges the outcome after the attempt
+			// returns (a query when the attempt overran its lease).
+			fenced := func() float64 { return testutil.ToFloat64(a.Metrics().Fenced.WithLabelValues("test_effect")) }
+			pipelinetest.Eventually(t, 30*time.Second, func() error {
+				if got := fenced(); got != 1 {
+					return fmt.Errorf("fenced: got %v, want 1", got)
+				}
+				return nil
+			})
+			stopA() // waits for River's update of A's attempt
 			r := readJob(t, pool, "test_effect")
 			if r.state != "completed" || r.attempt != 2 || r.token == nil || *r.token != 2 || r.errors != 0 {
 				t.Errorf("after the late attempt: job %+v (token %v), want completed by attempt 2 with no error", r, deref(r.token))
@@ -244,9 +261,8 @@ func TestLateAttemptIsFenced(t *testing.T) {
 			if late == "complete" && lateErr.Load() != jobs.ErrFenced.Error() {
 				t.Errorf("late Complete: got %v, want ErrFenced", lateErr.Load())
 			}
-			fenced := testutil.ToFloat64(a.Metrics().Fenced.WithLabelValues("test_effect"))
-			if fenced != 1 {
-				t.Errorf("fenced: got %v, want 1", fenced)
+			if got := fenced(); got != 1 {
+				t.Errorf("fenced after stopping: got %v, want 1", got)
 			}
 		})
 	}
