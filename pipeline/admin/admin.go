@@ -68,7 +68,15 @@ func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Serve
 		s.denied.WithLabelValues(r)
 	}
 	registry.MustRegister(s.denied)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	// A collector that cannot read (a Postgres count that timed out under
+	// load) leaves its series out and logs why; the scrape still serves
+	// every other series. With promhttp's default a single slow query
+	// answered 500 and the whole process vanished from that scrape.
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
+		Registry:      registry,
+		ErrorHandling: promhttp.ContinueOnError,
+		ErrorLog:      scrapeLog{logger},
+	}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -246,4 +254,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	return nil
+}
+
+// scrapeLog passes promhttp's errors (a collector that failed) to the
+// process's log.
+type scrapeLog struct{ l *slog.Logger }
+
+func (s scrapeLog) Println(v ...any) {
+	if s.l != nil {
+		s.l.Warn("metrics: a collector failed; its series are left out of this scrape", "err", fmt.Sprint(v...))
+	}
 }

@@ -163,3 +163,37 @@ func TestRequireToken(t *testing.T) {
 		t.Errorf("no token configured, empty token sent: %d, want 403", code)
 	}
 }
+
+// failing is a collector whose read fails, as the outbox count does when
+// Postgres does not answer in time.
+type failing struct{ desc *prometheus.Desc }
+
+func (f failing) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
+func (f failing) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.NewInvalidMetric(f.desc, errors.New("timeout: context deadline exceeded"))
+}
+
+// A collector that cannot read leaves its series out of /metrics and says
+// why in the log; every other series is still served, with 200, so one
+// slow query does not take the whole process out of a scrape.
+func TestMetricsServeWhatCanBeRead(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	logs := &syncBuffer{}
+	s := admin.New("127.0.0.1:0", reg, slog.New(slog.NewTextHandler(logs, nil)))
+	ok := prometheus.NewGauge(prometheus.GaugeOpts{Name: "onceflow_test_ok", Help: "A series that reads."})
+	ok.Set(7)
+	reg.MustRegister(ok, failing{prometheus.NewDesc("onceflow_test_pending", "A series whose read fails.", nil, nil)})
+	code, body := get(t, s.Handler(), http.MethodGet, "/metrics", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d, want 200; body:\n%s", code, body)
+	}
+	if !strings.Contains(body, "onceflow_test_ok 7") {
+		t.Errorf("/metrics lacks the series that reads:\n%s", body)
+	}
+	if strings.Contains(body, "onceflow_test_pending") {
+		t.Errorf("/metrics serves the series whose read failed:\n%s", body)
+	}
+	if !strings.Contains(logs.String(), "onceflow_test_pending") || !strings.Contains(logs.String(), "context deadline exceeded") {
+		t.Errorf("the log does not say which series failed and why: %q", logs.String())
+	}
+}
