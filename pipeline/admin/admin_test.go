@@ -6,11 +6,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -195,5 +197,42 @@ func TestMetricsServeWhatCanBeRead(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "onceflow_test_pending") || !strings.Contains(logs.String(), "context deadline exceeded") {
 		t.Errorf("the log does not say which series failed and why: %q", logs.String())
+	}
+}
+
+// A request still open when the admin server stops (a scrape or a status
+// page on a loaded machine) is cut after the grace period: the server
+// stops as asked, with no error, and says so in the log. It returned the
+// timeout as its error, and with it the whole process (TestStatusPage's
+// 'onceflow dev: context deadline exceeded' at load 38).
+func TestServeStopsDespiteAnOpenRequest(t *testing.T) {
+	logs := &syncBuffer{}
+	s := admin.New("127.0.0.1:0", prometheus.NewRegistry(), slog.New(slog.NewTextHandler(logs, nil)))
+	entered, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	s.Handle("GET /slow", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		close(entered)
+		<-release
+	}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	go http.Get("http://" + ln.Addr().String() + "/slow")
+	<-entered
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not return within 30 s of its context ending")
+	}
+	if !strings.Contains(logs.String(), "requests still open at shutdown were cut") {
+		t.Errorf("the log does not say requests were cut: %q", logs.String())
 	}
 }
