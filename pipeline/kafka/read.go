@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -31,6 +32,36 @@ func ReadPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 // where a later call goes on reading (the end it read to), so a reader
 // that keeps up with a topic reads each record once.
 func ReadPartitionFrom(ctx context.Context, cl *kgo.Client, topic string, part int32, from int64, committed bool, fn func(*kgo.Record) error) (int64, error) {
+	return readPartition(ctx, cl, topic, part, from, committed, nil, fn)
+}
+
+// ReadPartitionStable calls fn for every committed record of topic/part
+// below the high watermark at the time of the call, and waits, as long as
+// ctx lets it, while a transaction still open holds the partition's last
+// stable offset below that watermark. ReadPartition would stop at the
+// last stable offset; a transaction committed above it (by another
+// producer, while the open one's producer was silent) would be left out.
+// held, if not nil, is called before each wait with the last stable
+// offset and the end the read waits for, and the time waited so far.
+//
+// This is how state is restored (docs/decisions.md, the doubled event
+// after a zombie processor): everything committed by the time of the call
+// is read, whatever another producer left open beneath it, and nothing
+// that is aborted.
+func ReadPartitionStable(ctx context.Context, cl *kgo.Client, topic string, part int32, held func(lastStable, end int64, waited time.Duration), fn func(*kgo.Record) error) error {
+	if held == nil {
+		held = func(int64, int64, time.Duration) {}
+	}
+	_, err := readPartition(ctx, cl, topic, part, 0, true, held, fn)
+	return err
+}
+
+// readPartition reads topic/part from from on. Committed, it reads
+// read_committed up to the last stable offset of its first fetch; with
+// held set, up to the high watermark, waiting for the last stable offset
+// to reach it. Not committed, it reads everything up to the high
+// watermark.
+func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32, from int64, committed bool, held func(int64, int64, time.Duration), fn func(*kgo.Record) error) (int64, error) {
 	isolation, level := kgo.ReadCommitted(), int8(1)
 	if !committed {
 		isolation, level = kgo.ReadUncommitted(), 0
@@ -49,6 +80,8 @@ func ReadPartitionFrom(ctx context.Context, cl *kgo.Client, topic string, part i
 	}
 	next := max(from, 0)
 	end := int64(-1) // fixed by the first response
+	var waitStart time.Time
+	backoff := 20 * time.Millisecond
 	for {
 		req := kmsg.NewPtrFetchRequest()
 		req.ReplicaID = -1
@@ -90,7 +123,7 @@ func ReadPartitionFrom(ctx context.Context, cl *kgo.Client, topic string, part i
 		}
 		if end < 0 {
 			end = presp.LastStableOffset
-			if !committed {
+			if !committed || held != nil {
 				end = presp.HighWatermark
 			}
 		}
@@ -114,10 +147,28 @@ func ReadPartitionFrom(ctx context.Context, cl *kgo.Client, topic string, part i
 		if after >= end {
 			return max(end, next), nil
 		}
-		if after <= next {
-			return next, nil // nothing more is readable below the end now; a later call goes on from here
+		if after > next {
+			next = after
+			continue
 		}
-		next = after
+		// Nothing more is readable below the end now. A stable read waits
+		// while an open transaction holds the last stable offset at or
+		// below where it is; any other read stops here, and a later call
+		// goes on from here.
+		if held == nil || presp.LastStableOffset > next {
+			return next, nil
+		}
+		if waitStart.IsZero() {
+			waitStart = time.Now()
+		}
+		held(presp.LastStableOffset, end, time.Since(waitStart))
+		select {
+		case <-ctx.Done():
+			return next, fmt.Errorf("read %s/%d: an open transaction holds the last stable offset at %d, below %d: %w",
+				topic, part, presp.LastStableOffset, end, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
 	}
 }
 

@@ -2,8 +2,10 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,5 +85,83 @@ func TestReadPartitionFromGoesOn(t *testing.T) {
 	produce(true, all...)
 	if got := read(); !slices.Equal(got, all) {
 		t.Errorf("third read: %q, want %q", got, all)
+	}
+}
+
+// A transaction left open (a silent producer's) holds a partition's last
+// stable offset back while another producer commits above it.
+// ReadPartition stops at the last stable offset and misses those commits;
+// ReadPartitionStable reads up to the high watermark, waiting while the
+// open transaction lasts (as long as its context lets it), and then reads
+// every committed record and nothing of the aborted one.
+func TestReadPartitionStableWaitsForAnOpenTransaction(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	brokers := pipelinetest.Kafka(t)
+	topic := pipelinetest.Topics(t, brokers, 1).State() // compacted: records need keys
+	open := pipelinetest.Client(t, brokers, kgo.TransactionalID(topic+"-open"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	other := pipelinetest.Client(t, brokers, kgo.TransactionalID(topic+"-other"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err := open.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := open.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("open")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte("b"), Value: []byte("b1")}, &kgo.Record{Topic: topic, Key: []byte("c"), Value: []byte("b2")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	reader := pipelinetest.Client(t, brokers)
+	collect := func(got *[]string) func(*kgo.Record) error {
+		return func(r *kgo.Record) error {
+			*got = append(*got, string(r.Value))
+			return nil
+		}
+	}
+
+	var upToStable []string
+	if err := kafka.ReadPartition(ctx, reader, topic, 0, true, collect(&upToStable)); err != nil {
+		t.Fatal(err)
+	}
+	if len(upToStable) != 0 {
+		t.Errorf("ReadPartition read %q below the open transaction, want nothing", upToStable)
+	}
+
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	var partial []string
+	err := kafka.ReadPartitionStable(short, reader, topic, 0, nil, collect(&partial))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a stable read while the transaction stays open: %v, want the context's deadline", err)
+	}
+
+	var got []string
+	var holds atomic.Int32
+	aborted := make(chan error, 1)
+	err = kafka.ReadPartitionStable(ctx, reader, topic, 0, func(lastStable, end int64, waited time.Duration) {
+		if holds.Add(1) == 1 {
+			if lastStable != 0 || end < 4 { // open, b1, b2, the commit marker
+				t.Errorf("held at last stable offset %d for end %d, want 0 and at least 4", lastStable, end)
+			}
+			go func() { aborted <- open.EndTransaction(ctx, kgo.TryAbort) }()
+		}
+	}, collect(&got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-aborted; err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []string{"b1", "b2"}) {
+		t.Errorf("stable read: %q, want b1 b2", got)
+	}
+	if holds.Load() == 0 {
+		t.Error("the stable read never waited")
 	}
 }

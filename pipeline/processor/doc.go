@@ -67,12 +67,16 @@
 // On assignment, once the group's offsets are fetched (with RequireStable,
 // which waits for the previous owner's transaction to end), the
 // partition's state is restored from {prefix}.state and its dedup memory
-// from {prefix}.dedup, each read_committed up to its last stable offset,
-// before any of its commands is handled; the snapshots and ids there cover
-// exactly the commands below the committed offset, because all were
-// written by the same transactions. On revocation or loss
-// the partition's state is dropped. Rebalances are blocked while a batch is
-// in flight.
+// from {prefix}.dedup, each read_committed up to its high watermark at the
+// start, before any of its commands is handled; the snapshots and ids there
+// cover exactly the commands below the committed offset, because all were
+// written by the same transactions. A transaction still open on those
+// partitions (a zombie's: a processor that went silent mid-batch after its
+// partitions moved on) holds their last stable offset back while later
+// owners commit above it; the restore waits until it ends (the broker
+// aborts it at its timeout) rather than stop short of commits the offsets
+// cover. On revocation or loss the partition's state is dropped.
+// Rebalances are blocked while a batch is in flight.
 //
 // # Failures
 //

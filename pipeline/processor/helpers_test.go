@@ -112,6 +112,14 @@ func (e *env) start(instance string, mod func(*processor.Config)) *running {
 
 func (e *env) startWith(instance string, d pipeline.Decider[ledger.Account], mod func(*processor.Config)) *running {
 	e.t.Helper()
+	r := e.launch(instance, d, mod)
+	r.waitReady(e.t, instance)
+	return r
+}
+
+// launch runs a processor without waiting until it is ready.
+func (e *env) launch(instance string, d pipeline.Decider[ledger.Account], mod func(*processor.Config)) *running {
+	e.t.Helper()
 	// A group (and so transactional ids) of the test's own: on a shared
 	// cluster, parallel tests would otherwise join one group and fence
 	// one another.
@@ -131,14 +139,20 @@ func (e *env) startWith(instance string, d pipeline.Decider[ledger.Account], mod
 		close(r.done)
 	}()
 	e.t.Cleanup(func() { r.stop(e.t) })
-	select {
-	case <-p.Ready():
-	case <-r.done:
-		e.t.Fatalf("processor %s ended before it was ready: %v", instance, r.err)
-	case <-time.After(30 * time.Second):
-		e.t.Fatalf("processor %s not ready within 30s", instance)
-	}
 	return r
+}
+
+// waitReady waits until the processor has joined and restored its
+// partitions.
+func (r *running) waitReady(t testing.TB, instance string) {
+	t.Helper()
+	select {
+	case <-r.Ready():
+	case <-r.done:
+		t.Fatalf("processor %s ended before it was ready: %v", instance, r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("processor %s not ready within 30s", instance)
+	}
 }
 
 // stop ends the processor gracefully and checks it returned nil.

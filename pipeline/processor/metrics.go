@@ -13,6 +13,7 @@ type metrics struct {
 	batch        prometheus.Histogram
 	commit       prometheus.Histogram
 	restore      prometheus.Histogram
+	restoreWaits prometheus.Counter
 	aggregates   prometheus.Gauge
 	sessions     prometheus.Counter
 
@@ -58,6 +59,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time to restore one partition's state from the state topic.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
+		restoreWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_processor_restore_waits_total",
+			Help: "Reads of a state or dedup partition, at restore, that waited for a transaction still open on it to end (a zombie processor's, until the broker aborts it).",
+		}),
 		aggregates: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "onceflow_processor_aggregates",
 			Help: "Aggregates held in memory for the assigned partitions.",
@@ -85,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(16, 4, 10),
 		}),
 	}
-	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.aggregates, m.sessions,
+	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.restoreWaits, m.aggregates, m.sessions,
 		m.rememberedIDs, m.dedupBytes, m.snapshotBytes, m.age)
 	return m
 }

@@ -43,9 +43,16 @@ func (s *Snapshot[S]) forget(cutoff int64) {
 
 // restore loads partition part's aggregates from the state topic and its
 // dedup memory from the dedup changelog, reading both read_committed up
-// to the last stable offset (with raw fetches: a consumer cannot tell
-// "caught up" from "slow" when the log ends in transaction markers), and
-// installs them. Every snapshot is decoded once to check it: state that
+// to their high watermark at the start (with raw fetches: a consumer
+// cannot tell "caught up" from "slow" when the log ends in transaction
+// markers), and installs them. The offsets just fetched may cover
+// transactions committed above a transaction still open on these
+// partitions (a zombie's: a processor that went silent mid-batch while
+// its partitions went on to others), so a restore that stopped at the
+// last stable offset would miss their snapshots and ids, and decide their
+// commands' successors from an older state (docs/decisions.md, the
+// doubled event after a zombie processor); restore waits until the open
+// transaction ends instead. Every snapshot is decoded once to check it: state that
 // cannot be read must stop the processor here, not surface later as a
 // fresh aggregate that handles commands twice. Changelog records older
 // than the window are skipped without being read.
@@ -57,7 +64,7 @@ func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) 
 	var records, legacy int
 	var scratch Snapshot[S]
 	var ds []digest
-	err := kafka.ReadPartition(ctx, cl, p.cfg.Topics.State(), part, true, func(r *kgo.Record) error {
+	err := kafka.ReadPartitionStable(ctx, cl, p.cfg.Topics.State(), part, p.heldBack(p.cfg.Topics.State(), part), func(r *kgo.Record) error {
 		records++
 		if r.Value == nil { // tombstone
 			tab.delete(string(r.Key))
@@ -83,7 +90,7 @@ func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) 
 		return err
 	}
 	var changelog int
-	err = kafka.ReadPartition(ctx, cl, p.cfg.Topics.Dedup(), part, true, func(r *kgo.Record) error {
+	err = kafka.ReadPartitionStable(ctx, cl, p.cfg.Topics.Dedup(), part, p.heldBack(p.cfg.Topics.Dedup(), part), func(r *kgo.Record) error {
 		at := r.Timestamp.UnixMilli()
 		if at < cutoff {
 			return nil
@@ -109,6 +116,28 @@ func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) 
 	p.logger.Info("partition restored", "partition", part, "aggregates", tab.len(), "records", records,
 		"remembered_ids", ids.len(), "dedup_records", changelog, "ids_from_snapshots", legacy, "duration", time.Since(start))
 	return nil
+}
+
+// heldBack returns what a restore's read of topic/part does while a
+// transaction still open holds the partition back: the first wait counts
+// in onceflow_processor_restore_waits_total and is logged, and a long wait
+// is logged again every 10s (the broker aborts a transaction past its
+// timeout, Apache Kafka at its next sweep, so a wait that goes on names a
+// producer that keeps its transaction open).
+func (p *Processor[S]) heldBack(topic string, part int32) func(lastStable, end int64, waited time.Duration) {
+	var logged time.Duration
+	first := true
+	return func(lastStable, end int64, waited time.Duration) {
+		if first {
+			p.metrics.restoreWaits.Inc()
+		}
+		if first || waited-logged >= 10*time.Second {
+			p.logger.Warn("restore waits for a transaction still open on the partition to end",
+				"topic", topic, "partition", part, "last_stable_offset", lastStable, "end", end, "waited", waited.Round(time.Millisecond))
+			logged = waited
+		}
+		first = false
+	}
 }
 
 // restoreAll restores the given partitions, a few at a time: each is one

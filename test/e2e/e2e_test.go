@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -55,7 +56,11 @@ func TestMain(m *testing.M) {
 // are deleted.
 func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 	t.Helper()
-	pl := NewPipeline(binDir, t.TempDir(), databaseURL)
+	dir, keep := keptDir(t)
+	pl := NewPipeline(binDir, dir, databaseURL)
+	if keep {
+		pl.Env = map[string]string{"LOG_LEVEL": "debug"}
+	}
 	if pl.External {
 		externalKafka.Lock()
 	}
@@ -66,8 +71,9 @@ func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 		if pl.External {
 			defer externalKafka.Unlock()
 			pl.StopAll(10 * time.Second)
-			// A cluster of the test's own (startCrashableBroker) goes whole.
-			if pl.BrokerAddr == ExternalKafka() {
+			// A cluster of the test's own (startCrashableBroker) goes whole;
+			// a failed test's topics stay when its logs do, to be read.
+			if pl.BrokerAddr == ExternalKafka() && !(keep && t.Failed()) {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
 				if err := pl.DeleteTopics(ctx); err != nil {
@@ -78,6 +84,26 @@ func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 		pl.KillAll()
 	})
 	return pl
+}
+
+// keptDir returns the directory of a deployment's logs and data: t's
+// temporary directory, or with E2E_LOG_DIR set a directory under it that
+// stays after the test (keep), its components logging at debug level
+// (franz-go's joins, rebalances and transaction ends included) and, on
+// an external cluster, a failed test's topics left in place: what an
+// investigation of a rare failure needs (docs/decisions.md, the doubled
+// event on Apache Kafka).
+func keptDir(t *testing.T) (dir string, keep bool) {
+	root := os.Getenv("E2E_LOG_DIR")
+	if root == "" {
+		return t.TempDir(), false
+	}
+	dir, err := os.MkdirTemp(root, strings.ReplaceAll(t.Name(), "/", "_")+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("logs and data of this deployment: %s", dir)
+	return dir, true
 }
 
 // externalKafka is held by the deployment that runs on the external

@@ -217,6 +217,12 @@ type procEvent struct {
 	payload pipeline.Message
 }
 
+// where names the event's record and the producer that wrote it (its
+// producer id and epoch): which processor's transaction.
+func (e procEvent) where() string {
+	return fmt.Sprintf("%d/%d by producer %d epoch %d", e.rec.Partition, e.rec.Offset, e.rec.ProducerID, e.rec.ProducerEpoch)
+}
+
 func (e procEvent) outcome() string {
 	if r, ok := e.payload.(pipeline.CommandRejected); ok {
 		return "rejected:" + r.Reason
@@ -259,15 +265,16 @@ func (r *procRig) check(evs []procEvent, m *procModel) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	seen := map[pipeline.ID]bool{}
+	seen := map[pipeline.ID]procEvent{}
 	byCommand := map[pipeline.ID][]procEvent{}
 	version := map[string]int64{}
 	balance := map[string]int64{}
 	for _, e := range evs {
-		if seen[e.id] {
-			t.Errorf("event %s (%s of command %s) appears twice", e.id, e.outcome(), e.command)
+		if first, ok := seen[e.id]; ok {
+			t.Errorf("event %s (%s of command %s) appears twice: %s and %s", e.id, e.outcome(), e.command, first.where(), e.where())
+		} else {
+			seen[e.id] = e
 		}
-		seen[e.id] = true
 		byCommand[e.command] = append(byCommand[e.command], e)
 		agg := string(e.rec.Key)
 		want := version[agg] + 1
@@ -275,7 +282,7 @@ func (r *procRig) check(evs []procEvent, m *procModel) {
 			want--
 		}
 		if e.version != want {
-			t.Errorf("%s: %s at version %d after %d", agg, e.outcome(), e.version, version[agg])
+			t.Errorf("%s: %s at version %d after %d (%s)", agg, e.outcome(), e.version, version[agg], e.where())
 		}
 		version[agg] = e.version
 		switch p := e.payload.(type) {
@@ -377,25 +384,29 @@ func (r *procRig) runChaos(ctx context.Context, script chaos) {
 		p := r.proc(s.proc)
 		switch s.what {
 		case "pause":
-			r.t.Logf("SIGSTOP %s for %s (session timeout %s)", s.proc, s.resume, procSessionTimeout)
+			r.t.Logf("%s SIGSTOP %s for %s (session timeout %s)", stamp(), s.proc, s.resume, procSessionTimeout)
 			p.Pause()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				time.Sleep(s.resume)
 				p.Resume()
-				r.t.Logf("SIGCONT %s", s.proc)
+				r.t.Logf("%s SIGCONT %s", stamp(), s.proc)
 			}()
 		case "kill":
-			r.t.Logf("SIGKILL %s", s.proc)
+			r.t.Logf("%s SIGKILL %s", stamp(), s.proc)
 			p.Kill()
 			time.Sleep(s.resume)
 			r.start(ctx, s.proc)
-			r.t.Logf("restarted %s", s.proc)
+			r.t.Logf("%s restarted %s", stamp(), s.proc)
 		}
 	}
 	wg.Wait()
 }
+
+// stamp is the wall clock of a fault, to be matched with the processes'
+// logs and the broker's.
+func stamp() string { return time.Now().Format("15:04:05.000") }
 
 func (r *procRig) zombieTest(t *testing.T, procs []string, script chaos) {
 	ctx, cancel := context.WithTimeout(context.Background(), 110*time.Second)
