@@ -241,6 +241,7 @@ func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client) (comm
 	}
 	defer sess.Close()
 	p.logger.Info("processor session started", "group", p.cfg.Group, "transactional_id", p.cfg.TransactionalID())
+	p.fencePredecessor(ctx, sess.Client())
 
 	for {
 		fetches := sess.PollRecords(ctx, p.cfg.MaxPollRecords)

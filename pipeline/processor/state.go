@@ -140,6 +140,21 @@ func (p *Processor[S]) heldBack(topic string, part int32) func(lastStable, end i
 	}
 }
 
+// fencePredecessor initializes the session's transactional id at once,
+// not at its first produce: the coordinator then fences the process that
+// held the id before (this instance crashed and restarted, or the
+// processor's previous session) and aborts the transaction it left open.
+// Until then that transaction holds the last stable offset of its
+// partitions, and every restore of them (this instance's and the other
+// members') waits for it (restore) — the transaction timeout and the
+// broker's next sweep, seconds, after a kill -9. A failure is logged
+// only: the first produce initializes the id anyway.
+func (p *Processor[S]) fencePredecessor(ctx context.Context, cl *kgo.Client) {
+	if _, _, err := cl.ProducerID(ctx); err != nil && ctx.Err() == nil {
+		p.logger.Warn("initialize the transactional id", "transactional_id", p.cfg.TransactionalID(), "err", err)
+	}
+}
+
 // restoreAll restores the given partitions, a few at a time: each is one
 // sequential read of its state partition.
 func (p *Processor[S]) restoreAll(ctx context.Context, cl *kgo.Client, parts []int32) error {

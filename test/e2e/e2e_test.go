@@ -98,6 +98,9 @@ func keptDir(t *testing.T) (dir string, keep bool) {
 	if root == "" {
 		return t.TempDir(), false
 	}
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		t.Fatal(err)
+	}
 	dir, err := os.MkdirTemp(root, strings.ReplaceAll(t.Name(), "/", "_")+"-")
 	if err != nil {
 		t.Fatal(err)
