@@ -90,7 +90,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if err != nil {
 		return err
 	}
-	dep, err := dc.deployment()
+	dep, err := dc.Deployment()
 	if err != nil {
 		return err
 	}
@@ -105,7 +105,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	go registrySrv.Serve(registryLn)
 	defer registrySrv.Close()
 
-	if err := ensureTopics(ctx, dc.Config, dep); err != nil {
+	if err := dc.Config.EnsureTopics(ctx); err != nil {
 		return fmt.Errorf("topics: %w", err)
 	}
 	registryURL := "http://" + loopback(registryLn.Addr().String())
@@ -124,7 +124,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if err != nil {
 		return err
 	}
-	pool, err := openDatabase(ctx, dc.Config, dep, 4)
+	pool, err := dc.Config.OpenDatabase(ctx, 4)
 	if err != nil {
 		return err
 	}
@@ -265,9 +265,9 @@ func loopback(addr string) string {
 }
 
 // routeList lists the deployment's routes for the dev banner.
-func (dep *deployment) routeList() string {
+func (dep *Deployment) routeList() string {
 	var b strings.Builder
-	for _, d := range dep.domains {
+	for _, d := range dep.Domains {
 		fmt.Fprintf(&b, "  %s:\n", d.Name)
 		for _, r := range d.Routes {
 			fmt.Fprintf(&b, "    %s\n", r.Pattern)

@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 )
 
@@ -168,31 +169,32 @@ type runner interface {
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
 
-// deployment is the domains one process runs, with the names of their
+// Deployment is the domains one process runs, with the names of their
 // topics and consumers resolved.
-type deployment struct {
-	domains []*domain
+type Deployment struct {
+	Domains []*DeployedDomain
 }
 
-// domain is a Domain with its prefix and topics.
-type domain struct {
+// DeployedDomain is a Domain with its prefix and topics.
+type DeployedDomain struct {
 	*Domain
 	prefix     string
-	aggregates []*aggregateType
+	aggregates []*DeployedAggregate
 }
 
-// aggregateType is an aggregate type with its topics and names.
-type aggregateType struct {
+// DeployedAggregate is an aggregate type with its topics and names.
+type DeployedAggregate struct {
 	*aggregateSpec
-	domain *domain
-	topics kafka.Topics
+	Domain *DeployedDomain
+	Topics kafka.Topics
 }
 
-// events is the domain's events topic.
-func (d *domain) events() string { return kafka.Topics{Prefix: d.prefix}.Events() }
+// EventsTopic is the domain's events topic.
+func (d *DeployedDomain) EventsTopic() string { return kafka.Topics{Prefix: d.prefix}.Events() }
 
-// consumer is the domain's projector's consumer name.
-func (d *domain) consumer() string {
+// ProjectorConsumer is the domain's projector's consumer name: its
+// consumer group, its inbox rows and its stored offsets.
+func (d *DeployedDomain) ProjectorConsumer() string {
 	if d.Consumer != "" {
 		return d.Consumer
 	}
@@ -202,20 +204,20 @@ func (d *domain) consumer() string {
 // newDeployment checks the domains and resolves their names: prefix, if
 // not empty, replaces the one domain's name as its topic prefix
 // (ONCEFLOW_TOPIC_PREFIX); topics gives the partitions and retentions.
-func newDeployment(domains []*Domain, prefix string, topics kafka.Topics) (*deployment, error) {
+func newDeployment(domains []*Domain, prefix string, topics kafka.Topics) (*Deployment, error) {
 	if len(domains) == 0 {
-		return nil, errors.New("no domain: give onceflow.Main the domains to run")
+		return nil, errors.New("no domain: give cli.Main (or Config) the domains to run")
 	}
 	if prefix != "" && len(domains) > 1 {
 		return nil, fmt.Errorf("ONCEFLOW_TOPIC_PREFIX %q names the topics of one domain; this deployment runs %d (each uses its name)", prefix, len(domains))
 	}
-	dep := &deployment{}
+	dep := &Deployment{}
 	seenPrefix, seenType, seenRoute := map[string]string{}, map[string]string{}, map[string]string{}
 	for _, d := range domains {
 		if d == nil || !nameRE.MatchString(d.Name) {
 			return nil, fmt.Errorf("domain name %q: want lowercase letters, digits, '-' and '_', starting with a letter", nameOf(d))
 		}
-		rd := &domain{Domain: d, prefix: d.Name}
+		rd := &DeployedDomain{Domain: d, prefix: d.Name}
 		if prefix != "" {
 			rd.prefix = prefix
 		}
@@ -243,7 +245,7 @@ func newDeployment(domains []*Domain, prefix string, topics kafka.Topics) (*depl
 				t.Prefix = rd.prefix + "." + spec.name
 				t.EventsPrefix = rd.prefix
 			}
-			at := &aggregateType{aggregateSpec: spec, domain: rd, topics: t}
+			at := &DeployedAggregate{aggregateSpec: spec, Domain: rd, Topics: t}
 			if at.group == "" {
 				at.group = "onceflow-processor-" + t.Prefix
 			}
@@ -261,7 +263,7 @@ func newDeployment(domains []*Domain, prefix string, topics kafka.Topics) (*depl
 			}
 			seenRoute[r.Pattern] = d.Name
 		}
-		dep.domains = append(dep.domains, rd)
+		dep.Domains = append(dep.Domains, rd)
 	}
 	return dep, nil
 }
@@ -273,18 +275,18 @@ func nameOf(d *Domain) string {
 	return d.Name
 }
 
-// aggregates is every aggregate type of the deployment.
-func (dep *deployment) aggregates() []*aggregateType {
-	var out []*aggregateType
-	for _, d := range dep.domains {
+// Aggregates is every aggregate type of the deployment.
+func (dep *Deployment) Aggregates() []*DeployedAggregate {
+	var out []*DeployedAggregate
+	for _, d := range dep.Domains {
 		out = append(out, d.aggregates...)
 	}
 	return out
 }
 
-// handler is the aggregate type that handles commandType, or nil.
-func (dep *deployment) handler(commandType string) *aggregateType {
-	for _, a := range dep.aggregates() {
+// Handler is the aggregate type that handles commandType, or nil.
+func (dep *Deployment) Handler(commandType string) *DeployedAggregate {
+	for _, a := range dep.Aggregates() {
 		for _, ct := range a.commandTypes {
 			if ct == commandType {
 				return a
@@ -294,11 +296,86 @@ func (dep *deployment) handler(commandType string) *aggregateType {
 	return nil
 }
 
-// commandTypes lists every command type of the deployment, for usages.
-func (dep *deployment) commandTypes() string {
+// CommandTypes lists every command type of the deployment, for usages.
+func (dep *Deployment) CommandTypes() string {
 	var out []string
-	for _, a := range dep.aggregates() {
+	for _, a := range dep.Aggregates() {
 		out = append(out, a.commandTypes...)
 	}
 	return strings.Join(out, ", ")
+}
+
+// FindAggregate finds the aggregate type named DOMAIN/TYPE, or the only
+// one when name is empty.
+func (dep *Deployment) FindAggregate(name string) (*DeployedAggregate, error) {
+	all := dep.Aggregates()
+	var names []string
+	for _, a := range all {
+		if name == "" && len(all) == 1 || a.String() == name {
+			return a, nil
+		}
+		names = append(names, a.String())
+	}
+	if name == "" {
+		return nil, fmt.Errorf("the deployment has %d aggregate types: choose one with -aggregate-type (%s)", len(all), strings.Join(names, ", "))
+	}
+	return nil, fmt.Errorf("no aggregate type %q (the deployment's: %s)", name, strings.Join(names, ", "))
+}
+
+// shared reports whether p is a read model of every domain
+// (command_status, audit_log).
+func shared(p pipeline.Projection[pgx.Tx]) bool {
+	switch p.(type) {
+	case projector.CommandStatus, projector.AuditLog:
+		return true
+	}
+	return false
+}
+
+// ProjectionNames lists the deployment's projections.
+func (dep *Deployment) ProjectionNames() string {
+	var names []string
+	for _, d := range dep.Domains {
+		for _, p := range d.ReadModels() {
+			if len(dep.Domains) == 1 || !shared(p) {
+				names = append(names, p.Name())
+			}
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// FindProjection finds the projection named name and its domain. A read
+// model every domain writes (command_status, audit_log) is rebuilt from
+// one events topic only in a deployment of one domain: a rebuild from one
+// domain's events would drop the others' rows.
+func (dep *Deployment) FindProjection(name string) (*DeployedDomain, pipeline.Projection[pgx.Tx], error) {
+	for _, d := range dep.Domains {
+		for _, p := range d.ReadModels() {
+			if p.Name() != name {
+				continue
+			}
+			if len(dep.Domains) > 1 && shared(p) {
+				return nil, nil, fmt.Errorf("%s holds the rows of every domain's events; it cannot be rebuilt from one domain's events topic in a deployment of %d domains", name, len(dep.Domains))
+			}
+			return d, p, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("no projection named %q (the deployment's: %s)", name, dep.ProjectionNames())
+}
+
+// FindDomain finds the domain named name, or the only one when name is empty.
+func (dep *Deployment) FindDomain(name string) (*DeployedDomain, error) {
+	if name == "" {
+		if len(dep.Domains) == 1 {
+			return dep.Domains[0], nil
+		}
+		return nil, fmt.Errorf("the deployment runs %d domains: choose one with -domain", len(dep.Domains))
+	}
+	for _, d := range dep.Domains {
+		if d.Name == name {
+			return d, nil
+		}
+	}
+	return nil, fmt.Errorf("no domain %q", name)
 }

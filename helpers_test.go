@@ -1,62 +1,12 @@
 package onceflow_test
 
 import (
-	"context"
-	"io"
-	"strings"
-	"testing"
-
-	"github.com/jackc/pgx/v5"
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
-	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/avro"
-	"github.com/onceflow/onceflow/pipeline/kafka"
-	"github.com/onceflow/onceflow/pipeline/projector"
 )
-
-// run runs a command of the ledger's binary, as cmd/onceflow does.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return onceflow.Run(ctx, []*onceflow.Domain{ledgerapp.Domain()}, args, getenv, stdout)
-}
 
 // ledgerDomains is the ledger's deployment, cmd/onceflow's.
 func ledgerDomains() []*onceflow.Domain { return []*onceflow.Domain{ledgerapp.Domain()} }
-
-// ledgerSerdes are the ledger's serdes over an embedded registry, with
-// the ids the CLI's embedded registry gives.
-func ledgerSerdes(t testing.TB, topics kafka.Topics) onceflow.Serdes {
-	t.Helper()
-	s, err := onceflow.NewSerdes(context.Background(), avro.NewEmbedded(), ledgerapp.Domain(), "", topics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// ledgerProjections are the read models the ledger's projector applies.
-func ledgerProjections() []pipeline.Projection[pgx.Tx] {
-	return []pipeline.Projection[pgx.Tx]{ledgerapp.Accounts{}, projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}, projector.AuditLog{}}
-}
-
-// commandNames are the commands the usage lists.
-func commandNames(t *testing.T) []string {
-	t.Helper()
-	var out strings.Builder
-	if err := run(context.Background(), nil, func(string) string { return "" }, &out); err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, line := range strings.Split(out.String(), "\n") {
-		if name, _, ok := strings.Cut(strings.TrimPrefix(line, "  "), "  "); ok && strings.HasPrefix(line, "  ") {
-			names = append(names, strings.TrimSpace(name))
-		}
-	}
-	if len(names) < 10 {
-		t.Fatalf("the usage lists %d commands:\n%s", len(names), out.String())
-	}
-	return names
-}
 
 // ledgerWithGroup is the ledger domain with its processor in group.
 func ledgerWithGroup(group string) *onceflow.Domain {

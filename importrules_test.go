@@ -10,12 +10,15 @@ import (
 
 const module = "github.com/onceflow/onceflow"
 
-// The shape of the tree (DEVELOPERS.md#layout), from `go list`: the library
-// (pipeline/...) never imports the application (this package, cmd/) or a
-// domain (examples/...); the vocabulary (pipeline) imports only the
-// standard library; the adapters never import each other; the application
-// imports no domain; a domain's own package (its types and deciders)
-// imports the vocabulary and nothing else of onceflow. Test files are not
+// The shape of the tree (DEVELOPERS.md#layout), from `go list`: the layers
+// go one way, cmd/* -> cli (the command line) -> onceflow (this package,
+// the domain API) -> pipeline/... (the library), so only the binaries
+// import the command line; the library never imports the application
+// (this package, cli, cmd/) or a domain (examples/...); the vocabulary
+// (pipeline) imports only the standard library; the adapters never import
+// each other; the application imports no domain; a domain's own package
+// (its types and deciders) imports the vocabulary and nothing else of
+// onceflow. Test files are not
 // checked: the library's tests use the reference domain as a fixture.
 // `make lint` runs this test.
 func TestImportRules(t *testing.T) {
@@ -40,6 +43,8 @@ func TestImportRules(t *testing.T) {
 		checked++
 		for _, imp := range own {
 			switch {
+			case under(imp, "cli") && !under(pkg, "cmd"):
+				t.Errorf("%s imports %s: only the binaries (cmd/) import the command line", name(pkg), imp)
 			case under(pkg, "pipeline") && (imp == "" || under(imp, "cmd") || under(imp, "examples")):
 				t.Errorf("%s imports %s: the library imports neither the application nor a domain", pkg, name(imp))
 			case pkg == "pipeline":

@@ -41,7 +41,7 @@ func testDomain() *Domain {
 }
 
 // testDeployment is testDomain's deployment with topics' prefix.
-func testDeployment(t testing.TB, topics kafka.Topics) *deployment {
+func testDeployment(t testing.TB, topics kafka.Topics) *Deployment {
 	t.Helper()
 	dep, err := newDeployment([]*Domain{testDomain()}, topics.Prefix, topics)
 	if err != nil {
@@ -70,7 +70,7 @@ func TestLagSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*pgxpool.Pool{pool, nil} {
-		sources, err := lagSources(ctx, pipelinetest.Client(t, brokers), p, testDeployment(t, topics))
+		sources, err := testDeployment(t, topics).LagSources(ctx, pipelinetest.Client(t, brokers), p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +108,7 @@ func TestWarnPlaintextDatabase(t *testing.T) {
 		var out strings.Builder
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // OpenDatabase warns, then stops at the canceled context
-		openDatabase(ctx, Config{DatabaseURL: tc.url, Logger: slog.New(slog.NewTextHandler(&out, nil))}, testDeployment(t, kafka.Topics{}), 1)
+		Config{Domains: []*Domain{testDomain()}, DatabaseURL: tc.url, Logger: slog.New(slog.NewTextHandler(&out, nil))}.OpenDatabase(ctx, 1)
 		if got := strings.Contains(out.String(), "sslmode=verify-full"); got != tc.warn {
 			t.Errorf("%s: warned %v, want %v:\n%s", tc.url, got, tc.warn, out.String())
 		}
@@ -144,15 +144,11 @@ func TestOpenDatabaseWithTwoRoles(t *testing.T) {
 	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t)
 	d := testDomain()
 	d.Migrations = fstest.MapFS{"00001_notes.sql": {Data: []byte("-- +goose Up\nCREATE TABLE notes (tenant text, body text);\n-- +goose Down\nDROP TABLE notes;\n")}}
-	dep, err := newDeployment([]*Domain{d}, "", kafka.Topics{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	logger := slog.New(slog.DiscardHandler)
-	if _, err := openDatabase(ctx, Config{DatabaseURL: runtimeURL, Logger: logger}, dep, 2); err == nil || !strings.Contains(err.Error(), "DATABASE_MIGRATION_URL") {
+	if _, err := (Config{Domains: []*Domain{d}, DatabaseURL: runtimeURL, Logger: logger}).OpenDatabase(ctx, 2); err == nil || !strings.Contains(err.Error(), "DATABASE_MIGRATION_URL") {
 		t.Fatalf("a pending migration with the runtime role only: %v, want an error naming DATABASE_MIGRATION_URL", err)
 	}
-	pool, err := openDatabase(ctx, Config{DatabaseURL: runtimeURL, DatabaseMigrationURL: ownerURL, Logger: logger}, dep, 2)
+	pool, err := Config{Domains: []*Domain{d}, DatabaseURL: runtimeURL, DatabaseMigrationURL: ownerURL, Logger: logger}.OpenDatabase(ctx, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,23 +72,23 @@ func newLagMetrics(cfg Config, reg prometheus.Registerer) (*lagMetrics, error) {
 
 func (l *lagMetrics) close() { l.cl.Close() }
 
-// lagSources returns every consumer to measure: each consumer group on the
+// LagSources returns every consumer to measure: each consumer group on the
 // cluster and, with a pool, each consumer with offsets in Postgres for a
 // domain's events topic (projectors and rebuilds). A consumer's Postgres
 // offsets replace its Kafka group's, which are a copy for monitoring that
 // trails after a crash. Sorted by name.
-func lagSources(ctx context.Context, cl *kgo.Client, pool *pgxpool.Pool, dep *deployment) ([]kafka.LagSource, error) {
+func (dep *Deployment) LagSources(ctx context.Context, cl *kgo.Client, pool *pgxpool.Pool) ([]kafka.LagSource, error) {
 	var out []kafka.LagSource
 	inPostgres := map[string]bool{}
 	if pool != nil {
-		for _, d := range dep.domains {
-			consumers, err := projector.Consumers(ctx, pool, d.events())
+		for _, d := range dep.Domains {
+			consumers, err := projector.Consumers(ctx, pool, d.EventsTopic())
 			if err != nil {
 				return nil, err
 			}
 			for _, name := range consumers {
 				inPostgres[name] = true
-				out = append(out, projector.LagSource(pool, name, d.events()))
+				out = append(out, projector.LagSource(pool, name, d.EventsTopic()))
 			}
 		}
 	}

@@ -14,13 +14,29 @@ import (
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 )
 
-// newReconciler assembles reconciliation for the deployment: the domains'
-// authorities (extra wins, `onceflow reconcile -resend`), correcting
-// commands encoded by the routes that take them (an ingest server that
-// never serves), and every aggregate type's DLQ read with cl.
-func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *deployment, s serdes, cl *kgo.Client, extra map[string]reconcile.Authority, reg prometheus.Registerer) (*reconcile.Reconciler, error) {
+// NewReconciler assembles reconciliation for the deployment
+// (docs/operations.md#reconcile): the domains' authorities, except where
+// rcfg.Authorities sets one for a kind (it wins: `onceflow reconcile
+// -resend`), correcting commands encoded by the routes that take them, and
+// every aggregate type's DLQ read with cl (none without one).
+func (cfg Config) NewReconciler(ctx context.Context, rcfg reconcile.Config, pool *pgxpool.Pool, cl *kgo.Client) (*reconcile.Reconciler, error) {
+	dep, err := cfg.Deployment()
+	if err != nil {
+		return nil, err
+	}
+	s, err := cfg.TopicSerdes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newReconciler(cfg, rcfg, pool, dep, s, cl, nil)
+}
+
+// newReconciler is NewReconciler over the deployment's serdes, its
+// metrics registered on reg (none if nil); an ingest server that never
+// serves encodes the corrections.
+func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *Deployment, s serdes, cl *kgo.Client, reg prometheus.Registerer) (*reconcile.Reconciler, error) {
 	auth := map[string]reconcile.Authority{}
-	for _, d := range dep.domains {
+	for _, d := range dep.Domains {
 		for kind, a := range d.Authorities {
 			if auth[kind] != nil {
 				return nil, fmt.Errorf("reconcile: two domains set an authority for %s", kind)
@@ -28,7 +44,7 @@ func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *d
 			auth[kind] = a
 		}
 	}
-	for kind, a := range extra {
+	for kind, a := range rcfg.Authorities {
 		auth[kind] = a
 	}
 	rcfg.Authorities = auth
@@ -45,13 +61,13 @@ func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *d
 	if cl != nil {
 		rcfg.DeadLetters = func(ctx context.Context) ([]reconcile.DeadLetter, error) {
 			var out []reconcile.DeadLetter
-			for _, a := range dep.aggregates() {
-				dls, err := processor.ReadDLQ(ctx, cl, a.topics.DLQ())
+			for _, a := range dep.Aggregates() {
+				dls, err := processor.ReadDLQ(ctx, cl, a.Topics.DLQ())
 				if err != nil {
 					return nil, err
 				}
 				for _, d := range dls {
-					out = append(out, reconcile.DeadLetter{Topic: a.topics.DLQ(), CommandsTopic: a.topics.Commands(), DeadLetter: d})
+					out = append(out, reconcile.DeadLetter{Topic: a.Topics.DLQ(), CommandsTopic: a.Topics.Commands(), DeadLetter: d})
 				}
 			}
 			return out, nil

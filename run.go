@@ -121,13 +121,13 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 		rc.AdminRoutes(adm)
 	}
 
-	dep, err := rc.deployment()
+	dep, err := rc.Deployment()
 	if err != nil {
 		return err
 	}
 	var serdes serdes
 	if c.kafka() {
-		if err := ensureTopics(ctx, rc.Config, dep); err != nil {
+		if err := rc.Config.EnsureTopics(ctx); err != nil {
 			return fmt.Errorf("topics: %w", err)
 		}
 		reg := rc.Registry
@@ -172,14 +172,14 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 	// even in a process that runs none of the components using it.
 	var pool *pgxpool.Pool
 	if c.Ingest || c.Relay || c.Projector || c.Worker || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
-		if pool, err = openDatabase(ctx, rc.Config, dep, rc.DatabaseMaxConns); err != nil {
+		if pool, err = rc.Config.OpenDatabase(ctx, rc.DatabaseMaxConns); err != nil {
 			return err
 		}
 		defer pool.Close()
 		adm.AddCheck("postgres", func(ctx context.Context) error { return pool.Ping(ctx) })
 	}
 	if rc.LagExport == LagExportCluster {
-		lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) { return lagSources(ctx, lag.cl, pool, dep) })
+		lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) { return dep.LagSources(ctx, lag.cl, pool) })
 	}
 
 	if c.Ingest || c.Relay || c.Projector {
@@ -197,7 +197,7 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 					return err
 				}
 				defer cl.Close()
-				rec, err := newReconciler(rc.Config, rc.Reconcile, pool, dep, serdes, cl, nil, metrics)
+				rec, err := newReconciler(rc.Config, rc.Reconcile, pool, dep, serdes, cl, metrics)
 				if err != nil {
 					return err
 				}
@@ -221,12 +221,12 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 			g.Go(func() error { return srv.Serve(gctx, ln) })
 		}
 		if c.Projector {
-			for _, d := range dep.domains {
-				proj, err := newProjector(rc.Config, rc.Projector, rc.Worker, pool, d, serdes, dep.metricsFor(metrics, "domain", d.Name, len(dep.domains)))
+			for _, d := range dep.Domains {
+				proj, err := newProjector(rc.Config, rc.Projector, rc.Worker, pool, d, serdes, dep.metricsFor(metrics, "domain", d.Name, len(dep.Domains)))
 				if err != nil {
 					return err
 				}
-				adm.AddCheck(dep.checkName("projector", d.Name, len(dep.domains)), readyCheck(proj.Ready()))
+				adm.AddCheck(dep.checkName("projector", d.Name, len(dep.Domains)), readyCheck(proj.Ready()))
 				ownLag(proj.LagSource())
 				g.Go(func() error { return proj.Run(gctx) })
 			}
@@ -241,14 +241,14 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 		g.Go(func() error { return w.Run(gctx) })
 	}
 	if c.Processor {
-		all := dep.aggregates()
+		all := dep.Aggregates()
 		for _, a := range all {
-			proc, err := newProcessor(rc.Config, rc.Processor, dep, a, serdes, dep.metricsFor(metrics, "aggregate", a.topics.Prefix, len(all)))
+			proc, err := newProcessor(rc.Config, rc.Processor, dep, a, serdes, dep.metricsFor(metrics, "aggregate", a.Topics.Prefix, len(all)))
 			if err != nil {
 				return err
 			}
-			adm.AddCheck(dep.checkName("processor", a.topics.Prefix, len(all)), readyCheck(proc.Ready()))
-			ownLag(kafka.LagSource{Group: a.group, Topics: []string{a.topics.Commands()}})
+			adm.AddCheck(dep.checkName("processor", a.Topics.Prefix, len(all)), readyCheck(proc.Ready()))
+			ownLag(kafka.LagSource{Group: a.group, Topics: []string{a.Topics.Commands()}})
 			g.Go(func() error { return proc.Run(gctx) })
 		}
 	}
@@ -302,7 +302,7 @@ func orDefault(s, def string) string {
 // itself when there is one, so a deployment of one domain exports the
 // series it always did; else reg with a constant label (label=value) that
 // tells them apart.
-func (dep *deployment) metricsFor(reg prometheus.Registerer, label, value string, n int) prometheus.Registerer {
+func (dep *Deployment) metricsFor(reg prometheus.Registerer, label, value string, n int) prometheus.Registerer {
 	if n == 1 {
 		return reg
 	}
@@ -310,7 +310,7 @@ func (dep *deployment) metricsFor(reg prometheus.Registerer, label, value string
 }
 
 // checkName is the /readyz check of one of n components of a kind.
-func (dep *deployment) checkName(kind, name string, n int) string {
+func (dep *Deployment) checkName(kind, name string, n int) string {
 	if n == 1 {
 		return kind
 	}

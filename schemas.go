@@ -27,7 +27,7 @@ const outcomeRecords = `{"type": "record", "name": "CommandRejected", "namespace
 
 // eventsSchema is the domain's events schema with the outcome records
 // added when it lacks them, and the Go types of its records.
-func (d *domain) eventsSchema() (string, map[string]any, error) {
+func (d *DeployedDomain) eventsSchema() (string, map[string]any, error) {
 	text := d.Events.Avro
 	names, err := avro.RecordNames(text)
 	if err != nil {
@@ -58,8 +58,8 @@ func (d *domain) eventsSchema() (string, map[string]any, error) {
 	return text, m, nil
 }
 
-// commandsSchema is the aggregate type's commands schema and its Go types.
-func (a *aggregateType) commandsSchema() (string, map[string]any, error) {
+// CommandsSchema is the aggregate type's commands schema and its Go types.
+func (a *DeployedAggregate) CommandsSchema() (string, map[string]any, error) {
 	names, err := avro.RecordNames(a.commands.Avro)
 	if err != nil {
 		return "", nil, fmt.Errorf("%s: commands schema: %w", a, err)
@@ -77,14 +77,14 @@ func (a *aggregateType) commandsSchema() (string, map[string]any, error) {
 }
 
 // stateSchema is the aggregate type's snapshot schema and its Go type.
-func (a *aggregateType) stateSchema() (string, map[string]any, error) {
+func (a *DeployedAggregate) stateSchema() (string, map[string]any, error) {
 	if _, err := avro.RecordNames(a.state); err != nil {
 		return "", nil, fmt.Errorf("%s: state schema: %w", a, err)
 	}
 	return pipeline.SnapshotSchema(a.state), map[string]any{"onceflow.Snapshot": a.stateType}, nil
 }
 
-func (a *aggregateType) String() string { return a.domain.Name + "/" + a.name }
+func (a *DeployedAggregate) String() string { return a.Domain.Name + "/" + a.name }
 
 // typeMap maps each record's full name to the Go type whose MessageType
 // names it.

@@ -1,16 +1,3 @@
-// Package onceflow runs a team's domains on the onceflow pipeline: declare
-// a Domain (its aggregate types with their deciders and schemas, its read
-// models, its HTTP routes), give it to Main, and the binary is every
-// component (ingest, relay, processor, projector), `onceflow dev` with an
-// embedded broker, registry and Postgres, and the operator commands
-// (produce, dlq, lag, projections rebuild, idempotency-check, ...) for its
-// types. docs/your-first-domain.md builds one; examples/ledger and
-// examples/inventory are two.
-//
-// This package is the application: it assembles the library (the
-// pipeline packages) from configuration, in one place, so a component
-// started on its own and the same component inside `onceflow dev` are
-// built the same way.
 package onceflow
 
 import (
@@ -75,15 +62,16 @@ type Config struct {
 	TenantRateLimit float64
 }
 
-// deployment resolves cfg's domains.
-func (cfg Config) deployment() (*deployment, error) {
+// Deployment resolves cfg's domains: their topics, consumer groups and
+// projector consumers.
+func (cfg Config) Deployment() (*Deployment, error) {
 	return newDeployment(cfg.Domains, cfg.Topics.Prefix, cfg.Topics)
 }
 
 // registry returns the Confluent-compatible registry cfg.SchemaRegistry
 // names, or an embedded one with the deployment's schemas registered in a
 // fixed order, so every process that builds one assigns the same ids.
-func registry(ctx context.Context, cfg Config, dep *deployment) (avro.Registry, error) {
+func registry(ctx context.Context, cfg Config, dep *Deployment) (avro.Registry, error) {
 	if cfg.SchemaRegistry.URL != "" {
 		return cfg.SchemaRegistry.NewClient()
 	}
@@ -102,27 +90,27 @@ type subject struct {
 // subjects lists the deployment's schemas in the order they are
 // registered: for each domain, each aggregate type's commands, the
 // domain's events, each aggregate type's state.
-func (dep *deployment) subjects() ([]subject, error) {
+func (dep *Deployment) subjects() ([]subject, error) {
 	var out []subject
-	for _, d := range dep.domains {
+	for _, d := range dep.Domains {
 		for _, a := range d.aggregates {
-			schema, types, err := a.commandsSchema()
+			schema, types, err := a.CommandsSchema()
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, subject{a.topics.Commands(), a.String() + " commands", schema, types})
+			out = append(out, subject{a.Topics.Commands(), a.String() + " commands", schema, types})
 		}
 		schema, types, err := d.eventsSchema()
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, subject{d.events(), d.Name + " events", schema, types})
+		out = append(out, subject{d.EventsTopic(), d.Name + " events", schema, types})
 		for _, a := range d.aggregates {
 			schema, types, err := a.stateSchema()
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, subject{a.topics.State(), a.String() + " state", schema, types})
+			out = append(out, subject{a.Topics.State(), a.String() + " state", schema, types})
 		}
 	}
 	return out, nil
@@ -131,7 +119,7 @@ func (dep *deployment) subjects() ([]subject, error) {
 // registerSchemas registers the deployment's schemas in reg. A schema the
 // registry refuses as incompatible with an earlier version stops the
 // start.
-func registerSchemas(ctx context.Context, reg avro.Registry, dep *deployment) error {
+func registerSchemas(ctx context.Context, reg avro.Registry, dep *Deployment) error {
 	subjects, err := dep.subjects()
 	if err != nil {
 		return err
@@ -153,11 +141,27 @@ func registerError(what string, err error) error {
 	return fmt.Errorf("register the %s schema: %w", what, err)
 }
 
+// TopicSerdes returns the deployment's serdes by topic (each aggregate
+// type's commands and state topics, each domain's events topic) over the
+// registry the components use, their schemas registered: what a tool that
+// produces the deployment's commands or reads its events needs.
+func (cfg Config) TopicSerdes(ctx context.Context) (map[string]*avro.Serde, error) {
+	dep, err := cfg.Deployment()
+	if err != nil {
+		return nil, err
+	}
+	reg, err := registry(ctx, cfg, dep)
+	if err != nil {
+		return nil, err
+	}
+	return newSerdes(ctx, reg, dep)
+}
+
 // serdes are the deployment's serdes by topic.
 type serdes map[string]*avro.Serde
 
 // newSerdes builds the deployment's serdes and registers their schemas.
-func newSerdes(ctx context.Context, reg avro.Registry, dep *deployment) (serdes, error) {
+func newSerdes(ctx context.Context, reg avro.Registry, dep *Deployment) (serdes, error) {
 	subjects, err := dep.subjects()
 	if err != nil {
 		return nil, err
@@ -179,15 +183,15 @@ func newSerdes(ctx context.Context, reg avro.Registry, dep *deployment) (serdes,
 // processorSerdes are the serdes a's processor uses: its commands, its
 // domain's events, its state, and the commands topics of the other
 // aggregate types its decisions send commands to.
-func (s serdes) processorSerdes(dep *deployment, a *aggregateType) processor.Serdes {
-	ps := processor.Serdes{Commands: s[a.topics.Commands()], Events: s[a.topics.Events()], State: s[a.topics.State()],
+func (s serdes) processorSerdes(dep *Deployment, a *DeployedAggregate) processor.Serdes {
+	ps := processor.Serdes{Commands: s[a.Topics.Commands()], Events: s[a.Topics.Events()], State: s[a.Topics.State()],
 		Targets: map[string]processor.Target{}}
-	for _, other := range dep.aggregates() {
+	for _, other := range dep.Aggregates() {
 		if other == a {
 			continue
 		}
 		for _, ct := range other.commandTypes {
-			ps.Targets[ct] = processor.Target{Topic: other.topics.Commands(), Commands: s[other.topics.Commands()]}
+			ps.Targets[ct] = processor.Target{Topic: other.Topics.Commands(), Commands: s[other.Topics.Commands()]}
 		}
 	}
 	return ps
@@ -212,18 +216,18 @@ func NewSerdes(ctx context.Context, reg avro.Registry, d *Domain, aggregate stri
 	if err != nil {
 		return Serdes{}, err
 	}
-	for _, a := range dep.domains[0].aggregates {
-		if a.name == aggregate || aggregate == "" && len(dep.domains[0].aggregates) == 1 {
-			return Serdes{Commands: all[a.topics.Commands()], Events: all[a.topics.Events()], State: all[a.topics.State()]}, nil
+	for _, a := range dep.Domains[0].aggregates {
+		if a.name == aggregate || aggregate == "" && len(dep.Domains[0].aggregates) == 1 {
+			return Serdes{Commands: all[a.Topics.Commands()], Events: all[a.Topics.Events()], State: all[a.Topics.State()]}, nil
 		}
 	}
 	return Serdes{}, fmt.Errorf("domain %s has no aggregate type %q", d.Name, aggregate)
 }
 
-// migrations are the deployment's domain migrations, in order.
-func (dep *deployment) migrations() []postgres.Migrations {
+// Migrations are the deployment's domain migrations, in order.
+func (dep *Deployment) Migrations() []postgres.Migrations {
 	var out []postgres.Migrations
-	for _, d := range dep.domains {
+	for _, d := range dep.Domains {
 		if d.Migrations != nil {
 			out = append(out, postgres.Migrations{Name: d.Name, FS: d.Migrations})
 		}
@@ -231,14 +235,18 @@ func (dep *deployment) migrations() []postgres.Migrations {
 	return out
 }
 
-// openDatabase applies pending migrations, onceflow's and the domains'
+// OpenDatabase applies pending migrations, onceflow's and the domains'
 // (under goose's advisory lock, so components starting together migrate
 // once), as DatabaseMigrationURL's role if set, retrying while the
 // database is not up yet; then connects to DatabaseURL with maxConns
 // connections (0: DatabaseMaxConns).
-func openDatabase(ctx context.Context, cfg Config, dep *deployment, maxConns int32) (*pgxpool.Pool, error) {
+func (cfg Config) OpenDatabase(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("DATABASE_URL is required")
+	}
+	dep, err := cfg.Deployment()
+	if err != nil {
+		return nil, err
 	}
 	if maxConns == 0 {
 		maxConns = cfg.DatabaseMaxConns
@@ -252,9 +260,8 @@ func openDatabase(ctx context.Context, cfg Config, dep *deployment, maxConns int
 		migrateURL = cfg.DatabaseMigrationURL
 		warnPlaintext(cfg.Logger, migrateURL)
 	}
-	var err error
 	for attempt := 0; attempt < 30; attempt++ {
-		if err = postgres.Migrate(ctx, migrateURL, nil, dep.migrations()...); err == nil {
+		if err = postgres.Migrate(ctx, migrateURL, nil, dep.Migrations()...); err == nil {
 			break
 		}
 		if postgres.IsInsufficientPrivilege(err) {
@@ -295,9 +302,13 @@ func warnPlaintext(logger *slog.Logger, url string) {
 	}
 }
 
-// ensureTopics creates every aggregate type's topics if missing and checks
+// EnsureTopics creates every aggregate type's topics if missing and checks
 // them (cleanup policies, equal partition counts for commands and state).
-func ensureTopics(ctx context.Context, cfg Config, dep *deployment) error {
+func (cfg Config) EnsureTopics(ctx context.Context) error {
+	dep, err := cfg.Deployment()
+	if err != nil {
+		return err
+	}
 	cl, err := cfg.Kafka.NewClient()
 	if err != nil {
 		return err
@@ -306,8 +317,8 @@ func ensureTopics(ctx context.Context, cfg Config, dep *deployment) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	adm := kadm.NewClient(cl)
-	for _, a := range dep.aggregates() {
-		if err := kafka.Provision(ctx, adm, a.topics); err != nil {
+	for _, a := range dep.Aggregates() {
+		if err := kafka.Provision(ctx, adm, a.Topics); err != nil {
 			return err
 		}
 	}
@@ -317,7 +328,7 @@ func ensureTopics(ctx context.Context, cfg Config, dep *deployment) error {
 // newIngest builds the ingest server for every domain's routes: each
 // route's command goes to the commands topic of the aggregate type that
 // handles it.
-func newIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, dep *deployment, s serdes, reg prometheus.Registerer) (*ingest.Server, error) {
+func newIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, dep *Deployment, s serdes, reg prometheus.Registerer) (*ingest.Server, error) {
 	if icfg.Shards == 0 {
 		icfg.Shards = cfg.OutboxShards
 	}
@@ -329,16 +340,16 @@ func newIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, dep *deployme
 	}
 	var routes []ingest.Route
 	var queries []ingest.Query
-	for _, d := range dep.domains {
+	for _, d := range dep.Domains {
 		for _, r := range d.Routes {
 			if r.Command == nil {
 				return nil, fmt.Errorf("domain %s: route %s has no Command", d.Name, r.Pattern)
 			}
-			a := dep.handler(r.Command.MessageType())
+			a := dep.Handler(r.Command.MessageType())
 			if a == nil {
 				return nil, fmt.Errorf("domain %s: route %s accepts %s, which no aggregate type's decider handles", d.Name, r.Pattern, r.Command.MessageType())
 			}
-			r.Topic, r.Encoder = a.topics.Commands(), s[a.topics.Commands()]
+			r.Topic, r.Encoder = a.Topics.Commands(), s[a.Topics.Commands()]
 			routes = append(routes, r)
 		}
 		queries = append(queries, d.Queries...)
@@ -349,7 +360,7 @@ func newIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, dep *deployme
 // newRelay builds the relay; it ships the whole outbox, every domain's
 // commands, and makes and closes its own (transactional, one per shard)
 // producers.
-func newRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, dep *deployment, reg prometheus.Registerer) (*relay.Relay, error) {
+func newRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, dep *Deployment, reg prometheus.Registerer) (*relay.Relay, error) {
 	if rcfg.Shards == 0 {
 		rcfg.Shards = cfg.OutboxShards
 	}
@@ -362,14 +373,14 @@ func newRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, dep *deployment
 	if rcfg.TransactionalIDPrefix == "" {
 		// The first domain's prefix names the outbox's producers: a
 		// deployment keeps its first domain.
-		rcfg.TransactionalIDPrefix = "onceflow-relay-" + dep.domains[0].prefix
+		rcfg.TransactionalIDPrefix = "onceflow-relay-" + dep.Domains[0].prefix
 	}
 	return relay.New(rcfg, pool, cfg.Kafka, cfg.Logger, reg)
 }
 
 // newProcessor builds a's processor.
-func newProcessor(cfg Config, pcfg processor.Config, dep *deployment, a *aggregateType, s serdes, reg prometheus.Registerer) (runner, error) {
-	pcfg.Topics = a.topics
+func newProcessor(cfg Config, pcfg processor.Config, dep *Deployment, a *DeployedAggregate, s serdes, reg prometheus.Registerer) (runner, error) {
+	pcfg.Topics = a.Topics
 	pcfg.Group = a.group
 	if pcfg.InstanceID == "" {
 		pcfg.InstanceID = cfg.InstanceID
@@ -377,9 +388,9 @@ func newProcessor(cfg Config, pcfg processor.Config, dep *deployment, a *aggrega
 	return a.newProcessor(pcfg, cfg.Kafka, s.processorSerdes(dep, a), cfg.Logger, reg)
 }
 
-// projections are d's read models in the order its projector applies
+// ReadModels are d's read models in the order its projector applies
 // them: its own, then command_status and audit_log.
-func (d *domain) projections() []pipeline.Projection[pgx.Tx] {
+func (d *DeployedDomain) ReadModels() []pipeline.Projection[pgx.Tx] {
 	return append(append([]pipeline.Projection[pgx.Tx](nil), d.Projections...),
 		projector.CommandStatus{CommandTypeOf: d.CommandTypeOf}, projector.AuditLog{})
 }
@@ -388,14 +399,14 @@ func (d *domain) projections() []pipeline.Projection[pgx.Tx] {
 // projection, which enqueues the deliveries of each event on wcfg's queue
 // in the projector's transaction (docs/webhooks.md). It is not part of
 // d.projections(): a rebuild must not deliver again.
-func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, pool *pgxpool.Pool, d *domain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
-	pcfg.Topic = d.events()
-	pcfg.Consumer = d.consumer()
+func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, pool *pgxpool.Pool, d *DeployedDomain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
+	pcfg.Topic = d.EventsTopic()
+	pcfg.Consumer = d.ProjectorConsumer()
 	hooks, err := jobs.NewProjection("webhooks", wcfg, webhooks.Router{}, reg)
 	if err != nil {
 		return nil, err
 	}
-	return projector.New(pcfg, cfg.Kafka, pool, s[d.events()], append(d.projections(), hooks), cfg.Logger, reg)
+	return projector.New(pcfg, cfg.Kafka, pool, s[d.EventsTopic()], append(d.ReadModels(), hooks), cfg.Logger, reg)
 }
 
 // newWorker builds the worker: River's client over pool running the job

@@ -12,7 +12,7 @@ import (
 // process's admin server, reading the process's metrics, the database if
 // it has one, and the deployment's DLQ topics; Run the page for its
 // samples, and call done when the process ends.
-func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, pool *pgxpool.Pool, dep *deployment) (page *status.Page, done func(), err error) {
+func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, pool *pgxpool.Pool, dep *Deployment) (page *status.Page, done func(), err error) {
 	cl, err := rc.Kafka.NewClient()
 	if err != nil {
 		return nil, nil, err
@@ -33,12 +33,12 @@ func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, p
 			cfg.Components = append(cfg.Components, on.name)
 		}
 	}
-	for _, a := range dep.aggregates() {
-		cfg.DLQs = append(cfg.DLQs, status.DLQTopicConfig{Topic: a.topics.DLQ(), Commands: a.topics.Commands()})
-		cfg.CommandTopics = append(cfg.CommandTopics, a.topics.Commands())
+	for _, a := range dep.Aggregates() {
+		cfg.DLQs = append(cfg.DLQs, status.DLQTopicConfig{Topic: a.Topics.DLQ(), Commands: a.Topics.Commands()})
+		cfg.CommandTopics = append(cfg.CommandTopics, a.Topics.Commands())
 	}
-	for _, d := range dep.domains {
-		cfg.EventTopics = append(cfg.EventTopics, d.events())
+	for _, d := range dep.Domains {
+		cfg.EventTopics = append(cfg.EventTopics, d.EventsTopic())
 	}
 	if page, err = status.New(cfg); err != nil {
 		cl.Close()

@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/test/e2e"
 )
@@ -66,7 +67,7 @@ func main() {
 	}
 }
 
-// profiledDev runs `onceflow dev` (what cmd/onceflow runs: onceflow.Run
+// profiledDev runs `onceflow dev` (what cmd/onceflow runs: cli.Run
 // over the ledger) with a CPU profile of the whole run written to path.
 func profiledDev(ctx context.Context, path string, args []string) error {
 	f, err := os.Create(path)
@@ -78,7 +79,7 @@ func profiledDev(ctx context.Context, path string, args []string) error {
 		return err
 	}
 	defer pprof.StopCPUProfile()
-	return onceflow.Run(ctx, []*onceflow.Domain{ledgerapp.Domain()}, args, os.Getenv, os.Stdout)
+	return cli.Run(ctx, []*onceflow.Domain{ledgerapp.Domain()}, args, os.Getenv, os.Stdout)
 }
 
 // config is a run's settings, from flags.

@@ -151,7 +151,7 @@ func startDev(ctx context.Context, e env) (*target, error) {
 	}
 	bin, args := filepath.Join(e.bin, "onceflow"), []string{"dev"}
 	if e.cpuprofile != "" {
-		// The same `onceflow dev` (onceflow.Run over the ledger), in this
+		// The same `onceflow dev` (cli.Run over the ledger), in this
 		// program, with a CPU profile of the whole run.
 		bin, args = e.self, []string{"dev"}
 		vars[envProfiledDev] = e.cpuprofile

@@ -5,8 +5,8 @@
 package main
 
 import (
-	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/inventory/inventoryapp"
 )
 
-func main() { onceflow.Main(inventoryapp.Domain()) }
+func main() { cli.Main(inventoryapp.Domain()) }

@@ -4,8 +4,8 @@
 package main
 
 import (
-	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { onceflow.Main(ledgerapp.Domain()) }
+func main() { cli.Main(ledgerapp.Domain()) }

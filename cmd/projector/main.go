@@ -10,9 +10,10 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
 func main() {
-	onceflow.ComponentMain("projector", onceflow.Components{Projector: true}, ledgerapp.Domain())
+	cli.ComponentMain("projector", onceflow.Components{Projector: true}, ledgerapp.Domain())
 }

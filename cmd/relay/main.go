@@ -13,7 +13,8 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { onceflow.ComponentMain("relay", onceflow.Components{Relay: true}, ledgerapp.Domain()) }
+func main() { cli.ComponentMain("relay", onceflow.Components{Relay: true}, ledgerapp.Domain()) }

@@ -13,9 +13,10 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
 func main() {
-	onceflow.ComponentMain("worker", onceflow.Components{Worker: true}, ledgerapp.Domain())
+	cli.ComponentMain("worker", onceflow.Components{Worker: true}, ledgerapp.Domain())
 }

@@ -303,7 +303,7 @@ type Pipeline struct {
 	External    bool
 	RegistryURL string
 	Prefix      string
-	// App, if set, is the binary (of onceflow.Main, in Bin) the deployment
+	// App, if set, is the binary (of cli.Main, in Bin) the deployment
 	// runs: its broker is `App dev --broker-only` and each component
 	// `App KIND`. Empty: the ledger's binaries, onceflow and one per
 	// component.

@@ -2,7 +2,7 @@
 // aggregate types, their commands, events, states and deciders) into
 // onceflow: the aggregate types with their schemas, the read models and
 // their migrations, the HTTP routes and queries, and the demo. cmd/inventory
-// runs it with onceflow.Main; it uses only onceflow's public API.
+// runs it with cli.Main; it uses only onceflow's public API.
 //
 // Its topics (docs/architecture.md#topics): a domain of two aggregate
 // types has the commands, state, dedup and DLQ topics of each,

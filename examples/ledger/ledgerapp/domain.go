@@ -1,7 +1,7 @@
 // Package ledgerapp plugs the ledger (package ledger: its commands,
 // events, state and decider) into onceflow: the aggregate type with its
 // schemas, the accounts read model and its migrations, the HTTP routes
-// and the demo. The binaries in cmd/ run it with onceflow.Main; it uses
+// and the demo. The binaries in cmd/ run it with cli.Main; it uses
 // only onceflow's public API, as any team's domain does
 // (docs/your-first-domain.md).
 package ledgerapp

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
@@ -22,7 +23,7 @@ func init() {
 	register("dlq redrive", "republish chosen DLQ records to the commands topic with their original command ids", runDLQRedrive)
 }
 
-func runDLQList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runDLQList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var reason, aggregate string
 	var asJSON bool
 	c, fs, err := parse("dlq list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
@@ -61,7 +62,7 @@ func runDLQList(ctx context.Context, domains []*Domain, args []string, getenv fu
 	return nil
 }
 
-func runDLQRedrive(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runDLQRedrive(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var reason, aggregate string
 	var all, dryRun bool
 	c, fs, err := parse("dlq redrive", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
@@ -107,7 +108,7 @@ func runDLQRedrive(ctx context.Context, domains []*Domain, args []string, getenv
 		for k := range chosen {
 			missing = append(missing, k)
 		}
-		return fmt.Errorf("not in %s: %s (nothing was redriven)", at.topics.DLQ(), strings.Join(missing, ", "))
+		return fmt.Errorf("not in %s: %s (nothing was redriven)", at.Topics.DLQ(), strings.Join(missing, ", "))
 	}
 	if len(pick) == 0 {
 		fmt.Fprintln(stdout, "nothing to redrive")
@@ -117,7 +118,7 @@ func runDLQRedrive(ctx context.Context, domains []*Domain, args []string, getenv
 	picked := make(map[*kgo.Record]processor.DeadLetter, len(pick)) // ProduceSync answers in completion order
 	var incomplete int
 	for _, d := range pick {
-		rec, err := d.Redrive(at.topics.Commands())
+		rec, err := d.Redrive(at.Topics.Commands())
 		if err != nil {
 			incomplete++
 			fmt.Fprintf(stdout, "cannot redrive %s (%s): %v\n", d.Coordinates(), d.Reason, err)
@@ -169,16 +170,16 @@ const aggregateTypeUsage = "the aggregate type whose DLQ to read, DOMAIN/TYPE (d
 // readDLQ reads the DLQ of the aggregate type named DOMAIN/TYPE (empty:
 // the deployment's only one), keeping the records with reason (all if
 // empty).
-func readDLQ(ctx context.Context, c *Common, reason, aggregate string) ([]processor.DeadLetter, Config, *aggregateType, error) {
+func readDLQ(ctx context.Context, c *Common, reason, aggregate string) ([]processor.DeadLetter, onceflow.Config, *onceflow.DeployedAggregate, error) {
 	cfg, err := setup(c, io.Discard)
 	if err != nil {
 		return nil, cfg, nil, err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return nil, cfg, nil, err
 	}
-	at, err := dep.aggregateType(aggregate)
+	at, err := dep.FindAggregate(aggregate)
 	if err != nil {
 		return nil, cfg, nil, err
 	}
@@ -189,7 +190,7 @@ func readDLQ(ctx context.Context, c *Common, reason, aggregate string) ([]proces
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	all, err := processor.ReadDLQ(ctx, cl, at.topics.DLQ())
+	all, err := processor.ReadDLQ(ctx, cl, at.Topics.DLQ())
 	if err != nil {
 		return nil, cfg, nil, err
 	}
@@ -203,23 +204,6 @@ func readDLQ(ctx context.Context, c *Common, reason, aggregate string) ([]proces
 		}
 	}
 	return out, cfg, at, nil
-}
-
-// aggregateType finds the aggregate type named DOMAIN/TYPE, or the only
-// one when name is empty.
-func (dep *deployment) aggregateType(name string) (*aggregateType, error) {
-	all := dep.aggregates()
-	var names []string
-	for _, a := range all {
-		if name == "" && len(all) == 1 || a.String() == name {
-			return a, nil
-		}
-		names = append(names, a.String())
-	}
-	if name == "" {
-		return nil, fmt.Errorf("the deployment has %d aggregate types: choose one with -aggregate-type (%s)", len(all), strings.Join(names, ", "))
-	}
-	return nil, fmt.Errorf("no aggregate type %q (the deployment's: %s)", name, strings.Join(names, ", "))
 }
 
 // cellText keeps text a client chose (a poison record's key or header, an

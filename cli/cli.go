@@ -1,4 +1,14 @@
-package onceflow
+// Package cli is onceflow's command line: cli.Main makes a binary of a
+// team's domains (every component, `dev`, and the operator commands
+// docs/architecture.md#operator-cli lists), and cli.ComponentMain a binary
+// of one component. It reads the configuration every onceflow binary
+// shares (docs/architecture.md#configuration): each setting is an
+// environment variable with a flag of the same meaning; the flag wins.
+//
+// It sits above the domain API: cmd/* imports it, it imports package
+// onceflow, which imports the library (pipeline/...), in that direction
+// only (TestImportRules).
+package cli
 
 import (
 	"context"
@@ -9,6 +19,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/onceflow/onceflow"
 )
 
 // Main is the main of a binary that runs domains: the operator CLI
@@ -16,7 +28,7 @@ import (
 // `processor`, `projector`, or `run` for several) and the embedded default,
 // `dev`: a Kafka-compatible broker, a schema registry, Postgres and every
 // component in one process. The binary's name prefixes its errors.
-func Main(domains ...*Domain) {
+func Main(domains ...*onceflow.Domain) {
 	mainWith(filepath.Base(os.Args[0]), func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 		return Run(ctx, domains, args, getenv, stdout)
 	})
@@ -24,7 +36,7 @@ func Main(domains ...*Domain) {
 
 // runFunc is a subcommand: the deployment's domains, its arguments, the
 // environment and where it prints.
-type runFunc func(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error
+type runFunc func(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error
 
 // command is one subcommand.
 type command struct {
@@ -44,7 +56,7 @@ func register(name, usage string, run runFunc) {
 }
 
 // Run runs the command args names (Main's arguments) for domains.
-func Run(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func Run(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	for n := 3; n >= 1; n-- {
 		if len(args) >= n {
 			if c, ok := commands[strings.Join(args[:n], " ")]; ok {

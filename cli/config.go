@@ -1,7 +1,4 @@
-// Package cli reads the configuration every onceflow binary shares
-// (docs/architecture.md#configuration): each setting is an environment variable
-// with a flag of the same meaning; the flag wins.
-package onceflow
+package cli
 
 import (
 	"context"
@@ -19,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
@@ -104,8 +102,8 @@ type Common struct {
 	WebhookBreakerCooldown string
 	WebhookMaxPerTenant    int
 
-	envErrs []error   // malformed numeric or boolean variables, reported by Stack
-	domains []*Domain // what the deployment runs, for Stack
+	envErrs []error            // malformed numeric or boolean variables, reported by Stack
+	domains []*onceflow.Domain // what the deployment runs, for Stack
 }
 
 // secret is the flag.Value of a setting that must never be printed (a
@@ -209,7 +207,7 @@ func Register(fs *flag.FlagSet, getenv func(string) string) *Common {
 	fs.StringVar(&c.Brokers, "kafka-brokers", env("KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka seed brokers, comma separated (KAFKA_BROKERS)")
 	secretVar(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", getenv, &c.envErrs, "Postgres `URL`; use sslmode=verify-full with sslrootcert across a network (docs/security.md)")
 	secretVar(fs, &c.DatabaseMigrationURL, "database-migration-url", "DATABASE_MIGRATION_URL", getenv, &c.envErrs, "Postgres `URL` of the role that owns the tables and migrates them; DATABASE_URL is then the runtime role (docs/security.md#database-roles)")
-	maxConns := envInt("DATABASE_MAX_CONNS", DefaultDatabaseMaxConns)
+	maxConns := envInt("DATABASE_MAX_CONNS", onceflow.DefaultDatabaseMaxConns)
 	fs.IntVar(&c.DatabaseMaxConns, "database-max-conns", maxConns, "Postgres connections each component's pool may open; every process holds up to this many (DATABASE_MAX_CONNS)")
 	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("ONCEFLOW_TRUSTED_PROXIES", ""), "networks (CIDR, comma separated) of the load balancers in front of ingest: from them X-Forwarded-For names the client whose failed authentications are limited (ONCEFLOW_TRUSTED_PROXIES)")
 	secretVar(fs, &c.SchemaRegistryURL, "schema-registry-url", "SCHEMA_REGISTRY_URL", getenv, &c.envErrs, "Confluent-compatible schema registry `URL`, with user:password@ for basic auth if you like; empty uses the embedded registry")
@@ -258,12 +256,12 @@ func (c *Common) Logger(w io.Writer) (*slog.Logger, error) {
 }
 
 // Stack returns the stack configuration.
-func (c *Common) Stack(logger *slog.Logger) (Config, error) {
+func (c *Common) Stack(logger *slog.Logger) (onceflow.Config, error) {
 	if err := errors.Join(c.envErrs...); err != nil {
-		return Config{}, err
+		return onceflow.Config{}, err
 	}
 	if c.Partitions < 1 {
-		return Config{}, fmt.Errorf("partitions must be positive, got %d", c.Partitions)
+		return onceflow.Config{}, fmt.Errorf("partitions must be positive, got %d", c.Partitions)
 	}
 	k := kafka.Config{
 		Brokers:       kafka.ParseBrokers(c.Brokers),
@@ -277,26 +275,26 @@ func (c *Common) Stack(logger *slog.Logger) (Config, error) {
 		AllowPlaintextSASL: c.AllowPlaintextSASL,
 	}
 	if len(k.Brokers) == 0 {
-		return Config{}, fmt.Errorf("KAFKA_BROKERS is empty")
+		return onceflow.Config{}, fmt.Errorf("KAFKA_BROKERS is empty")
 	}
 	if c.OutboxShards < 1 {
-		return Config{}, fmt.Errorf("ONCEFLOW_OUTBOX_SHARDS must be positive, got %d", c.OutboxShards)
+		return onceflow.Config{}, fmt.Errorf("ONCEFLOW_OUTBOX_SHARDS must be positive, got %d", c.OutboxShards)
 	}
 	if c.DatabaseMaxConns < 1 || c.DatabaseMaxConns > math.MaxInt32 {
-		return Config{}, fmt.Errorf("DATABASE_MAX_CONNS must be positive, got %d", c.DatabaseMaxConns)
+		return onceflow.Config{}, fmt.Errorf("DATABASE_MAX_CONNS must be positive, got %d", c.DatabaseMaxConns)
 	}
 	retention, err := time.ParseDuration(c.IdempotencyRetention)
 	if err != nil || retention < time.Minute {
-		return Config{}, fmt.Errorf("ONCEFLOW_IDEMPOTENCY_RETENTION %q: want a duration of at least 1m, like 24h", c.IdempotencyRetention)
+		return onceflow.Config{}, fmt.Errorf("ONCEFLOW_IDEMPOTENCY_RETENTION %q: want a duration of at least 1m, like 24h", c.IdempotencyRetention)
 	}
 	rate, err := strconv.ParseFloat(c.TenantRateLimit, 64)
 	if err != nil {
-		return Config{}, fmt.Errorf("ONCEFLOW_TENANT_RATE_LIMIT %q: want requests per second, like 1000", c.TenantRateLimit)
+		return onceflow.Config{}, fmt.Errorf("ONCEFLOW_TENANT_RATE_LIMIT %q: want requests per second, like 1000", c.TenantRateLimit)
 	}
 	if rate <= 0 {
 		rate = -1 // no limit
 	}
-	return Config{
+	return onceflow.Config{
 		Domains:     c.domains,
 		Kafka:       k,
 		Topics:      kafka.Topics{Prefix: c.TopicPrefix, Partitions: int32(c.Partitions), DedupRetention: c.dedupRetention()},
@@ -363,7 +361,7 @@ func (c *Common) Relay() (relay.Config, error) {
 
 // runComponent runs components of domains with the common flags (a
 // component binary's main, or the component subcommands of Main).
-func runComponent(ctx context.Context, name string, components Components, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runComponent(ctx context.Context, name string, components onceflow.Components, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	c := Register(fs, getenv)
@@ -408,7 +406,7 @@ func runComponent(ctx context.Context, name string, components Components, domai
 	if err != nil {
 		return err
 	}
-	return RunComponents(ctx, RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
+	return onceflow.RunComponents(ctx, onceflow.RunConfig{Config: cfg, Components: components, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr,
 		AdminToken: c.AdminToken, Ingest: icfg, Processor: pcfg, Projector: prcfg, Relay: rcfg, LagExport: c.LagExport, Reconcile: rec,
 		Worker: wcfg, Webhooks: hcfg})
 }
@@ -552,7 +550,7 @@ func mainWith(name string, run func(ctx context.Context, args []string, getenv f
 // ComponentMain is the main of a binary that runs components of domains
 // with the common flags only (cmd/ingest and the others): Main's
 // `ingest`, `relay`, `processor` or `projector` as a binary of its own.
-func ComponentMain(name string, components Components, domains ...*Domain) {
+func ComponentMain(name string, components onceflow.Components, domains ...*onceflow.Domain) {
 	mainWith(name, func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 		return runComponent(ctx, name, components, domains, args, getenv, stdout)
 	})

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"bufio"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
@@ -29,7 +30,7 @@ Every line is checked before anything is produced. Each produced command is
 printed with its command id: send it again with the same id and the
 processor recognizes it.`
 
-func runProduce(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runProduce(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var one processor.JSONCommand
 	var at, file string
 	c, fs, err := parse("produce", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
@@ -92,15 +93,15 @@ func runProduce(ctx context.Context, domains []*Domain, args []string, getenv fu
 	now := time.Now()
 	recs := make([]*kgo.Record, len(cmds))
 	for i, cmd := range cmds {
-		a := dep.handler(cmd.Type)
+		a := dep.Handler(cmd.Type)
 		if a == nil {
-			return fmt.Errorf("%s: unknown command type %q; the deployment's are %s (nothing was produced)", where[i], cmd.Type, dep.commandTypes())
+			return fmt.Errorf("%s: unknown command type %q; the deployment's are %s (nothing was produced)", where[i], cmd.Type, dep.CommandTypes())
 		}
-		_, types, err := a.commandsSchema()
+		_, types, err := a.CommandsSchema()
 		if err != nil {
 			return err
 		}
-		r, _, err := cmd.Record(ctx, a.topics.Commands(), serdes[a.topics.Commands()], types, now)
+		r, _, err := cmd.Record(ctx, a.Topics.Commands(), serdes[a.Topics.Commands()], types, now)
 		if err != nil {
 			return fmt.Errorf("%s: %w (nothing was produced)", where[i], err)
 		}

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
@@ -21,7 +22,7 @@ func init() {
 // misbehaves: how many keys a tenant used, and which keys came back, as
 // retries (replays: normal) or reused for another request (conflicts: a
 // client bug).
-func runIdempotencyCheck(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runIdempotencyCheck(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
 	var hours float64
 	var limit int

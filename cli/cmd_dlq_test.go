@@ -1,4 +1,4 @@
-package onceflow_test
+package cli_test
 
 import (
 	"context"

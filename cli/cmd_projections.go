@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
@@ -24,7 +24,7 @@ func init() {
 	register("projections list", "the projections, their tables, rebuilds and parked partitions", runProjectionsList)
 }
 
-func runProjectionsRebuild(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runProjectionsRebuild(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var consumer string
 	var restart, verify bool
 	var lockTimeout time.Duration
@@ -45,21 +45,21 @@ func runProjectionsRebuild(ctx context.Context, domains []*Domain, args []string
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("usage: onceflow projections rebuild [flags] NAME (one of: %s)", dep.projectionNames())
+		return fmt.Errorf("usage: onceflow projections rebuild [flags] NAME (one of: %s)", dep.ProjectionNames())
 	}
-	d, proj, err := dep.projection(fs.Arg(0))
+	d, proj, err := dep.FindProjection(fs.Arg(0))
 	if err != nil {
 		return err
 	}
 	if consumer == "" {
-		consumer = d.consumer()
+		consumer = d.ProjectorConsumer()
 	}
 	// A rebuild creates and swaps tables: it runs as the migration role,
 	// which owns them, when there is one (docs/security.md#database-roles).
 	if cfg.DatabaseMigrationURL != "" {
 		cfg.DatabaseURL = cfg.DatabaseMigrationURL
 	}
-	pool, err := openDatabase(ctx, cfg, dep, 4)
+	pool, err := cfg.OpenDatabase(ctx, 4)
 	if err != nil {
 		return err
 	}
@@ -69,12 +69,12 @@ func runProjectionsRebuild(ctx context.Context, domains []*Domain, args []string
 		return err
 	}
 	rb, err := projector.NewRebuild(projector.RebuildConfig{
-		Topic: d.events(), Consumer: consumer, Projection: proj,
+		Topic: d.EventsTopic(), Consumer: consumer, Projection: proj,
 		Restart: restart, Verify: verify, LockTimeout: lockTimeout,
 		Progress: func(p projector.RebuildProgress) {
 			fmt.Fprintf(stdout, "rebuilding %s: %d events applied, %d offsets behind the live projector\n", proj.Name(), p.Applied, p.Behind)
 		},
-	}, cfg.Kafka, pool, serdes[d.events()], logger)
+	}, cfg.Kafka, pool, serdes[d.EventsTopic()], logger)
 	if err != nil {
 		return err
 	}
@@ -107,7 +107,7 @@ func runProjectionsRebuild(ctx context.Context, domains []*Domain, args []string
 	return nil
 }
 
-func runProjectionsUnpark(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var consumer, domainName string
 	c, fs, err := parse("projections unpark", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&consumer, "consumer", "", "the projector's consumer (default: its domain's projector)")
@@ -131,34 +131,34 @@ func runProjectionsUnpark(ctx context.Context, domains []*Domain, args []string,
 	if err != nil {
 		return err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
-	d, err := dep.domain(domainName)
+	d, err := dep.FindDomain(domainName)
 	if err != nil {
 		return err
 	}
 	if consumer == "" {
-		consumer = d.consumer()
+		consumer = d.ProjectorConsumer()
 	}
 	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	n, err := projector.Unpark(ctx, pool, consumer, d.events(), parts)
+	n, err := projector.Unpark(ctx, pool, consumer, d.EventsTopic(), parts)
 	if err != nil {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("no parked partition of %s on %s matched", consumer, d.events())
+		return fmt.Errorf("no parked partition of %s on %s matched", consumer, d.EventsTopic())
 	}
 	fmt.Fprintf(stdout, "unparked %d partition(s) of %s; the projector that owns them tries their record again within seconds (it parks again if the cause is still there)\n", n, consumer)
 	return nil
 }
 
-func runProjectionsList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	c, fs, err := parse("projections list", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
@@ -170,20 +170,20 @@ func runProjectionsList(ctx context.Context, domains []*Domain, args []string, g
 	if err != nil {
 		return err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "DOMAIN\tPROJECTION\tTABLES\tREBUILDABLE")
-	for _, d := range dep.domains {
-		for _, p := range d.projections() {
+	for _, d := range dep.Domains {
+		for _, p := range d.ReadModels() {
 			tables, rebuildable := "-", "no"
 			if rb, ok := p.(projector.Rebuildable); ok {
 				tables, rebuildable = strings.Join(rb.Tables(), ","), "yes"
 			}
-			if len(dep.domains) > 1 && shared(p) {
-				rebuildable = "no (every domain's)"
+			if _, _, err := dep.FindProjection(p.Name()); err != nil {
+				rebuildable = "no (every domain's)" // a read model of every domain, in a deployment of several
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", d.Name, p.Name(), tables, rebuildable)
 		}
@@ -240,64 +240,6 @@ func runProjectionsList(ctx context.Context, domains []*Domain, args []string, g
 	}
 	fmt.Fprintln(stdout)
 	return nil
-}
-
-// shared reports whether p is a read model of every domain
-// (command_status, audit_log).
-func shared(p pipeline.Projection[pgx.Tx]) bool {
-	switch p.(type) {
-	case projector.CommandStatus, projector.AuditLog:
-		return true
-	}
-	return false
-}
-
-// projectionNames lists the deployment's projections.
-func (dep *deployment) projectionNames() string {
-	var names []string
-	for _, d := range dep.domains {
-		for _, p := range d.projections() {
-			if len(dep.domains) == 1 || !shared(p) {
-				names = append(names, p.Name())
-			}
-		}
-	}
-	return strings.Join(names, ", ")
-}
-
-// projection finds the projection named name and its domain. A read
-// model every domain writes (command_status, audit_log) is rebuilt from
-// one events topic only in a deployment of one domain: a rebuild from one
-// domain's events would drop the others' rows.
-func (dep *deployment) projection(name string) (*domain, pipeline.Projection[pgx.Tx], error) {
-	for _, d := range dep.domains {
-		for _, p := range d.projections() {
-			if p.Name() != name {
-				continue
-			}
-			if len(dep.domains) > 1 && shared(p) {
-				return nil, nil, fmt.Errorf("%s holds the rows of every domain's events; it cannot be rebuilt from one domain's events topic in a deployment of %d domains", name, len(dep.domains))
-			}
-			return d, p, nil
-		}
-	}
-	return nil, nil, fmt.Errorf("no projection named %q (the deployment's: %s)", name, dep.projectionNames())
-}
-
-// domain finds the domain named name, or the only one when name is empty.
-func (dep *deployment) domain(name string) (*domain, error) {
-	if name == "" {
-		if len(dep.domains) == 1 {
-			return dep.domains[0], nil
-		}
-		return nil, fmt.Errorf("the deployment runs %d domains: choose one with -domain", len(dep.domains))
-	}
-	for _, d := range dep.domains {
-		if d.Name == name {
-			return d, nil
-		}
-	}
-	return nil, fmt.Errorf("no domain %q", name)
 }
 
 func formatOffsets(m map[int32]int64) string {

@@ -1,4 +1,4 @@
-package onceflow_test
+package cli_test
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/inventory/inventoryapp"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
@@ -133,7 +134,7 @@ func TestTwoDomainsOneDeployment(t *testing.T) {
 	cli := func(args ...string) string {
 		t.Helper()
 		var out bytes.Buffer
-		if err := onceflow.Run(ctx, []*onceflow.Domain{ledgerapp.Domain(), inventoryapp.Domain()}, args, func(k string) string { return env[k] }, &out); err != nil {
+		if err := cli.Run(ctx, []*onceflow.Domain{ledgerapp.Domain(), inventoryapp.Domain()}, args, func(k string) string { return env[k] }, &out); err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out.String())
 		}
 		return out.String()

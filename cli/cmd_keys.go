@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
@@ -52,7 +53,7 @@ func keysCommand(ctx context.Context, usage string, want int, args []string, get
 	return pool, fs.Args(), err
 }
 
-func runTenantsKeysCreate(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTenantsKeysCreate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	name := "onceflow tenants create"
 	pool, rest, err := keysCommand(ctx, "tenants keys create [-name LABEL] TENANT", 1, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", name, "a label for operators (which client holds the key)")
@@ -70,7 +71,7 @@ func runTenantsKeysCreate(ctx context.Context, domains []*Domain, args []string,
 	return nil
 }
 
-func runTenantsKeysList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTenantsKeysList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
 	pool, _, err := keysCommand(ctx, "tenants keys list [-tenant TENANT]", 0, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "only this tenant's keys")
@@ -95,7 +96,7 @@ func runTenantsKeysList(ctx context.Context, domains []*Domain, args []string, g
 	return tw.Flush()
 }
 
-func runTenantsKeysRevoke(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTenantsKeysRevoke(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var id int64
 	pool, _, err := keysCommand(ctx, "tenants keys revoke ID", 1, args, getenv, stdout, nil, func(rest []string) error {
 		var err error

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -21,18 +22,18 @@ func init() {
 	register("topics create", "create the topics (cleanup policies, retention, partitions) and check them", runTopicsCreate)
 	register("postgres up", "start (or reuse) the private Postgres cluster and print its URL", runPostgresUp)
 	register("postgres down", "stop the private Postgres cluster", runPostgresDown)
-	for name, c := range map[string]Components{
+	for name, c := range map[string]onceflow.Components{
 		"ingest": {Ingest: true}, "relay": {Relay: true}, "processor": {Processor: true}, "projector": {Projector: true},
 		"worker": {Worker: true},
 	} {
-		register(name, "run the "+name+" (its flags: "+name+" -h)", func(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+		register(name, "run the "+name+" (its flags: "+name+" -h)", func(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 			return runComponent(ctx, name, c, domains, args, getenv, stdout)
 		})
 	}
 }
 
 // parse parses a subcommand's flags (the shared ones plus its own).
-func parse(name string, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*Common, *flag.FlagSet, error) {
+func parse(name string, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*Common, *flag.FlagSet, error) {
 	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	c := Register(fs, getenv)
@@ -43,45 +44,40 @@ func parse(name string, domains []*Domain, args []string, getenv func(string) st
 	return c, fs, fs.Parse(args)
 }
 
-func setup(c *Common, stdout io.Writer) (Config, error) {
+func setup(c *Common, stdout io.Writer) (onceflow.Config, error) {
 	logger, err := c.Logger(stdout)
 	if err != nil {
-		return Config{}, err
+		return onceflow.Config{}, err
 	}
 	return c.Stack(logger)
 }
 
 // setupSerdes is setup with the deployment and its serdes, over the
 // registry the components use.
-func setupSerdes(ctx context.Context, c *Common, stdout io.Writer) (Config, *deployment, serdes, error) {
+func setupSerdes(ctx context.Context, c *Common, stdout io.Writer) (onceflow.Config, *onceflow.Deployment, map[string]*avro.Serde, error) {
 	cfg, err := setup(c, stdout)
 	if err != nil {
-		return Config{}, nil, nil, err
+		return onceflow.Config{}, nil, nil, err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
-		return Config{}, nil, nil, err
+		return onceflow.Config{}, nil, nil, err
 	}
-	reg, err := registry(ctx, cfg, dep)
-	if err != nil {
-		return Config{}, nil, nil, err
-	}
-	s, err := newSerdes(ctx, reg, dep)
+	s, err := cfg.TopicSerdes(ctx)
 	return cfg, dep, s, err
 }
 
-// commandTypesOf lists domains' command types for a usage text.
-func commandTypesOf(domains []*Domain) string {
-	var out []string
-	for _, d := range domains {
-		for _, a := range d.Aggregates {
-			out = append(out, a.aggregate().commandTypes...)
-		}
+// commandTypesOf lists domains' command types for a usage text (none
+// when the domains do not make a deployment: running the command says why).
+func commandTypesOf(domains []*onceflow.Domain) string {
+	dep, err := onceflow.Config{Domains: domains}.Deployment()
+	if err != nil {
+		return ""
 	}
-	return strings.Join(out, ", ")
+	return dep.CommandTypes()
 }
 
-func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runDev(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	dataDir := getenv("ONCEFLOW_DATA_DIR")
 	if dataDir == "" {
 		dataDir = ".data"
@@ -133,8 +129,8 @@ func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(s
 	if err != nil || minSessionTimeout <= 0 {
 		return fmt.Errorf("-group-min-session-timeout %q: want a positive duration", minSession)
 	}
-	return RunDev(ctx, DevConfig{
-		RunConfig: RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
+	return onceflow.RunDev(ctx, onceflow.DevConfig{
+		RunConfig: onceflow.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
 			Ingest: icfg, Processor: pcfg, Relay: rcfg, LagExport: c.LagExport},
 		DataDir:       dataDir,
 		BrokerAddr:    brokerAddr,
@@ -148,7 +144,7 @@ func runDev(ctx context.Context, domains []*Domain, args []string, getenv func(s
 	})
 }
 
-func runDemo(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runDemo(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("onceflow demo", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	url := fs.String("url", "http://127.0.0.1:8080", "ingest base URL")
@@ -180,7 +176,7 @@ func runDemo(ctx context.Context, domains []*Domain, args []string, getenv func(
 	return nil
 }
 
-func runMigrate(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runMigrate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	c, _, err := parse("migrate", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
@@ -198,14 +194,14 @@ func runMigrate(ctx context.Context, domains []*Domain, args []string, getenv fu
 	if err != nil {
 		return err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
-	if err := postgres.Migrate(ctx, url, nil, dep.migrations()...); err != nil {
+	if err := postgres.Migrate(ctx, url, nil, dep.Migrations()...); err != nil {
 		return err
 	}
-	vs, err := postgres.MigrationVersions(ctx, url, dep.migrations()...)
+	vs, err := postgres.MigrationVersions(ctx, url, dep.Migrations()...)
 	if err != nil {
 		return err
 	}
@@ -223,7 +219,7 @@ func setName(v postgres.SetVersion) string {
 	return v.Name
 }
 
-func runMigrateVersion(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runMigrateVersion(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	c, _, err := parse("migrate version", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
@@ -232,11 +228,11 @@ func runMigrateVersion(ctx context.Context, domains []*Domain, args []string, ge
 	if err != nil {
 		return err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
-	vs, err := postgres.MigrationVersions(ctx, c.DatabaseURL, dep.migrations()...)
+	vs, err := postgres.MigrationVersions(ctx, c.DatabaseURL, dep.Migrations()...)
 	if err != nil {
 		return err
 	}
@@ -251,7 +247,7 @@ func runMigrateVersion(ctx context.Context, domains []*Domain, args []string, ge
 	return nil
 }
 
-func runTopicsCreate(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTopicsCreate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	c, _, err := parse("topics create", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
@@ -260,16 +256,16 @@ func runTopicsCreate(ctx context.Context, domains []*Domain, args []string, gete
 	if err != nil {
 		return err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
-	if err := ensureTopics(ctx, cfg, dep); err != nil {
+	if err := cfg.EnsureTopics(ctx); err != nil {
 		return err
 	}
 	seen := map[string]bool{}
-	for _, a := range dep.aggregates() {
-		for _, s := range a.topics.Specs() {
+	for _, a := range dep.Aggregates() {
+		for _, s := range a.Topics.Specs() {
 			if !seen[s.Name] {
 				seen[s.Name] = true
 				fmt.Fprintf(stdout, "%s\tpartitions=%d\t%v\n", s.Name, s.Partitions, s.Configs)
@@ -294,7 +290,7 @@ func postgresFlags(args []string, getenv func(string) string, stdout io.Writer, 
 	return postgres.Local{Dir: filepath.Join(dataDir, "postgres"), Port: *port}, fs.Args(), nil
 }
 
-func runPostgresUp(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runPostgresUp(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	local, _, err := postgresFlags(args, getenv, stdout, "postgres up")
 	if err != nil {
 		return err
@@ -311,7 +307,7 @@ func runPostgresUp(ctx context.Context, domains []*Domain, args []string, getenv
 	return nil
 }
 
-func runPostgresDown(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runPostgresDown(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	local, _, err := postgresFlags(args, getenv, stdout, "postgres down")
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/trace"
 )
@@ -19,7 +20,7 @@ func init() {
 	register("trace", "print one command's whole path from an Idempotency-Key, provider/event-id, command id or event id: key, outbox, where it was shipped, status, events, inbox rows, corrections", runTrace)
 }
 
-func runTrace(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runTrace(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
 	var asJSON, noKafka bool
 	c, fs, err := parse("trace", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
@@ -40,11 +41,11 @@ func runTrace(ctx context.Context, domains []*Domain, args []string, getenv func
 	if err != nil {
 		return err
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
-	pool, err := openDatabase(ctx, cfg, dep, 2)
+	pool, err := cfg.OpenDatabase(ctx, 2)
 	if err != nil {
 		return err
 	}
@@ -55,8 +56,8 @@ func runTrace(ctx context.Context, domains []*Domain, args []string, getenv func
 	if err != nil {
 		return fmt.Errorf("trace %q: %w", fs.Arg(0), err)
 	}
-	if a := dep.handler(t.Command.CommandType); a != nil && !noKafka {
-		if err := locate(ctx, cfg, t, a.topics.Commands(), a.domain.events()); err != nil {
+	if a := dep.Handler(t.Command.CommandType); a != nil && !noKafka {
+		if err := locate(ctx, cfg, t, a.Topics.Commands(), a.Domain.EventsTopic()); err != nil {
 			t.Notes = append(t.Notes, "Kafka: "+err.Error())
 		}
 	}
@@ -83,7 +84,7 @@ func runTrace(ctx context.Context, domains []*Domain, args []string, getenv func
 // locate finds where the command and its events are on Kafka: the
 // outbox row is gone once shipped, so the topics are read from the
 // command's time on.
-func locate(ctx context.Context, cfg Config, t *trace.Trace, commands, events string) error {
+func locate(ctx context.Context, cfg onceflow.Config, t *trace.Trace, commands, events string) error {
 	cl, err := cfg.Kafka.NewClient()
 	if err != nil {
 		return err

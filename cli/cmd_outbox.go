@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/relay"
 )
@@ -17,7 +18,7 @@ func init() {
 	register("outbox status", "print the outbox per shard (backlog, oldest age, lease owner), the relays and the dead rows", runOutboxStatus)
 }
 
-func runOutboxStatus(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runOutboxStatus(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var dead int
 	c, fs, err := parse("outbox status", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.IntVar(&dead, "dead", 10, "how many of the newest dead rows to list (0: only count them)")

@@ -1,11 +1,9 @@
-package onceflow
+package cli
 
 import (
 	"bytes"
 	"context"
 	"flag"
-	"github.com/onceflow/onceflow/pipeline/jobs"
-	"github.com/onceflow/onceflow/pipeline/webhooks"
 	"io"
 	"log/slog"
 	"os"
@@ -13,6 +11,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/pipeline/jobs"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
 // A malformed number in the environment stops the start with its name and
@@ -50,7 +52,7 @@ func TestUsageHidesSecrets(t *testing.T) {
 	for _, name := range []string{"ingest", "relay", "processor", "projector"} {
 		for _, args := range [][]string{{"-h"}, {"-no-such-flag"}, {"-partitions", "many"}, {"extra"}, {"-log-level", "error"}} {
 			var out bytes.Buffer
-			err := runComponent(context.Background(), name, Components{Relay: true}, nil, args, getenv, &out)
+			err := runComponent(context.Background(), name, onceflow.Components{Relay: true}, nil, args, getenv, &out)
 			if err == nil {
 				t.Fatalf("%s %v succeeded", name, args)
 			}
@@ -203,8 +205,8 @@ func TestPoolAndProxySettings(t *testing.T) {
 		return c
 	}
 	cfg, err := parse(nil).Stack(slog.New(slog.DiscardHandler))
-	if err != nil || cfg.DatabaseMaxConns != DefaultDatabaseMaxConns {
-		t.Errorf("default pool size %d (%v), want %d", cfg.DatabaseMaxConns, err, DefaultDatabaseMaxConns)
+	if err != nil || cfg.DatabaseMaxConns != onceflow.DefaultDatabaseMaxConns {
+		t.Errorf("default pool size %d (%v), want %d", cfg.DatabaseMaxConns, err, onceflow.DefaultDatabaseMaxConns)
 	}
 	if _, err := parse(map[string]string{"DATABASE_MAX_CONNS": "0"}).Stack(slog.New(slog.DiscardHandler)); err == nil {
 		t.Error("DATABASE_MAX_CONNS=0 was accepted")

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 )
 
@@ -17,7 +18,7 @@ func init() {
 	register("reconcile", "find stuck or ambiguous work (commands pending too long, outbox_dead, DLQ, unapplied inbound events, jobs out of attempts), ask their authority, correct through commands, audit, report", runReconcile)
 }
 
-func runReconcile(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runReconcile(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var olderThan time.Duration
 	var dryRun, asJSON bool
 	var resend string
@@ -51,11 +52,11 @@ func runReconcile(ctx context.Context, domains []*Domain, args []string, getenv 
 			return fmt.Errorf("-resend %q: only outbox-dead and dlq keep their commands to send again, and a job can run again", k)
 		}
 	}
-	cfg, dep, serdes, err := setupSerdes(ctx, c, io.Discard)
+	cfg, err := setup(c, io.Discard)
 	if err != nil {
 		return err
 	}
-	pool, err := openDatabase(ctx, cfg, dep, 4)
+	pool, err := cfg.OpenDatabase(ctx, 4)
 	if err != nil {
 		return err
 	}
@@ -65,7 +66,7 @@ func runReconcile(ctx context.Context, domains []*Domain, args []string, getenv 
 		return err
 	}
 	defer cl.Close()
-	r, err := newReconciler(cfg, reconcile.Config{MaxPendingAge: olderThan, DryRun: dryRun}, pool, dep, serdes, cl, extra, nil)
+	r, err := cfg.NewReconciler(ctx, reconcile.Config{MaxPendingAge: olderThan, DryRun: dryRun, Authorities: extra}, pool, cl)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
@@ -32,7 +33,7 @@ func connectOps(ctx context.Context, c *Common) (*pgxpool.Pool, error) {
 	return postgres.Connect(ctx, c.DatabaseURL, 2)
 }
 
-func runWebhooksList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runWebhooksList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
 	c, fs, err := parse("webhooks list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "the tenant (required)")
@@ -84,7 +85,7 @@ func runWebhooksList(ctx context.Context, domains []*Domain, args []string, gete
 	return tw.Flush()
 }
 
-func runWebhooksDeliveries(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runWebhooksDeliveries(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant, sub, status string
 	var limit int
 	c, fs, err := parse("webhooks deliveries", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
@@ -144,7 +145,7 @@ func runWebhooksDeliveries(ctx context.Context, domains []*Domain, args []string
 	return tw.Flush()
 }
 
-func runWebhooksRedeliver(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runWebhooksRedeliver(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant, sub, event string
 	var dead bool
 	c, fs, err := parse("webhooks redeliver", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
@@ -198,7 +199,7 @@ func runWebhooksRedeliver(ctx context.Context, domains []*Domain, args []string,
 	return errors.Join(errs...)
 }
 
-func runJobsList(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runJobsList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var state, kind string
 	var limit int
 	c, fs, err := parse("jobs list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {

@@ -1,4 +1,4 @@
-package onceflow
+package cli
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
@@ -31,7 +32,7 @@ type lagRow struct {
 	Retrying string `json:"retrying,omitempty"` // class of the transient error its batch is retried on
 }
 
-func runLag(ctx context.Context, domains []*Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var groups, output, serve string
 	c, fs, err := parse("lag", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&groups, "group", "", "only these groups or consumers, comma separated (default: every group on the cluster and every consumer with offsets in Postgres)")
@@ -91,11 +92,11 @@ func runLag(ctx context.Context, domains []*Domain, args []string, getenv func(s
 			return err
 		}
 	}
-	dep, err := cfg.deployment()
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
-	all, err := lagSources(ctx, cl, pool, dep)
+	all, err := dep.LagSources(ctx, cl, pool)
 	if err != nil {
 		return err
 	}
@@ -138,13 +139,13 @@ func runLag(ctx context.Context, domains []*Domain, args []string, getenv func(s
 
 // serveLag serves the lag of every consumer of the cluster as Kafka Lag
 // Exporter's metrics until ctx ends: one such process per cluster.
-func serveLag(ctx context.Context, cfg Config, databaseURL, addr string) error {
-	dep, err := cfg.deployment()
+func serveLag(ctx context.Context, cfg onceflow.Config, databaseURL, addr string) error {
+	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
 	}
 	reg := admin.NewRegistry()
-	lag, cl, err := NewLagCollector(cfg, reg)
+	lag, cl, err := onceflow.NewLagCollector(cfg, reg)
 	if err != nil {
 		return err
 	}
@@ -157,7 +158,7 @@ func serveLag(ctx context.Context, cfg Config, databaseURL, addr string) error {
 		defer pool.Close()
 	}
 	lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) {
-		return lagSources(ctx, cl, pool, dep)
+		return dep.LagSources(ctx, cl, pool)
 	})
 	err = admin.New(addr, reg, cfg.Logger.With("component", "lag")).Run(ctx)
 	if errors.Is(err, context.Canceled) {

@@ -1,0 +1,78 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/projector"
+)
+
+// run runs a command of the ledger's binary, as cmd/onceflow does.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	return cli.Run(ctx, []*onceflow.Domain{ledgerapp.Domain()}, args, getenv, stdout)
+}
+
+// ledgerSerdes are the ledger's serdes over an embedded registry, with
+// the ids the CLI's embedded registry gives.
+func ledgerSerdes(t testing.TB, topics kafka.Topics) onceflow.Serdes {
+	t.Helper()
+	s, err := onceflow.NewSerdes(context.Background(), avro.NewEmbedded(), ledgerapp.Domain(), "", topics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// ledgerProjections are the read models the ledger's projector applies.
+func ledgerProjections() []pipeline.Projection[pgx.Tx] {
+	return []pipeline.Projection[pgx.Tx]{ledgerapp.Accounts{}, projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}, projector.AuditLog{}}
+}
+
+// commandNames are the commands the usage lists.
+func commandNames(t *testing.T) []string {
+	t.Helper()
+	var out strings.Builder
+	if err := run(context.Background(), nil, func(string) string { return "" }, &out); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		if name, _, ok := strings.Cut(strings.TrimPrefix(line, "  "), "  "); ok && strings.HasPrefix(line, "  ") {
+			names = append(names, strings.TrimSpace(name))
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("the usage lists %d commands:\n%s", len(names), out.String())
+	}
+	return names
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
