@@ -155,8 +155,10 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 	g, gctx := errgroup.WithContext(runCtx)
 	addrs := Addrs{Admin: adminLn.Addr().String()}
 	// own: each consumer component adds its source below.
+	// A process of no Kafka component (a worker) has no lag of its own to
+	// export, and needs no Kafka unless told to export the cluster's.
 	lag := &lagMetrics{}
-	if rc.LagExport != LagExportOff {
+	if rc.LagExport == LagExportCluster || rc.LagExport != LagExportOff && c.kafka() {
 		if lag, err = newLagMetrics(rc.Config, metrics); err != nil {
 			return err
 		}

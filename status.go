@@ -3,6 +3,7 @@ package onceflow
 import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/admin/status"
@@ -13,9 +14,15 @@ import (
 // it has one, and the deployment's DLQ topics; Run the page for its
 // samples, and call done when the process ends.
 func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, pool *pgxpool.Pool, dep *Deployment) (page *status.Page, done func(), err error) {
-	cl, err := rc.Kafka.NewClient()
-	if err != nil {
-		return nil, nil, err
+	// The DLQs are read with the process's Kafka client; a process of no
+	// Kafka component (a worker) has none and shows none.
+	var cl *kgo.Client
+	closeClient := func() {}
+	if rc.Components.kafka() {
+		if cl, err = rc.Kafka.NewClient(); err != nil {
+			return nil, nil, err
+		}
+		closeClient = cl.Close
 	}
 	cfg := status.Config{
 		Gatherer: metrics,
@@ -41,9 +48,9 @@ func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, p
 		cfg.EventTopics = append(cfg.EventTopics, d.EventsTopic())
 	}
 	if page, err = status.New(cfg); err != nil {
-		cl.Close()
+		closeClient()
 		return nil, nil, err
 	}
 	page.Register(adm)
-	return page, cl.Close, nil
+	return page, closeClient, nil
 }

@@ -1,9 +1,10 @@
 // Package cli is onceflow's command line: cli.Main makes a binary of a
 // team's domains (every component, `dev`, and the operator commands
 // docs/architecture.md#operator-cli lists), and cli.ComponentMain a binary
-// of one component. It reads the configuration every onceflow binary
-// shares (docs/architecture.md#configuration): each setting is an
-// environment variable with a flag of the same meaning; the flag wins.
+// of one component. Every setting is an environment variable with a flag
+// of the same meaning, the flag winning (docs/architecture.md#configuration),
+// declared once in settings.go; each command reads, and lists in its -h,
+// the settings it uses.
 //
 // It sits above the domain API: cmd/* imports it, it imports package
 // onceflow, which imports the library (pipeline/...), in that direction
@@ -13,25 +14,54 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/onceflow/onceflow"
 )
 
 // Main is the main of a binary that runs domains: the operator CLI
 // (docs/architecture.md#operator-cli), each component (`ingest`, `relay`,
-// `processor`, `projector`, or `run` for several) and the embedded default,
-// `dev`: a Kafka-compatible broker, a schema registry, Postgres and every
+// `processor`, `projector`, `worker`) and the embedded default, `dev`: a
+// Kafka-compatible broker, a schema registry, Postgres and every
 // component in one process. The binary's name prefixes its errors.
 func Main(domains ...*onceflow.Domain) {
 	mainWith(filepath.Base(os.Args[0]), func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 		return Run(ctx, domains, args, getenv, stdout)
 	})
+}
+
+// ComponentMain is the main of a binary that runs components of domains
+// (cmd/ingest and the others): Main's `ingest`, `relay`, `processor`,
+// `projector` or `worker` as a binary of its own, named name.
+func ComponentMain(name string, components onceflow.Components, domains ...*onceflow.Domain) {
+	mainWith(name, func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+		c := componentCommand(name, components)
+		return c.run(ctx, domains, args, getenv, stdout)
+	})
+}
+
+// mainWith is the main of every onceflow binary: run gets a context that
+// ends on SIGINT or SIGTERM, the arguments and the environment. An error
+// is printed after name and exits 1; -h exits 0 after the usage.
+func mainWith(name string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
 }
 
 // runFunc is a subcommand: the deployment's domains, its arguments, the
@@ -40,22 +70,30 @@ type runFunc func(ctx context.Context, domains []*onceflow.Domain, args []string
 
 // command is one subcommand.
 type command struct {
-	usage string
-	run   runFunc
+	name    string // "tenants keys create"
+	title   string // what its -h calls it; default "onceflow " + name
+	summary string // one line, in the list of commands
+	args    string // what follows the flags in its usage line ("NAME"), if anything
+	// settings are the settings it reads and lists in -h (settings.go).
+	settings []*setting
+	// more, if set, is printed in -h after the usage line.
+	more string
+	run  runFunc
 }
 
 // commands are the subcommands by name ("topics create"). Each file of
 // this package registers its own in an init function.
-var commands = map[string]command{}
+var commands = map[string]*command{}
 
-func register(name, usage string, run runFunc) {
-	if _, dup := commands[name]; dup {
-		panic("onceflow: command registered twice: " + name)
+func register(c *command) {
+	if _, dup := commands[c.name]; dup {
+		panic("onceflow: command registered twice: " + c.name)
 	}
-	commands[name] = command{usage, run}
+	commands[c.name] = c
 }
 
-// Run runs the command args names (Main's arguments) for domains.
+// Run runs the command args names (Main's arguments) for domains. A word
+// that only begins commands ("webhooks") lists them.
 func Run(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	for n := 3; n >= 1; n-- {
 		if len(args) >= n {
@@ -64,14 +102,20 @@ func Run(ctx context.Context, domains []*onceflow.Domain, args []string, getenv 
 			}
 		}
 	}
-	usage(stdout)
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	known := knownWords(args)
+	usage(stdout, known)
+	rest := args[len(strings.Fields(known)):]
+	if len(rest) == 0 || isHelp(rest[0]) {
 		return nil
 	}
-	if w := knownWords(args); w != "" {
-		return fmt.Errorf("unknown %q command", w)
+	if known != "" {
+		return fmt.Errorf("unknown %q command", known)
 	}
 	return errors.New("unknown command")
+}
+
+func isHelp(arg string) bool {
+	return arg == "help" || arg == "-h" || arg == "--help" || arg == "-help"
 }
 
 // knownWords returns the longest run of args' first words that begins some
@@ -94,15 +138,96 @@ func knownWords(args []string) string {
 	return known
 }
 
-func usage(w io.Writer) {
-	names := make([]string, 0, len(commands))
+// usage lists the commands under prefix (every command when it is empty).
+func usage(w io.Writer, prefix string) {
+	var names []string
 	for n := range commands {
-		names = append(names, n)
+		if prefix == "" || strings.HasPrefix(n, prefix+" ") {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
-	fmt.Fprintln(w, "usage: onceflow COMMAND [flags]   (onceflow COMMAND -h for its flags)")
-	fmt.Fprintln(w)
+	what := strings.TrimSpace("onceflow " + prefix)
+	fmt.Fprintf(w, "usage: %s COMMAND [flags]   (%s COMMAND -h for its flags)\n\n", what, what)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-20s %s\n", n, commands[n].usage)
+		fmt.Fprintf(w, "  %-20s %s\n", strings.TrimPrefix(n, prefix+" "), commands[n].summary)
+	}
+}
+
+// parse parses a command's arguments: its own flags (own) and the
+// settings it uses, which it returns read into a config.
+func (c *command) parse(domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*config, *flag.FlagSet, error) {
+	title := c.title
+	if title == "" {
+		title = "onceflow " + c.name
+	}
+	fs := flag.NewFlagSet(title, flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	if own != nil {
+		own(fs)
+	}
+	ownFlags := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { ownFlags[f.Name] = true })
+	ss := define(fs, c.settings, getenv)
+	fs.Usage = func() { c.printUsage(stdout, title, fs, ownFlags, ss) }
+	if err := fs.Parse(args); err != nil {
+		return nil, fs, err
+	}
+	fs.Visit(func(f *flag.Flag) {
+		for _, s := range c.settings {
+			if s.flag == f.Name {
+				ss.given[s] = true
+			}
+		}
+	})
+	cfg := &config{getenv: getenv, stdout: stdout}
+	cfg.Domains = domains
+	return cfg, fs, ss.apply(cfg)
+}
+
+// printUsage is a command's -h: its usage line, its own flags, then the
+// settings it reads, by section.
+func (c *command) printUsage(w io.Writer, title string, fs *flag.FlagSet, own map[string]bool, ss *settingsSet) {
+	line := "usage: " + title
+	if len(own) > 0 || len(c.settings) > 0 {
+		line += " [flags]"
+	}
+	if c.args != "" {
+		line += " " + c.args
+	}
+	fmt.Fprintln(w, line)
+	if c.summary != "" {
+		fmt.Fprintln(w, c.summary)
+	}
+	if c.more != "" {
+		fmt.Fprintln(w, c.more)
+	}
+	var subs []string
+	for n := range commands {
+		if strings.HasPrefix(n, c.name+" ") {
+			subs = append(subs, n)
+		}
+	}
+	if len(subs) > 0 {
+		sort.Strings(subs)
+		fmt.Fprintln(w, "\nCommands:")
+		for _, n := range subs {
+			fmt.Fprintf(w, "  %-20s %s\n", strings.TrimPrefix(n, c.name+" "), commands[n].summary)
+		}
+	}
+	if len(own) > 0 {
+		fmt.Fprintln(w, "\nFlags:")
+		only := flag.NewFlagSet(title, flag.ContinueOnError)
+		only.SetOutput(w)
+		fs.VisitAll(func(f *flag.Flag) {
+			if own[f.Name] {
+				only.Var(f.Value, f.Name, f.Usage)
+			}
+		})
+		only.PrintDefaults()
+	}
+	if len(c.settings) > 0 {
+		fmt.Fprintln(w, "\nSettings (each also an environment variable; the flag wins):")
+		printSettings(w, c.settings, ss.texts)
 	}
 }

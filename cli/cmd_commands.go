@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"time"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
@@ -15,56 +14,35 @@ import (
 )
 
 func init() {
-	register("dev", "run the embedded default: broker, registry, Postgres and every component", runDev)
-	register("demo", "drive a scripted workload against a running ingest and check the balances", runDemo)
-	register("migrate", "apply the Postgres migrations", runMigrate)
-	register("migrate version", "print where the database stands on each set of migrations (onceflow's, each domain's) and the newest this binary has", runMigrateVersion)
-	register("topics create", "create the topics (cleanup policies, retention, partitions) and check them", runTopicsCreate)
-	register("postgres up", "start (or reuse) the private Postgres cluster and print its URL", runPostgresUp)
-	register("postgres down", "stop the private Postgres cluster", runPostgresDown)
-	for name, c := range map[string]onceflow.Components{
-		"ingest": {Ingest: true}, "relay": {Relay: true}, "processor": {Processor: true}, "projector": {Projector: true},
-		"worker": {Worker: true},
-	} {
-		register(name, "run the "+name+" (its flags: "+name+" -h)", func(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-			return runComponent(ctx, name, c, domains, args, getenv, stdout)
-		})
-	}
+	register(&command{name: "demo", summary: "drive a scripted workload against a running ingest and check the balances",
+		settings: use([]*setting{devAPIKey}), run: runDemo})
+	register(&command{name: "migrate", summary: "apply the Postgres migrations",
+		settings: use([]*setting{databaseURL, databaseMigrationURL}), run: runMigrate})
+	register(&command{name: "migrate version", summary: "print where the database stands on each set of migrations (onceflow's, each domain's) and the newest this binary has",
+		settings: use([]*setting{databaseURL}), run: runMigrateVersion})
+	register(&command{name: "topics create", summary: "create the topics (cleanup policies, retention, partitions) and check them",
+		settings: use(kafkaSettings, topicsSettings), run: runTopicsCreate})
+	register(&command{name: "postgres up", summary: "start (or reuse) the private Postgres cluster and print its URL",
+		settings: use([]*setting{dataDir, databaseURL}), run: runPostgresUp})
+	register(&command{name: "postgres down", summary: "stop the private Postgres cluster",
+		settings: use([]*setting{dataDir}), run: runPostgresDown})
 }
 
-// parse parses a subcommand's flags (the shared ones plus its own).
-func parse(name string, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*Common, *flag.FlagSet, error) {
-	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	c := Register(fs, getenv)
-	c.domains = domains
-	if own != nil {
-		own(fs)
-	}
-	return c, fs, fs.Parse(args)
+// parse parses the arguments of the command called name: its own flags
+// (own) and the settings it uses.
+func parse(name string, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*config, *flag.FlagSet, error) {
+	return commands[name].parse(domains, args, getenv, stdout, own)
 }
 
-func setup(c *Common, stdout io.Writer) (onceflow.Config, error) {
-	logger, err := c.Logger(stdout)
-	if err != nil {
-		return onceflow.Config{}, err
-	}
-	return c.Stack(logger)
-}
-
-// setupSerdes is setup with the deployment and its serdes, over the
+// deploymentSerdes returns the deployment and its serdes by topic, over the
 // registry the components use.
-func setupSerdes(ctx context.Context, c *Common, stdout io.Writer) (onceflow.Config, *onceflow.Deployment, map[string]*avro.Serde, error) {
-	cfg, err := setup(c, stdout)
-	if err != nil {
-		return onceflow.Config{}, nil, nil, err
-	}
+func deploymentSerdes(ctx context.Context, cfg onceflow.Config) (*onceflow.Deployment, map[string]*avro.Serde, error) {
 	dep, err := cfg.Deployment()
 	if err != nil {
-		return onceflow.Config{}, nil, nil, err
+		return nil, nil, err
 	}
 	s, err := cfg.TopicSerdes(ctx)
-	return cfg, dep, s, err
+	return dep, s, err
 }
 
 // commandTypesOf lists domains' command types for a usage text (none
@@ -77,83 +55,15 @@ func commandTypesOf(domains []*onceflow.Domain) string {
 	return dep.CommandTypes()
 }
 
-func runDev(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	dataDir := getenv("ONCEFLOW_DATA_DIR")
-	if dataDir == "" {
-		dataDir = ".data"
-	}
-	var brokerOnly bool
-	var registryAddr string
-	brokerAddr := getenv("ONCEFLOW_DEV_BROKER_ADDR")
-	if brokerAddr == "" {
-		brokerAddr = "127.0.0.1:9092"
-	}
-	minSession := getenv("ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT")
-	if minSession == "" {
-		minSession = "6s"
-	}
-	c, fs, err := parse("dev", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
-		fs.BoolVar(&brokerOnly, "broker-only", false, "run only the embedded broker and registry")
-		fs.StringVar(&minSession, "group-min-session-timeout", minSession, "the broker's smallest group session timeout; lower it to test rebalances quickly (ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT)")
-		fs.StringVar(&dataDir, "data-dir", dataDir, "broker data and private Postgres cluster (ONCEFLOW_DATA_DIR)")
-		fs.StringVar(&registryAddr, "registry-addr", "127.0.0.1:8081", "schema registry address; it accepts new schemas from anyone who reaches it")
-		fs.StringVar(&brokerAddr, "broker-addr", brokerAddr, "the embedded broker's address, when KAFKA_BROKERS does not name a Kafka cluster to run on instead (ONCEFLOW_DEV_BROKER_ADDR)")
-	})
-	if err != nil {
-		return err
-	}
-	// KAFKA_BROKERS (or -kafka-brokers) names a cluster to run on instead
-	// of the embedded broker: Apache Kafka, `make kafka-up`.
-	external := getenv("KAFKA_BROKERS") != ""
-	fs.Visit(func(f *flag.Flag) { external = external || f.Name == "kafka-brokers" })
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	cfg, err := setup(c, stdout)
-	if err != nil {
-		return err
-	}
-	pcfg, err := c.Processor()
-	if err != nil {
-		return err
-	}
-	rcfg, err := c.Relay()
-	if err != nil {
-		return err
-	}
-	icfg, err := c.ingest(getenv)
-	if err != nil {
-		return err
-	}
-	minSessionTimeout, err := time.ParseDuration(minSession)
-	if err != nil || minSessionTimeout <= 0 {
-		return fmt.Errorf("-group-min-session-timeout %q: want a positive duration", minSession)
-	}
-	return onceflow.RunDev(ctx, onceflow.DevConfig{
-		RunConfig: onceflow.RunConfig{Config: cfg, HTTPAddr: c.HTTPAddr, AdminAddr: c.AdminAddr, AdminToken: c.AdminToken,
-			Ingest: icfg, Processor: pcfg, Relay: rcfg, LagExport: c.LagExport},
-		DataDir:       dataDir,
-		BrokerAddr:    brokerAddr,
-		ExternalKafka: external,
-		RegistryAddr:  registryAddr,
-		BrokerOnly:    brokerOnly,
-		APIKey:        getenv("ONCEFLOW_DEV_API_KEY"),
-		Out:           stdout,
-
-		GroupMinSessionTimeout: minSessionTimeout,
-	})
-}
-
 func runDemo(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("onceflow demo", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	url := fs.String("url", "http://127.0.0.1:8080", "ingest base URL")
-	if err := fs.Parse(args); err != nil {
+	var url string
+	c, _, err := parse("demo", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&url, "url", "http://127.0.0.1:8080", "ingest base URL")
+	})
+	if err != nil {
 		return err
 	}
-	// The key comes from the environment only: an argument would sit in
-	// the shell's history and in every process listing.
-	key := getenv("ONCEFLOW_DEV_API_KEY")
+	key := c.APIKey
 	if key == "" {
 		return fmt.Errorf("an API key is required in ONCEFLOW_DEV_API_KEY")
 	}
@@ -165,7 +75,7 @@ func runDemo(ctx context.Context, domains []*onceflow.Domain, args []string, get
 		if len(domains) > 1 {
 			fmt.Fprintf(stdout, "== %s\n", d.Name)
 		}
-		if err := d.Demo(ctx, &apiclient.Client{BaseURL: *url, APIKey: key}, stdout); err != nil {
+		if err := d.Demo(ctx, &apiclient.Client{BaseURL: url, APIKey: key}, stdout); err != nil {
 			return fmt.Errorf("%s demo: %w", d.Name, err)
 		}
 		ran = true
@@ -177,9 +87,12 @@ func runDemo(ctx context.Context, domains []*onceflow.Domain, args []string, get
 }
 
 func runMigrate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("migrate", domains, args, getenv, stdout, nil)
+	c, fs, err := parse("migrate", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	// The migration role owns the tables; DATABASE_URL may be the runtime
 	// role, which cannot (docs/security.md#database-roles).
@@ -190,10 +103,7 @@ func runMigrate(ctx context.Context, domains []*onceflow.Domain, args []string, 
 	if url == "" {
 		return fmt.Errorf("DATABASE_MIGRATION_URL or DATABASE_URL is required")
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
-	}
+	cfg := c.Config
 	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
@@ -220,14 +130,14 @@ func setName(v postgres.SetVersion) string {
 }
 
 func runMigrateVersion(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("migrate version", domains, args, getenv, stdout, nil)
+	c, fs, err := parse("migrate version", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	cfg := c.Config
 	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
@@ -248,14 +158,14 @@ func runMigrateVersion(ctx context.Context, domains []*onceflow.Domain, args []s
 }
 
 func runTopicsCreate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("topics create", domains, args, getenv, stdout, nil)
+	c, fs, err := parse("topics create", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	cfg := c.Config
 	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
@@ -275,28 +185,28 @@ func runTopicsCreate(ctx context.Context, domains []*onceflow.Domain, args []str
 	return nil
 }
 
-func postgresFlags(args []string, getenv func(string) string, stdout io.Writer, name string) (postgres.Local, []string, error) {
-	fs := flag.NewFlagSet("onceflow "+name, flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	dataDir := getenv("ONCEFLOW_DATA_DIR")
-	if dataDir == "" {
-		dataDir = ".data"
+// postgresFlags are the private cluster's: where it lives, on which port.
+func postgresFlags(name string, args []string, getenv func(string) string, stdout io.Writer) (*config, postgres.Local, error) {
+	var port int
+	c, fs, err := parse(name, nil, args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.IntVar(&port, "port", 54329, "port on 127.0.0.1")
+	})
+	if err != nil {
+		return nil, postgres.Local{}, err
 	}
-	fs.StringVar(&dataDir, "data-dir", dataDir, "the cluster lives in DATA_DIR/postgres (ONCEFLOW_DATA_DIR)")
-	port := fs.Int("port", 54329, "port on 127.0.0.1")
-	if err := fs.Parse(args); err != nil {
-		return postgres.Local{}, nil, err
+	if fs.NArg() > 0 {
+		return nil, postgres.Local{}, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	return postgres.Local{Dir: filepath.Join(dataDir, "postgres"), Port: *port}, fs.Args(), nil
+	return c, postgres.Local{Dir: filepath.Join(c.DataDir, "postgres"), Port: port}, nil
 }
 
 func runPostgresUp(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	local, _, err := postgresFlags(args, getenv, stdout, "postgres up")
+	c, local, err := postgresFlags("postgres up", args, getenv, stdout)
 	if err != nil {
 		return err
 	}
 	local.Logf = func(f string, a ...any) { fmt.Fprintf(stdout, "# "+f+"\n", a...) }
-	url, err := postgres.Resolve(ctx, getenv("DATABASE_URL"), local)
+	url, err := postgres.Resolve(ctx, c.DatabaseURL, local)
 	if err != nil {
 		return err
 	}
@@ -308,7 +218,7 @@ func runPostgresUp(ctx context.Context, domains []*onceflow.Domain, args []strin
 }
 
 func runPostgresDown(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	local, _, err := postgresFlags(args, getenv, stdout, "postgres down")
+	_, local, err := postgresFlags("postgres down", args, getenv, stdout)
 	if err != nil {
 		return err
 	}

@@ -19,8 +19,12 @@ import (
 )
 
 func init() {
-	register("dlq list", "list the poison commands in the commands DLQ with their reasons", runDLQList)
-	register("dlq redrive", "republish chosen DLQ records to the commands topic with their original command ids", runDLQRedrive)
+	register(&command{name: "dlq list", summary: "list the poison commands in the commands DLQ with their reasons",
+		settings: use(kafkaSettings, []*setting{topicPrefix}), run: runDLQList})
+	register(&command{name: "dlq redrive", summary: "republish chosen DLQ records to the commands topic with their original command ids", args: "(PARTITION:OFFSET... | -reason R | -all)",
+		more: "Republishes the chosen records to the commands topic as they came (key, value, headers,\n" +
+			"command id, timestamp). A command handled meanwhile is recognized by its id and skipped.",
+		settings: use(kafkaSettings, []*setting{topicPrefix}), run: runDLQRedrive})
 }
 
 func runDLQList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -70,12 +74,6 @@ func runDLQRedrive(ctx context.Context, domains []*onceflow.Domain, args []strin
 		fs.StringVar(&aggregate, "aggregate-type", "", aggregateTypeUsage)
 		fs.BoolVar(&all, "all", false, "redrive every record")
 		fs.BoolVar(&dryRun, "dry-run", false, "print what would be redriven, produce nothing")
-		fs.Usage = func() {
-			fmt.Fprintln(stdout, "usage: onceflow dlq redrive [-dry-run] (PARTITION:OFFSET... | -reason R | -all)\n"+
-				"Republishes the chosen records to the commands topic as they came (key, value, headers,\n"+
-				"command id, timestamp). A command handled meanwhile is recognized by its id and skipped.")
-			fs.PrintDefaults()
-		}
 	})
 	if err != nil {
 		return err
@@ -170,11 +168,8 @@ const aggregateTypeUsage = "the aggregate type whose DLQ to read, DOMAIN/TYPE (d
 // readDLQ reads the DLQ of the aggregate type named DOMAIN/TYPE (empty:
 // the deployment's only one), keeping the records with reason (all if
 // empty).
-func readDLQ(ctx context.Context, c *Common, reason, aggregate string) ([]processor.DeadLetter, onceflow.Config, *onceflow.DeployedAggregate, error) {
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return nil, cfg, nil, err
-	}
+func readDLQ(ctx context.Context, c *config, reason, aggregate string) ([]processor.DeadLetter, onceflow.Config, *onceflow.DeployedAggregate, error) {
+	cfg := c.Config
 	dep, err := cfg.Deployment()
 	if err != nil {
 		return nil, cfg, nil, err

@@ -15,7 +15,8 @@ import (
 )
 
 func init() {
-	register("idempotency-check", "a tenant's Idempotency-Keys: replays and conflicts per key, most active first: idempotency-check --tenant T --hours H", runIdempotencyCheck)
+	register(&command{name: "idempotency-check", summary: "a tenant's Idempotency-Keys: replays and conflicts per key, most active first: idempotency-check --tenant T --hours H",
+		settings: use([]*setting{databaseURL}), run: runIdempotencyCheck})
 }
 
 // runIdempotencyCheck is the view an operator needs when a client

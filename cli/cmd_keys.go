@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -22,24 +21,34 @@ import (
 // typed on a command line stays in the shell's history and in every
 // process listing (docs/security.md).
 func init() {
-	register("tenants create", "create a tenant's API key and print it once: tenants create [-name LABEL] TENANT", runTenantsKeysCreate)
-	register("tenants keys create", "create another API key for a tenant and print it once: tenants keys create [-name LABEL] TENANT", runTenantsKeysCreate)
-	register("tenants keys list", "list API keys by id (never the keys): tenants keys list [-tenant TENANT]", runTenantsKeysList)
-	register("tenants keys revoke", "revoke an API key by id, at once: tenants keys revoke ID", runTenantsKeysRevoke)
+	register(&command{name: "tenants create", summary: "create a tenant's API key and print it once: tenants create [-name LABEL] TENANT", args: "TENANT",
+		settings: use([]*setting{databaseURL}), run: tenantsKeysCreate("tenants create")})
+	register(&command{name: "tenants keys create", summary: "create another API key for a tenant and print it once: tenants keys create [-name LABEL] TENANT", args: "TENANT",
+		settings: use([]*setting{databaseURL}), run: tenantsKeysCreate("tenants keys create")})
+	register(&command{name: "tenants keys list", summary: "list API keys by id (never the keys): tenants keys list [-tenant TENANT]",
+		settings: use([]*setting{databaseURL}), run: runTenantsKeysList})
+	register(&command{name: "tenants keys revoke", summary: "revoke an API key by id, at once: tenants keys revoke ID", args: "ID",
+		settings: use([]*setting{databaseURL}), run: runTenantsKeysRevoke})
 }
 
-// keysCommand parses a keys command's flags (own), checks that it has
-// want arguments and that check (if set) accepts them, and only then
-// connects to the database. usage starts with the command's name.
-func keysCommand(ctx context.Context, usage string, want int, args []string, getenv func(string) string, stdout io.Writer,
+// keysCommand parses the flags of the keys command called name (own),
+// checks that it has want arguments and that check (if set) accepts them,
+// and only then connects to the database.
+func keysCommand(ctx context.Context, name string, want int, args []string, getenv func(string) string, stdout io.Writer,
 	own func(*flag.FlagSet), check func([]string) error) (*pgxpool.Pool, []string, error) {
-	name := strings.Join(strings.Fields(usage)[:3], " ")
 	c, fs, err := parse(name, nil, args, getenv, stdout, own)
 	if err != nil {
 		return nil, nil, err
 	}
 	if fs.NArg() != want {
-		return nil, nil, errors.New("usage: onceflow " + usage)
+		usage := "onceflow " + name
+		if own != nil {
+			usage += " [flags]"
+		}
+		if a := commands[name].args; a != "" {
+			usage += " " + a
+		}
+		return nil, nil, errors.New("usage: " + usage)
 	}
 	if check != nil {
 		if err := check(fs.Args()); err != nil {
@@ -53,9 +62,17 @@ func keysCommand(ctx context.Context, usage string, want int, args []string, get
 	return pool, fs.Args(), err
 }
 
-func runTenantsKeysCreate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+// tenantsKeysCreate is `tenants create` and `tenants keys create`, by
+// command.
+func tenantsKeysCreate(command string) runFunc {
+	return func(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+		return runTenantsKeysCreate(ctx, command, args, getenv, stdout)
+	}
+}
+
+func runTenantsKeysCreate(ctx context.Context, command string, args []string, getenv func(string) string, stdout io.Writer) error {
 	name := "onceflow tenants create"
-	pool, rest, err := keysCommand(ctx, "tenants keys create [-name LABEL] TENANT", 1, args, getenv, stdout, func(fs *flag.FlagSet) {
+	pool, rest, err := keysCommand(ctx, command, 1, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", name, "a label for operators (which client holds the key)")
 	}, nil)
 	if err != nil {
@@ -73,7 +90,7 @@ func runTenantsKeysCreate(ctx context.Context, domains []*onceflow.Domain, args 
 
 func runTenantsKeysList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
-	pool, _, err := keysCommand(ctx, "tenants keys list [-tenant TENANT]", 0, args, getenv, stdout, func(fs *flag.FlagSet) {
+	pool, _, err := keysCommand(ctx, "tenants keys list", 0, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "only this tenant's keys")
 	}, nil)
 	if err != nil {
@@ -98,7 +115,7 @@ func runTenantsKeysList(ctx context.Context, domains []*onceflow.Domain, args []
 
 func runTenantsKeysRevoke(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var id int64
-	pool, _, err := keysCommand(ctx, "tenants keys revoke ID", 1, args, getenv, stdout, nil, func(rest []string) error {
+	pool, _, err := keysCommand(ctx, "tenants keys revoke", 1, args, getenv, stdout, nil, func(rest []string) error {
 		var err error
 		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id <= 0 {
 			// Not echoed: it may be a key pasted where its id belongs.

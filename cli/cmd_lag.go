@@ -22,7 +22,8 @@ import (
 )
 
 func init() {
-	register("lag", "consumer lag per group, topic and partition against the last stable offset, and parked partitions", runLag)
+	register(&command{name: "lag", summary: "consumer lag per group, topic and partition against the last stable offset, and parked partitions",
+		settings: use(kafkaSettings, []*setting{databaseURL, topicPrefix}, loggingSettings), run: runLag})
 }
 
 // lagRow is one line of `onceflow lag` (and one object of -o json).
@@ -48,18 +49,12 @@ func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 	if output != "table" && output != "json" {
 		return fmt.Errorf("-o %q: want table or json", output)
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
-	}
+	cfg := c.Config
 	if serve != "" {
 		if groups != "" {
 			return fmt.Errorf("-serve exports every consumer; -group does not apply")
 		}
-		logger, err := c.Logger(stdout)
-		if err != nil {
-			return err
-		}
+		logger := c.Logger
 		cfg.Logger = logger
 		return serveLag(ctx, cfg, c.DatabaseURL, serve)
 	}

@@ -15,7 +15,8 @@ import (
 )
 
 func init() {
-	register("outbox status", "print the outbox per shard (backlog, oldest age, lease owner), the relays and the dead rows", runOutboxStatus)
+	register(&command{name: "outbox status", summary: "print the outbox per shard (backlog, oldest age, lease owner), the relays and the dead rows",
+		settings: use([]*setting{databaseURL}), run: runOutboxStatus})
 }
 
 func runOutboxStatus(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {

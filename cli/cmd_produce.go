@@ -19,7 +19,8 @@ import (
 )
 
 func init() {
-	register("produce", "produce commands to the commands topic from JSON, Avro-encoded with their headers", runProduce)
+	register(&command{name: "produce", summary: "produce commands to the commands topic from JSON, Avro-encoded with their headers", more: produceUsage,
+		settings: use(kafkaSettings, registrySettings, []*setting{topicPrefix}), run: runProduce})
 }
 
 const produceUsage = `usage:
@@ -40,7 +41,6 @@ func runProduce(ctx context.Context, domains []*onceflow.Domain, args []string, 
 		fs.StringVar(&at, "time", "", "the command's time, RFC 3339; default now")
 		fs.StringVar(&one.Traceparent, "traceparent", "", "W3C traceparent header")
 		fs.StringVar(&file, "file", "", "read JSON lines from this file instead of standard input")
-		fs.Usage = func() { fmt.Fprintln(stdout, produceUsage); fs.PrintDefaults() }
 	})
 	if err != nil {
 		return err
@@ -85,7 +85,8 @@ func runProduce(ctx context.Context, domains []*onceflow.Domain, args []string, 
 		}
 	}
 
-	cfg, dep, serdes, err := setupSerdes(ctx, c, io.Discard)
+	cfg := c.Config
+	dep, serdes, err := deploymentSerdes(ctx, cfg)
 	if err != nil {
 		return err
 	}

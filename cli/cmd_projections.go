@@ -19,9 +19,12 @@ import (
 )
 
 func init() {
-	register("projections rebuild", "rebuild a read model from the events topic into shadow tables and swap it in: projections rebuild NAME", runProjectionsRebuild)
-	register("projections unpark", "let a projector try its parked partitions again: projections unpark [PARTITION...]", runProjectionsUnpark)
-	register("projections list", "the projections, their tables, rebuilds and parked partitions", runProjectionsList)
+	register(&command{name: "projections rebuild", summary: "rebuild a read model from the events topic into shadow tables and swap it in: projections rebuild NAME", args: "NAME",
+		settings: use(kafkaSettings, registrySettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix}, loggingSettings), run: runProjectionsRebuild})
+	register(&command{name: "projections unpark", summary: "let a projector try its parked partitions again: projections unpark [PARTITION...]", args: "[PARTITION...]",
+		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsUnpark})
+	register(&command{name: "projections list", summary: "the projections, their tables, rebuilds and parked partitions",
+		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsList})
 }
 
 func runProjectionsRebuild(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -40,7 +43,8 @@ func runProjectionsRebuild(ctx context.Context, domains []*onceflow.Domain, args
 	if c.DatabaseURL == "" {
 		return fmt.Errorf("DATABASE_URL is required")
 	}
-	cfg, dep, serdes, err := setupSerdes(ctx, c, io.Discard)
+	cfg := c.Config
+	dep, serdes, err := deploymentSerdes(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -64,10 +68,7 @@ func runProjectionsRebuild(ctx context.Context, domains []*onceflow.Domain, args
 		return err
 	}
 	defer pool.Close()
-	logger, err := c.Logger(stdout)
-	if err != nil {
-		return err
-	}
+	logger := c.Logger
 	rb, err := projector.NewRebuild(projector.RebuildConfig{
 		Topic: d.EventsTopic(), Consumer: consumer, Projection: proj,
 		Restart: restart, Verify: verify, LockTimeout: lockTimeout,
@@ -127,10 +128,7 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 	if c.DatabaseURL == "" {
 		return fmt.Errorf("DATABASE_URL is required")
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
-	}
+	cfg := c.Config
 	dep, err := cfg.Deployment()
 	if err != nil {
 		return err
@@ -166,10 +164,7 @@ func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
-	}
+	cfg := c.Config
 	dep, err := cfg.Deployment()
 	if err != nil {
 		return err

@@ -15,7 +15,8 @@ import (
 )
 
 func init() {
-	register("reconcile", "find stuck or ambiguous work (commands pending too long, outbox_dead, DLQ, unapplied inbound events, jobs out of attempts), ask their authority, correct through commands, audit, report", runReconcile)
+	register(&command{name: "reconcile", summary: "find stuck or ambiguous work (commands pending too long, outbox_dead, DLQ, unapplied inbound events, jobs out of attempts), ask their authority, correct through commands, audit, report",
+		settings: use(kafkaSettings, registrySettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix, outboxShards}), run: runReconcile})
 }
 
 func runReconcile(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -52,10 +53,7 @@ func runReconcile(ctx context.Context, domains []*onceflow.Domain, args []string
 			return fmt.Errorf("-resend %q: only outbox-dead and dlq keep their commands to send again, and a job can run again", k)
 		}
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
-	}
+	cfg := c.Config
 	pool, err := cfg.OpenDatabase(ctx, 4)
 	if err != nil {
 		return err

@@ -17,7 +17,8 @@ import (
 )
 
 func init() {
-	register("trace", "print one command's whole path from an Idempotency-Key, provider/event-id, command id or event id: key, outbox, where it was shipped, status, events, inbox rows, corrections", runTrace)
+	register(&command{name: "trace", summary: "print one command's whole path from an Idempotency-Key, provider/event-id, command id or event id: key, outbox, where it was shipped, status, events, inbox rows, corrections", args: "IDEMPOTENCY-KEY | PROVIDER/EVENT-ID | COMMAND-ID | EVENT-ID",
+		settings: use(kafkaSettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix}), run: runTrace})
 }
 
 func runTrace(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -37,10 +38,7 @@ func runTrace(ctx context.Context, domains []*onceflow.Domain, args []string, ge
 	if c.DatabaseURL == "" {
 		return fmt.Errorf("DATABASE_URL is required")
 	}
-	cfg, err := setup(c, io.Discard)
-	if err != nil {
-		return err
-	}
+	cfg := c.Config
 	dep, err := cfg.Deployment()
 	if err != nil {
 		return err

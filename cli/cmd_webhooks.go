@@ -19,14 +19,18 @@ import (
 )
 
 func init() {
-	register("webhooks list", "print a tenant's webhook subscriptions (status, event types, circuit breaker)", runWebhooksList)
-	register("webhooks deliveries", "print a tenant's webhook delivery log (status, attempts, last answer or error)", runWebhooksDeliveries)
-	register("webhooks redeliver", "send a tenant's webhook deliveries again (one event, or every dead one of a subscription)", runWebhooksRedeliver)
-	register("jobs list", "print River's jobs (state, attempts, last error), newest first", runJobsList)
+	register(&command{name: "webhooks list", summary: "print a tenant's webhook subscriptions (status, event types, circuit breaker)",
+		settings: use([]*setting{databaseURL}), run: runWebhooksList})
+	register(&command{name: "webhooks deliveries", summary: "print a tenant's webhook delivery log (status, attempts, last answer or error)",
+		settings: use([]*setting{databaseURL}), run: runWebhooksDeliveries})
+	register(&command{name: "webhooks redeliver", summary: "send a tenant's webhook deliveries again (one event, or every dead one of a subscription)",
+		settings: use([]*setting{databaseURL}), run: runWebhooksRedeliver})
+	register(&command{name: "jobs list", summary: "print River's jobs (state, attempts, last error), newest first",
+		settings: use([]*setting{databaseURL}), run: runJobsList})
 }
 
 // connectOps connects an operator command to DATABASE_URL.
-func connectOps(ctx context.Context, c *Common) (*pgxpool.Pool, error) {
+func connectOps(ctx context.Context, c *config) (*pgxpool.Pool, error) {
 	if c.DatabaseURL == "" {
 		return nil, errors.New("DATABASE_URL is required")
 	}

@@ -1,6 +1,6 @@
 // Command onceflow is the operator CLI (docs/architecture.md#operator-cli)
 // and the embedded default: `onceflow dev` runs a Kafka-compatible broker,
-// a schema registry and all four components in one process.
+// a schema registry, Postgres and all five components in one process.
 package main
 
 import (

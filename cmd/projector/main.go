@@ -1,11 +1,11 @@
 // Command projector applies events to the Postgres read models through the inbox, exactly once.
 //
-// Configuration is by environment variable or flag (`projector -h`):
-// KAFKA_BROKERS, DATABASE_URL, SCHEMA_REGISTRY_URL, ONCEFLOW_TOPIC_PREFIX,
-// HTTP_ADDR, ADMIN_ADDR, LOG_LEVEL, LOG_FORMAT, the KAFKA_SASL_* /
-// KAFKA_TLS* settings, SCHEMA_REGISTRY_USER, _PASSWORD and _CA_FILE, and
-// ONCEFLOW_ADMIN_TOKEN (docs/security.md). It serves /metrics, /healthz and
-// /readyz on ADMIN_ADDR and shuts down gracefully on SIGINT or SIGTERM.
+// Configuration is by environment variable or flag; `projector -h` lists
+// the settings it reads (Kafka, the schema registry, Postgres, the topics,
+// ADMIN_ADDR, its own, and the queue and attempts of the jobs it enqueues;
+// README.md#running-the-components-separately). It serves /metrics,
+// /healthz and /readyz on ADMIN_ADDR and shuts down gracefully on SIGINT
+// or SIGTERM.
 package main
 
 import (

@@ -2,8 +2,8 @@
 // deliveries of outbound webhooks (docs/webhooks.md), each exactly once
 // as far as its receiver can tell.
 //
-// Configuration is by environment variable or flag (`worker -h`):
-// DATABASE_URL, DATABASE_MIGRATION_URL, ADMIN_ADDR, LOG_LEVEL, LOG_FORMAT,
+// Configuration is by environment variable or flag; `worker -h` lists the
+// settings it reads: Postgres, ADMIN_ADDR, LOG_LEVEL, LOG_FORMAT,
 // ONCEFLOW_WORKER_* (queue, concurrency, lease, attempts, backoff) and
 // ONCEFLOW_WEBHOOK_* (timeout, allowed networks, circuit breaker, share per
 // tenant). It needs no Kafka. It serves /metrics, /healthz and /readyz on

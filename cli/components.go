@@ -1,0 +1,79 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/onceflow/onceflow"
+)
+
+// The components, each a command of Main and the binary of ComponentMain.
+var components = map[string]onceflow.Components{
+	"ingest": {Ingest: true}, "relay": {Relay: true}, "processor": {Processor: true}, "projector": {Projector: true},
+	"worker": {Worker: true},
+}
+
+func init() {
+	for name, c := range components {
+		cmd := componentCommand(name, c)
+		cmd.title = "onceflow " + name
+		register(cmd)
+	}
+	register(&command{name: "dev", summary: "run the embedded default: broker, registry, Postgres and every component",
+		settings: devCommandSettings(), run: runDev})
+}
+
+// The runners the commands start: a test of the settings replaces them to
+// see what a command would run with.
+var (
+	runComponents = onceflow.RunComponents
+	runDevStack   = onceflow.RunDev
+)
+
+// componentCommand runs components of domains with their settings (a
+// component binary's main, or a component subcommand of Main).
+func componentCommand(name string, components onceflow.Components) *command {
+	c := &command{name: name, title: name, summary: "run the " + name, settings: componentSettings(components)}
+	c.run = func(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+		cfg, fs, err := c.parse(domains, args, getenv, stdout, nil)
+		if err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return fmt.Errorf("unexpected arguments: %v", fs.Args())
+		}
+		rc := cfg.RunConfig
+		rc.Components = components
+		return runComponents(ctx, rc)
+	}
+	return c
+}
+
+// devCommandSettings are dev's: every component's, but the schema
+// registry's (dev serves its own), and dev's own.
+func devCommandSettings() []*setting {
+	var out []*setting
+	for _, s := range componentSettings(onceflow.All) {
+		if s.section != registrySection {
+			out = append(out, s)
+		}
+	}
+	return use(out, devSettings)
+}
+
+func runDev(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, fs, err := parse("dev", domains, args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	dc := c.DevConfig
+	// KAFKA_BROKERS (or -kafka-brokers) names a cluster to run on instead
+	// of the embedded broker: Apache Kafka, `make kafka-up`.
+	dc.ExternalKafka = c.given[kafkaBrokers]
+	dc.Out = stdout
+	return runDevStack(ctx, dc)
+}

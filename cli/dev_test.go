@@ -1,0 +1,99 @@
+package cli_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
+	"github.com/onceflow/onceflow/pipeline/webhooks/webhookstest"
+)
+
+// `onceflow dev` with ONCEFLOW_WEBHOOK_ALLOW_NETWORKS, as its banner
+// advises for a receiver on the machine, delivers to a receiver on
+// 127.0.0.1: the setting reaches dev's worker (dev once ignored it, and
+// every delivery ended dead, "address not allowed").
+func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := pipelinetest.DatabaseURL(t, ledgerapp.Migrations)
+	env := map[string]string{"DATABASE_URL": url, "ONCEFLOW_DEV_API_KEY": "of_dev_test_key",
+		"ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "127.0.0.1/32", "ONCEFLOW_PARTITIONS": "1"}
+	out := &syncBuffer{}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, []string{"dev", "-data-dir", t.TempDir(), "-broker-addr", "127.0.0.1:0", "-registry-addr", "127.0.0.1:0",
+			"-http-addr", "127.0.0.1:0", "-admin-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, out)
+	}()
+	defer func() {
+		stop()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("dev: %v", err)
+		}
+	}()
+	ingest := regexp.MustCompile(`ingest +(http://\S+)`)
+	var base string
+	pipelinetest.Eventually(t, time.Minute, func() error {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("dev stopped: %v\n%s", err, out.String())
+		default:
+		}
+		m := ingest.FindStringSubmatch(out.String())
+		if m == nil {
+			return errors.New("no banner yet")
+		}
+		base = m[1]
+		return nil
+	})
+
+	receiver := webhookstest.New(nil, nil)
+	t.Cleanup(receiver.Close)
+	pool, err := postgres.Connect(ctx, url, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	sub, _, err := webhooks.Create(ctx, pool, "demo", "hook", receiver.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver.SetSecrets([]string{sub.Secret})
+	api := ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: env["ONCEFLOW_DEV_API_KEY"]}}
+	if _, _, err := api.OpenAccount(ctx, "open-1", "acc-1", "EUR"); err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, time.Minute, func() error {
+		ds, err := webhooks.Deliveries(ctx, pool, webhooks.Filter{Tenant: "demo", Limit: 10})
+		if err != nil {
+			return err
+		}
+		if len(ds) == 0 {
+			return errors.New("no delivery yet")
+		}
+		if d := ds[0]; d.Status != "delivered" {
+			last := ""
+			if d.LastError != nil {
+				last = *d.LastError
+			}
+			if d.Status == "dead" {
+				t.Fatalf("the delivery is dead: %s", last)
+			}
+			return fmt.Errorf("delivery %s: %s", d.Status, last)
+		}
+		return nil
+	})
+	if receiver.Effects() != 1 {
+		t.Errorf("the receiver applied %d deliveries, want 1 (bad: %v)", receiver.Effects(), receiver.Bad())
+	}
+}
