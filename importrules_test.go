@@ -15,7 +15,8 @@ const module = "github.com/onceflow/onceflow"
 // the domain API) -> pipeline/... (the library), so only the binaries
 // import the command line; the library never imports the application
 // (this package, cli, cmd/) or a domain (examples/...); the vocabulary
-// (pipeline) imports only the standard library; the adapters never import
+// (pipeline) imports only the standard library and onceflow's wire schemas
+// (schemas, which imports nothing of onceflow); the adapters never import
 // each other; the application imports no domain; a domain's own package
 // (its types and deciders) imports the vocabulary and nothing else of
 // onceflow. Test files are not
@@ -36,8 +37,8 @@ func TestImportRules(t *testing.T) {
 		for _, imp := range fields[1:] {
 			if imp == module || strings.HasPrefix(imp, module+"/") {
 				own = append(own, strings.TrimPrefix(strings.TrimPrefix(imp, module), "/"))
-			} else if pkg == "pipeline" && strings.Contains(strings.SplitN(imp, "/", 2)[0], ".") {
-				t.Errorf("pipeline imports %s: the vocabulary imports only the standard library", imp)
+			} else if (pkg == "pipeline" || pkg == "schemas") && strings.Contains(strings.SplitN(imp, "/", 2)[0], ".") {
+				t.Errorf("%s imports %s: the vocabulary and the wire schemas import only the standard library", pkg, imp)
 			}
 		}
 		checked++
@@ -47,8 +48,10 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s imports %s: only the binaries (cmd/) import the command line", name(pkg), imp)
 			case under(pkg, "pipeline") && (imp == "" || under(imp, "cmd") || under(imp, "examples")):
 				t.Errorf("%s imports %s: the library imports neither the application nor a domain", pkg, name(imp))
-			case pkg == "pipeline":
-				t.Errorf("pipeline imports %s: the vocabulary imports only the standard library", name(imp))
+			case pkg == "schemas":
+				t.Errorf("schemas imports %s: onceflow's wire schemas import nothing of onceflow", name(imp))
+			case pkg == "pipeline" && imp != "schemas":
+				t.Errorf("pipeline imports %s: the vocabulary imports only the standard library (and onceflow's wire schemas)", name(imp))
 			case contains(adapters, pkg) && (contains(adapters, imp) || isRole(imp)):
 				t.Errorf("%s imports %s: an adapter imports no other adapter and no role package", pkg, imp)
 			case pkg == "" && under(imp, "examples"):

@@ -6,24 +6,8 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
+	"github.com/onceflow/onceflow/schemas"
 )
-
-// outcomeRecords are the records of the events every domain has
-// (pipeline.CommandRejected, pipeline.CommandFailed), as they are added
-// to a domain's events schema that does not declare them; %s is the
-// namespace.
-const outcomeRecords = `{"type": "record", "name": "CommandRejected", "namespace": %[1]q,
-   "doc": "A command refused for a domain reason. It does not change the aggregate, so it carries the aggregate's current version rather than a new one; command_status projects it.",
-   "fields": [
-     {"name": "command_type", "type": "string"},
-     {"name": "reason", "type": "string"},
-     {"name": "detail", "type": "string", "default": ""}]},
-  {"type": "record", "name": "CommandFailed", "namespace": %[1]q,
-   "doc": "A command that went to the DLQ instead of being decided (the dlq-reason is its reason). It does not change the aggregate: it carries the aggregate's current version; command_status projects it as failed.",
-   "fields": [
-     {"name": "command_type", "type": "string", "default": ""},
-     {"name": "reason", "type": "string"},
-     {"name": "detail", "type": "string", "default": ""}]}`
 
 // eventsSchema is the domain's events schema with the outcome records
 // added when it lacks them, and the Go types of its records.
@@ -46,7 +30,7 @@ func (d *DeployedDomain) eventsSchema() (string, map[string]any, error) {
 		if !strings.HasSuffix(trimmed, "]") {
 			return "", nil, fmt.Errorf("domain %s: the events schema must be a union (a JSON array) of records", d.Name)
 		}
-		text = strings.TrimSuffix(trimmed, "]") + ",\n  " + fmt.Sprintf(outcomeRecords, ns) + "\n]"
+		text = strings.TrimSuffix(trimmed, "]") + ",\n  " + schemas.OutcomeRecords(ns) + "\n]"
 		if names, err = avro.RecordNames(text); err != nil {
 			return "", nil, fmt.Errorf("domain %s: events schema: %w", d.Name, err)
 		}
