@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
@@ -39,7 +38,7 @@ func (s *syncBuffer) String() string {
 // not echo an API key it was given; nothing it logs while starting and
 // stopping carries either.
 func TestDevOutputHidesSecrets(t *testing.T) {
-	u, err := url.Parse(pipelinetest.DatabaseURL(t, ledgerapp.Migrations))
+	u, err := url.Parse(pipelinetest.DatabaseURL(t, ledgerMigrations))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,9 @@ package onceflow_test
 
 import (
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // ledgerDomains is the ledger's deployment, cmd/onceflow's.
@@ -16,3 +18,6 @@ func ledgerWithGroup(group string) *onceflow.Domain {
 	d.Aggregates = []onceflow.AggregateType{a}
 	return d
 }
+
+// ledgerMigrations are the ledger's read model's: the accounts table.
+var ledgerMigrations = postgres.Migrations{Name: ledgerapp.Name, FS: accounts.Migrations}

@@ -1,69 +1,168 @@
 package onceflow_test
 
 import (
-	"bufio"
-	"bytes"
+	"encoding/json"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
 
 const module = "github.com/onceflow/onceflow"
 
-// The shape of the tree (DEVELOPERS.md#layout), from `go list`: the layers
-// go one way, cmd/* -> cli (the command line) -> onceflow (this package,
-// the domain API) -> pipeline/... (the library), so only the binaries
-// import the command line; the library never imports the application
-// (this package, cli, cmd/) or a domain (examples/...); the vocabulary
-// (pipeline) imports only the standard library and onceflow's wire schemas
-// (schemas, which imports nothing of onceflow); the adapters never import
-// each other; the application imports no domain; a domain's own package
-// (its types and deciders) imports the vocabulary and nothing else of
-// onceflow. Test files are not
-// checked: the library's tests use the reference domain as a fixture.
+// listed is what `go list -json` says of one package.
+type listed struct {
+	ImportPath   string
+	Imports      []string
+	Deps         []string
+	TestImports  []string
+	XTestImports []string
+}
+
+// The shape of the tree (DEVELOPERS.md#layout), from `go list`:
+//
+//   - the layers go one way, cmd/* -> cli (the command line) -> onceflow
+//     (this package, the domain API) -> pipeline/... (the library), so only
+//     the binaries import the command line;
+//   - the library never imports the application (this package, cli, cmd/)
+//     or a domain (examples/...); the vocabulary (pipeline) imports only the
+//     standard library and onceflow's wire schemas (schemas, which imports
+//     nothing of onceflow); the adapters never import each other;
+//   - the application imports no domain; a domain's own package (its types
+//     and deciders) imports the vocabulary and nothing else of onceflow; the
+//     examples use the public API only (this package, the vocabulary, the
+//     API client);
+//   - production code never imports a test helper (a package named *test,
+//     such as statustest, which brings a browser driver), nor links the
+//     browser driver;
+//   - only the application (for onceflow dev) and tests import the embedded
+//     broker (pipeline/devbroker, kfake);
+//   - the library's tests and test helpers do not need the application to
+//     compile: they may use a domain's types and read model as fixtures
+//     (examples/ledger, examples/ledger/accounts), nothing that imports
+//     this package.
+//
 // `make lint` runs this test.
 func TestImportRules(t *testing.T) {
-	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"/...").Output()
+	out, err := exec.Command("go", "list", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", module+"/...").Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}
-	adapters := []string{"pipeline/avro", "pipeline/kafka", "pipeline/postgres"}
-	checked := 0
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		pkg := strings.TrimPrefix(strings.TrimPrefix(fields[0], module), "/")
-		var own []string // the module's packages it imports, module-relative ("" is the root)
-		for _, imp := range fields[1:] {
-			if imp == module || strings.HasPrefix(imp, module+"/") {
-				own = append(own, strings.TrimPrefix(strings.TrimPrefix(imp, module), "/"))
-			} else if (pkg == "pipeline" || pkg == "schemas") && strings.Contains(strings.SplitN(imp, "/", 2)[0], ".") {
+	var pkgs []listed
+	for dec := json.NewDecoder(strings.NewReader(string(out))); dec.More(); {
+		var p listed
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list named %d packages; the check read nothing useful:\n%s", len(pkgs), out)
+	}
+	needsApp := map[string]bool{} // module-relative packages that import this one, directly or not
+	for _, p := range pkgs {
+		if slices.Contains(p.Deps, module) {
+			needsApp[rel(p.ImportPath)] = true
+		}
+	}
+	for _, p := range pkgs {
+		pkg := rel(p.ImportPath)
+		own, other := split(p.Imports)
+		for _, imp := range other {
+			if (pkg == "pipeline" || pkg == "schemas") && strings.Contains(strings.SplitN(imp, "/", 2)[0], ".") {
 				t.Errorf("%s imports %s: the vocabulary and the wire schemas import only the standard library", pkg, imp)
 			}
+			if imp == kfake && !mayRunBroker(pkg) {
+				t.Errorf("%s imports %s: only the application and tests import the embedded broker", name(pkg), imp)
+			}
 		}
-		checked++
+		if !isHelper(pkg) && !under(pkg, "test") {
+			for _, dep := range p.Deps {
+				if strings.HasPrefix(dep, "github.com/chromedp/") {
+					t.Errorf("%s links %s: production code never links the browser driver of the tests", name(pkg), dep)
+					break
+				}
+			}
+		}
 		for _, imp := range own {
-			switch {
-			case under(imp, "cli") && !under(pkg, "cmd"):
-				t.Errorf("%s imports %s: only the binaries (cmd/) import the command line", name(pkg), imp)
-			case under(pkg, "pipeline") && (imp == "" || under(imp, "cmd") || under(imp, "examples")):
-				t.Errorf("%s imports %s: the library imports neither the application nor a domain", pkg, name(imp))
-			case pkg == "schemas":
-				t.Errorf("schemas imports %s: onceflow's wire schemas import nothing of onceflow", name(imp))
-			case pkg == "pipeline" && imp != "schemas":
-				t.Errorf("pipeline imports %s: the vocabulary imports only the standard library (and onceflow's wire schemas)", name(imp))
-			case contains(adapters, pkg) && (contains(adapters, imp) || isRole(imp)):
-				t.Errorf("%s imports %s: an adapter imports no other adapter and no role package", pkg, imp)
-			case pkg == "" && under(imp, "examples"):
-				t.Errorf("the application imports %s: it imports no domain", imp)
-			case isDomain(pkg) && imp != "pipeline":
-				t.Errorf("%s imports %s: a domain's types and deciders import only the vocabulary (package pipeline)", pkg, name(imp))
+			if msg := rule(pkg, imp); msg != "" {
+				t.Errorf("%s imports %s: %s", name(pkg), name(imp), msg)
+			}
+		}
+		// The library's tests and helpers.
+		if !under(pkg, "pipeline") {
+			continue
+		}
+		tests, _ := split(append(append([]string(nil), p.TestImports...), p.XTestImports...))
+		if isHelper(pkg) {
+			tests = append(tests, own...)
+		}
+		for _, imp := range tests {
+			if imp == "" || needsApp[imp] {
+				t.Errorf("%s's tests import %s: the library's tests do not need the application to compile", name(pkg), name(imp))
 			}
 		}
 	}
-	if checked < 20 {
-		t.Fatalf("go list named %d packages; the check read nothing useful:\n%s", checked, out)
+}
+
+// rule says what is wrong with pkg importing imp, the module's packages
+// (module-relative, "" the root), or "".
+func rule(pkg, imp string) string {
+	adapters := []string{"pipeline/avro", "pipeline/kafka", "pipeline/postgres"}
+	switch {
+	case under(imp, "cli") && !under(pkg, "cmd"):
+		return "only the binaries (cmd/) import the command line"
+	case isHelper(imp) && !isHelper(pkg) && !under(pkg, "test"):
+		return "production code never imports a test helper"
+	case imp == "pipeline/devbroker" && !mayRunBroker(pkg):
+		return "only the application and tests import the embedded broker"
+	case under(pkg, "pipeline") && (imp == "" || under(imp, "cmd") || under(imp, "cli")):
+		return "the library never imports the application"
+	case under(pkg, "pipeline") && !isHelper(pkg) && under(imp, "examples"):
+		return "the library imports no domain"
+	case pkg == "schemas":
+		return "onceflow's wire schemas import nothing of onceflow"
+	case pkg == "pipeline" && imp != "schemas":
+		return "the vocabulary imports only the standard library (and onceflow's wire schemas)"
+	case slices.Contains(adapters, pkg) && (slices.Contains(adapters, imp) || isRole(imp)):
+		return "an adapter imports no other adapter and no role package"
+	case pkg == "" && under(imp, "examples"):
+		return "the application imports no domain"
+	case isDomain(pkg) && imp != "pipeline":
+		return "a domain's types and deciders import only the vocabulary (package pipeline)"
+	case under(pkg, "examples") && !under(imp, "examples") && imp != "" && imp != "pipeline" && imp != "pipeline/apiclient":
+		return "the examples use the public API only (package onceflow, the vocabulary, the API client)"
 	}
+	return ""
+}
+
+const kfake = "github.com/twmb/franz-go/pkg/kfake"
+
+// mayRunBroker reports whether pkg may import the embedded broker: the
+// application (onceflow dev), the broker's own package, test helpers and
+// the test harnesses.
+func mayRunBroker(pkg string) bool {
+	return pkg == "" || pkg == "pipeline/devbroker" || isHelper(pkg) || under(pkg, "test")
+}
+
+// split separates imports into the module's packages (module-relative)
+// and the others.
+func split(imports []string) (own, other []string) {
+	for _, imp := range imports {
+		if imp == module || strings.HasPrefix(imp, module+"/") {
+			own = append(own, rel(imp))
+		} else {
+			other = append(other, imp)
+		}
+	}
+	return own, other
+}
+
+func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
+
+// isHelper reports whether pkg is a test helper (pipelinetest, statustest).
+func isHelper(pkg string) bool {
+	return strings.HasSuffix(pkg[strings.LastIndex(pkg, "/")+1:], "test") && !under(pkg, "test")
 }
 
 // isDomain reports whether pkg is a domain's own package, examples/NAME.
@@ -72,7 +171,7 @@ func isDomain(pkg string) bool {
 }
 
 func isRole(pkg string) bool {
-	return contains([]string{"pipeline/ingest", "pipeline/relay", "pipeline/processor", "pipeline/projector"}, pkg)
+	return slices.Contains([]string{"pipeline/ingest", "pipeline/relay", "pipeline/processor", "pipeline/projector"}, pkg)
 }
 
 func under(pkg, dir string) bool { return pkg == dir || strings.HasPrefix(pkg, dir+"/") }
@@ -82,13 +181,4 @@ func name(pkg string) string {
 		return module
 	}
 	return pkg
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
@@ -49,7 +48,7 @@ func TestRunExportsLag(t *testing.T) {
 	ctx := context.Background()
 	brokers := pipelinetest.Broker(t).Addrs()
 	topics := pipelinetest.Topics(t, brokers, 1)
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 
 	// A foreign group, two records behind on the events topic; a consumer
 	// with its offsets in Postgres (a projector, here none running) three

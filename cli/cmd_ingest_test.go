@@ -26,7 +26,7 @@ import (
 // with their replays and conflicts, most active first.
 func TestTenantsAndIdempotencyCheck(t *testing.T) {
 	ctx := context.Background()
-	url := pipelinetest.DatabaseURL(t, ledgerapp.Migrations)
+	url := pipelinetest.DatabaseURL(t, ledgerMigrations)
 	getenv := func(k string) string {
 		if k == "DATABASE_URL" {
 			return url

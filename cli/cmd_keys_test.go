@@ -22,7 +22,7 @@ import (
 // ingest's log never carries a key.
 func TestTenantsKeys(t *testing.T) {
 	ctx := context.Background()
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	getenv := func(k string) string {
 		if k == "DATABASE_URL" {
 			return url

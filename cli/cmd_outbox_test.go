@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
@@ -15,7 +14,7 @@ import (
 // warns about rows nobody ships.
 func TestOutboxStatus(t *testing.T) {
 	t.Parallel()
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	ctx := context.Background()
 	for _, sql := range []string{
 		`INSERT INTO outbox_leases (shard) SELECT generate_series(0, 3)`,

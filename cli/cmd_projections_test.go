@@ -18,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -40,7 +39,7 @@ func newProjCLI(t *testing.T) *projCLI {
 	c := &projCLI{brokers: b.Addrs()}
 	c.topics = pipelinetest.Topics(t, c.brokers, 2)
 	var url string
-	c.pool, url = pipelinetest.Pool(t, ledgerapp.Migrations)
+	c.pool, url = pipelinetest.Pool(t, ledgerMigrations)
 	c.env = map[string]string{"KAFKA_BROKERS": strings.Join(c.brokers, ","), "DATABASE_URL": url, "ONCEFLOW_TOPIC_PREFIX": c.topics.Prefix}
 	return c
 }

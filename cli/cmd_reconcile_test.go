@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
@@ -25,7 +24,7 @@ import (
 func TestReconcileCommand(t *testing.T) {
 	t.Parallel()
 	e := newCLIEnv(t)
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	e.env["DATABASE_URL"] = url
 	ctx := context.Background()
 	e.processor(buggy())
@@ -94,7 +93,7 @@ func TestRelayReconcilesPeriodically(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := pipelinetest.Broker(t).Addrs()
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	if _, err := pool.Exec(ctx, `INSERT INTO outbox_dead (id, shard, topic, key, value, headers, created_at, reason, detail)
 		VALUES (3, 1, 'ledger.commands', 'acme/acc-9', '\x00', '{"command-id":"01a22a95-9953-700c-9451-6b2b32eab461"}', now(), 'MESSAGE_TOO_LARGE', 'x')`); err != nil {
 		t.Fatal(err)

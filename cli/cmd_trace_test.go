@@ -38,7 +38,7 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := pipelinetest.Broker(t).Addrs()
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	// Webhooks: every projector enqueues the deliveries of each event, and
 	// the worker (in onceflow.All) delivers them to a receiver subscribed

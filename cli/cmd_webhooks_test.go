@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -22,7 +21,7 @@ import (
 // message.
 func TestWebhooksCommands(t *testing.T) {
 	t.Parallel()
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	ctx := context.Background()
 	sub, _, err := webhooks.Create(ctx, pool, "acme", "k1", "https://example.com/hooks", []string{"Deposited"})
 	if err != nil {

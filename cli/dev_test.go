@@ -24,7 +24,7 @@ func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	url := pipelinetest.DatabaseURL(t, ledgerapp.Migrations)
+	url := pipelinetest.DatabaseURL(t, ledgerMigrations)
 	env := map[string]string{"DATABASE_URL": url, "ONCEFLOW_DEV_API_KEY": "of_dev_test_key",
 		"ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "127.0.0.1/32", "ONCEFLOW_PARTITIONS": "1"}
 	out := &syncBuffer{}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
@@ -23,7 +22,7 @@ func TestDevOnKafkaBrokersThatDoNotAnswer(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	env := map[string]string{
-		"KAFKA_BROKERS": addr, "DATABASE_URL": pipelinetest.DatabaseURL(t, ledgerapp.Migrations),
+		"KAFKA_BROKERS": addr, "DATABASE_URL": pipelinetest.DatabaseURL(t, ledgerMigrations),
 		"ONCEFLOW_DATA_DIR": t.TempDir(), "HTTP_ADDR": "127.0.0.1:0", "ADMIN_ADDR": "127.0.0.1:0",
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

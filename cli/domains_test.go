@@ -33,7 +33,7 @@ func TestTwoDomainsOneDeployment(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := pipelinetest.Broker(t).Addrs()
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations, postgres.Migrations{Name: inventoryapp.Name, FS: inventoryapp.Migrations})
+	pool, url := pipelinetest.Pool(t, ledgerMigrations, postgres.Migrations{Name: inventoryapp.Name, FS: inventoryapp.Migrations})
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	runCtx, cancel := context.WithCancel(ctx)
 	addrs := make(chan onceflow.Addrs, 1)

@@ -12,10 +12,13 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -35,9 +38,12 @@ func ledgerSerdes(t testing.TB, topics kafka.Topics) onceflow.Serdes {
 	return s
 }
 
+// ledgerMigrations are the ledger's read model's: the accounts table.
+var ledgerMigrations = postgres.Migrations{Name: ledgerapp.Name, FS: accounts.Migrations}
+
 // ledgerProjections are the read models the ledger's projector applies.
 func ledgerProjections() []pipeline.Projection[pgx.Tx] {
-	return []pipeline.Projection[pgx.Tx]{ledgerapp.Accounts{}, projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}, projector.AuditLog{}}
+	return []pipeline.Projection[pgx.Tx]{accounts.Projection{}, projector.CommandStatus{CommandTypeOf: ledger.CommandTypeOf}, projector.AuditLog{}}
 }
 
 // commandNames are the commands the usage lists.

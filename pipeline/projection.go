@@ -40,3 +40,13 @@ type BatchProjection[Tx any] interface {
 	// statement that writes them.
 	ApplyBatch(ctx context.Context, tx Tx, events []Event) (outcomes []error, err error)
 }
+
+// ApplyOne is Apply of a batch projection: ApplyBatch of the one event,
+// its outcome.
+func ApplyOne[Tx any](ctx context.Context, tx Tx, p BatchProjection[Tx], ev Event) error {
+	outcomes, err := p.ApplyBatch(ctx, tx, []Event{ev})
+	if err != nil {
+		return err
+	}
+	return outcomes[0]
+}

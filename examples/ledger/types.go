@@ -174,3 +174,26 @@ func currencyField(name, v string) *pipeline.FieldError {
 	}
 	return nil
 }
+
+// CommandTypeOf names the command an accepted event answers, for the
+// ledger's events written before the processor recorded it in each event
+// (onceflow.Domain.CommandTypeOf).
+func CommandTypeOf(m pipeline.Message) string {
+	switch m.(type) {
+	case AccountOpened:
+		return OpenAccount{}.MessageType()
+	case Deposited:
+		return Deposit{}.MessageType()
+	case Withdrawn:
+		return Withdraw{}.MessageType()
+	case AccountClosed:
+		return CloseAccount{}.MessageType()
+	case TransferDebited:
+		return RequestTransfer{}.MessageType()
+	case TransferCredited:
+		return CreditTransfer{}.MessageType()
+	case TransferRefunded:
+		return RefundTransfer{}.MessageType()
+	}
+	return m.MessageType()
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,11 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/ingest/ingesttest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // fault is what the faulty server in front of ingest does to the n-th
@@ -44,35 +45,22 @@ type faulty struct {
 func newFaulty(t *testing.T) *faulty {
 	t.Helper()
 	ctx := context.Background()
-	pool, _ := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, _ := pipelinetest.Pool(t, postgres.Migrations{Name: "ledger", FS: accounts.Migrations})
 	serde, err := avro.NewSerde(avro.NewEmbedded(), avro.ValueSubject("ledger.commands"), ledger.CommandsSchema, ledger.CommandTypes())
 	if err != nil {
 		t.Fatal(err)
 	}
-	routes := ledgerapp.Routes()
-	for i := range routes {
-		routes[i].Topic, routes[i].Encoder = "ledger.commands", serde
-	}
-	srv, err := ingest.New(ingest.Config{RateLimit: -1}, routes, ledgerapp.Queries(), pool, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	srv, err := ingest.New(ingest.Config{RateLimit: -1}, ingesttest.LedgerRoutes("ledger.commands", serde), ingesttest.LedgerQueries(), pool,
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(sctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	base, _ := ingesttest.Serve(t, srv)
 	key := ingest.NewAPIKey()
 	if err := ingest.CreateAPIKey(ctx, pool, "acme", "test", key); err != nil {
 		t.Fatal(err)
 	}
-	f := &faulty{ingest: "http://" + ln.Addr().String(), key: key}
+	f := &faulty{ingest: base, key: key}
 	target, _ := url.Parse(f.ingest)
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := int(f.requests.Add(1) - 1)

@@ -18,9 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/ingest/ingesttest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
@@ -49,17 +50,16 @@ func commandSerde(t testing.TB) *avro.Serde {
 // ledgerRoutes are the ledger's routes, their commands to the commands
 // topic through serde.
 func ledgerRoutes(serde ingest.Encoder) []ingest.Route {
-	routes := ledgerapp.Routes()
-	for i := range routes {
-		routes[i].Topic, routes[i].Encoder = commandsTopic, serde
-	}
-	return routes
+	return ingesttest.LedgerRoutes(commandsTopic, serde)
 }
+
+// ledgerMigrations are the ledger's read model's: the accounts table.
+var ledgerMigrations = postgres.Migrations{Name: "ledger", FS: accounts.Migrations}
 
 // ledgerPool is a pool on a database with the ledger's tables.
 func ledgerPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
-	return pipelinetest.Pool(t, ledgerapp.Migrations)
+	return pipelinetest.Pool(t, ledgerMigrations)
 }
 
 // server is an ingest server running on a loopback port for one test.
@@ -85,7 +85,7 @@ func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config, extra ...i
 	}
 	reg := prometheus.NewRegistry()
 	serde := commandSerde(t)
-	srv, err := ingest.New(cfg, ledgerRoutes(serde), append(ledgerapp.Queries(), extra...), pool, slog.New(slog.DiscardHandler), reg)
+	srv, err := ingest.New(cfg, ledgerRoutes(serde), append(ingesttest.LedgerQueries(), extra...), pool, slog.New(slog.DiscardHandler), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

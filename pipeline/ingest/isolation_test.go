@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
@@ -24,7 +23,7 @@ import (
 // on the runtime role).
 func leastPrivilege(t testing.TB) (owner, runtime *pgxpool.Pool) {
 	t.Helper()
-	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, ledgerapp.Migrations)
+	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, ledgerMigrations)
 	var err error
 	if owner, err = postgres.Connect(context.Background(), ownerURL, 4); err != nil {
 		t.Fatal(err)

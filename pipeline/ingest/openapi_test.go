@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/ingest/ingesttest"
 )
 
 // apiDoc is the part of an OpenAPI document the check reads.
@@ -48,7 +48,7 @@ type apiOperation struct {
 // ledgerDoc is the OpenAPI document of a server with the ledger's routes.
 func ledgerDoc(t *testing.T) []byte {
 	t.Helper()
-	b, err := ingest.OpenAPI(ledgerRoutes(commandSerde(t)), ledgerapp.Queries())
+	b, err := ingest.OpenAPI(ledgerRoutes(commandSerde(t)), ingesttest.LedgerQueries())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -41,7 +40,7 @@ func (c *lookupCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuery
 // ledger's tables whose key lookups are counted.
 func countingPool(t *testing.T, conns int32) (*pgxpool.Pool, *lookupCounter) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pipelinetest.DatabaseURL(t, ledgerapp.Migrations))
+	cfg, err := pgxpool.ParseConfig(pipelinetest.DatabaseURL(t, ledgerMigrations))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
@@ -167,7 +167,7 @@ func tenantsSeen(t *testing.T, pool *pgxpool.Pool, tenant, table string) []strin
 func TestRowLevelSecurity(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, ledgerapp.Migrations)
+	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, postgres.Migrations{Name: "ledger", FS: accounts.Migrations})
 	owner, rt := open(t, ownerURL), open(t, runtimeURL)
 	seedTenants(t, rt) // the writers' way: no scope
 	for _, who := range []struct {

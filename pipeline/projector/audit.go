@@ -35,7 +35,7 @@ const insertAuditSQL = `INSERT INTO audit_log (event_id, tenant, aggregate_id, v
 
 // Apply implements pipeline.Projection.
 func (a AuditLog) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
-	return ApplyOne(ctx, tx, a, ev)
+	return pipeline.ApplyOne(ctx, tx, a, ev)
 }
 
 // copyAuditFrom is the batch size from which the audit rows go in with

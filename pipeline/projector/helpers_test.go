@@ -16,11 +16,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -35,12 +36,15 @@ type env struct {
 	prod    *kgo.Client
 }
 
+// ledgerMigrations are the ledger's read model's: the accounts table.
+var ledgerMigrations = postgres.Migrations{Name: "ledger", FS: accounts.Migrations}
+
 func newEnv(t testing.TB, partitions int32) *env {
 	t.Helper()
 	b := pipelinetest.Broker(t)
 	e := &env{t: t, brokers: b.Addrs()}
 	e.topics = pipelinetest.Topics(t, e.brokers, partitions)
-	e.pool, e.url = pipelinetest.Pool(t, ledgerapp.Migrations)
+	e.pool, e.url = pipelinetest.Pool(t, ledgerMigrations)
 	e.serde = eventsSerde(t, e.topics)
 	e.prod = pipelinetest.Client(t, e.brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.ProducerBatchMaxBytes(1<<20))
 	return e
@@ -308,5 +312,5 @@ func (e *env) count(sql string, args ...any) int64 {
 // ledgerProjections are the read models the ledger's projector applies:
 // accounts, then command_status and audit_log.
 func ledgerProjections() []pipeline.Projection[pgx.Tx] {
-	return []pipeline.Projection[pgx.Tx]{ledgerapp.Accounts{}, projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}, projector.AuditLog{}}
+	return []pipeline.Projection[pgx.Tx]{accounts.Projection{}, projector.CommandStatus{CommandTypeOf: ledger.CommandTypeOf}, projector.AuditLog{}}
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -63,7 +63,7 @@ func TestRebuildKeepsAccess(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, 2)
-	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, ledgerapp.Migrations)
+	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, ledgerMigrations)
 	owner, err := postgres.Connect(ctx, ownerURL, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestRebuildKeepsAccess(t *testing.T) {
 			t.Fatalf("%s before the rebuild: %+v, want a forced tenant policy and four privileges of the runtime role", table, a)
 		}
 	}
-	for _, p := range []pipeline.Projection[pgx.Tx]{ledgerapp.Accounts{}, projector.CommandStatus{}} {
+	for _, p := range []pipeline.Projection[pgx.Tx]{accounts.Projection{}, projector.CommandStatus{}} {
 		rb, err := projector.NewRebuild(projector.RebuildConfig{Topic: e.topics.Events(), Projection: p, MaxPollRecords: 3},
 			kafka.Config{Brokers: e.brokers}, owner, e.serde, quietLogger())
 		if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
@@ -150,7 +150,7 @@ func TestRebuildUnderLiveTraffic(t *testing.T) {
 	}
 
 	rb, err := projector.NewRebuild(projector.RebuildConfig{
-		Topic: e.topics.Events(), Projection: ledgerapp.Accounts{}, Verify: true, MaxPollRecords: 500,
+		Topic: e.topics.Events(), Projection: accounts.Projection{}, Verify: true, MaxPollRecords: 500,
 	}, kafka.Config{Brokers: e.brokers}, e.pool, e.serde, quietLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +238,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 
 	// An interrupted rebuild leaves its shadow behind and is resumed.
 	ictx, cancel := context.WithCancel(ctx)
-	rb, err := projector.NewRebuild(projector.RebuildConfig{Topic: e.topics.Events(), Projection: ledgerapp.Accounts{}, MaxPollRecords: 7,
+	rb, err := projector.NewRebuild(projector.RebuildConfig{Topic: e.topics.Events(), Projection: accounts.Projection{}, MaxPollRecords: 7,
 		Progress: func(p projector.RebuildProgress) {}}, kafka.Config{Brokers: e.brokers}, e.pool, e.serde, quietLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -260,7 +260,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 		t.Fatalf("%d rebuilds building after the interruption, want 1", n)
 	}
 
-	res, err := build(ledgerapp.Accounts{}, false)
+	res, err := build(accounts.Projection{}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +304,7 @@ func TestRebuildRepairsAndKeepsPendingCommands(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('onceflow_rebuild:onceflow-projector:accounts', 0))`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := build(ledgerapp.Accounts{}, false); !errors.Is(err, projector.ErrRebuildRunning) {
+	if _, err := build(accounts.Projection{}, false); !errors.Is(err, projector.ErrRebuildRunning) {
 		t.Errorf("second rebuild at once: %v, want ErrRebuildRunning", err)
 	}
 }

@@ -69,7 +69,7 @@ const upsertCommandStatusSQL = `INSERT INTO command_status AS c
 
 // Apply implements pipeline.Projection.
 func (c CommandStatus) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
-	return ApplyOne(ctx, tx, c, ev)
+	return pipeline.ApplyOne(ctx, tx, c, ev)
 }
 
 // commandKey names a command: its id within its tenant and aggregate.
@@ -180,14 +180,4 @@ func (CommandStatus) BeforeSwap(ctx context.Context, tx pgx.Tx, table, live, sha
 		return fmt.Errorf("keep pending and failed commands: %w", err)
 	}
 	return nil
-}
-
-// ApplyOne is Apply of a batch projection: ApplyBatch of the one event,
-// its outcome.
-func ApplyOne(ctx context.Context, tx pgx.Tx, p pipeline.BatchProjection[pgx.Tx], ev pipeline.Event) error {
-	outcomes, err := p.ApplyBatch(ctx, tx, []pipeline.Event{ev})
-	if err != nil {
-		return err
-	}
-	return outcomes[0]
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
@@ -24,7 +23,7 @@ func projEvent(agg string, v int64, c pipeline.ID, index int, m pipeline.Message
 
 func inTx(t *testing.T, fn func(ctx context.Context, tx pgx.Tx)) {
 	t.Helper()
-	pool, _ := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, _ := pipelinetest.Pool(t, ledgerMigrations)
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -67,7 +66,7 @@ func checkOutcomes(t *testing.T, out []error, want ...string) {
 func TestCommandStatusBatch(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
+		cs := projector.CommandStatus{CommandTypeOf: ledger.CommandTypeOf}
 		pending, direct, rejected := pipeline.NewCommandID(), pipeline.NewCommandID(), pipeline.NewCommandID()
 		if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status) VALUES ($1, 'acme', 'acme/a', 'Deposit', 'pending')`, pending.String()); err != nil {
 			t.Fatal(err)
@@ -182,7 +181,7 @@ func tenantEvent(tenant, local string, v int64, c pipeline.ID, index int, m pipe
 func TestCommandStatusIsScoped(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
+		cs := projector.CommandStatus{CommandTypeOf: ledger.CommandTypeOf}
 		id := pipeline.NewCommandID()
 		if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
 			VALUES ($1, 'a', 'a/acc-1', 'Deposit', 'pending', true)`, id.String()); err != nil {
@@ -253,7 +252,7 @@ func TestCommandStatusFailed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			inTx(t, func(ctx context.Context, tx pgx.Tx) {
-				cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
+				cs := projector.CommandStatus{CommandTypeOf: ledger.CommandTypeOf}
 				id := pipeline.NewCommandID()
 				if tc.pending {
 					if _, err := tx.Exec(ctx, `INSERT INTO command_status (command_id, tenant, aggregate_id, command_type, status, ingested)
@@ -295,7 +294,7 @@ func TestCommandStatusFailed(t *testing.T) {
 func TestCommandStatusFailureWithoutType(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		cs := projector.CommandStatus{CommandTypeOf: ledgerapp.CommandTypeOf}
+		cs := projector.CommandStatus{CommandTypeOf: ledger.CommandTypeOf}
 		id := pipeline.NewCommandID()
 		if err := cs.Apply(ctx, tx, projEvent("acme/a", 0, id, 0, pipeline.CommandFailed{Reason: "undecodable"})); err != nil {
 			t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -17,10 +16,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/ingest/ingesttest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/relay"
@@ -43,33 +42,17 @@ func (e *env) ingestServer(t *testing.T) (url, key string) {
 	if _, err := serde.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	routes := ledgerapp.Routes()
-	for i := range routes {
-		routes[i].Topic, routes[i].Encoder = e.topics.Commands(), serde
-	}
-	srv, err := ingest.New(ingest.Config{RateLimit: -1}, routes, nil, e.pool, logger(t), prometheus.NewRegistry())
+	srv, err := ingest.New(ingest.Config{RateLimit: -1}, ingesttest.LedgerRoutes(e.topics.Commands(), serde), nil, e.pool, logger(t), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(sctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("ingest: %v", err)
-		}
-		http.DefaultClient.CloseIdleConnections()
-	})
+	t.Cleanup(http.DefaultClient.CloseIdleConnections) // after the server stops
+	url, _ = ingesttest.Serve(t, srv)
 	key = ingest.NewAPIKey()
 	if err := ingest.CreateAPIKey(ctx, e.pool, "acme", "test", key); err != nil {
 		t.Fatal(err)
 	}
-	return "http://" + ln.Addr().String(), key
+	return url, key
 }
 
 // call sends one request to ingest and decodes its JSON answer.

@@ -27,12 +27,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/admin/status/statustest"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 var screenshot = flag.String("screenshot", "", "write a PNG of the page, with a parked partition and a DLQ record, to this file (docs/status-page.png)")
@@ -387,7 +389,7 @@ type devStack struct {
 // every interval.
 func startDev(t testing.TB, ctx context.Context, partitions int32, metrics *prometheus.Registry, interval time.Duration) *devStack {
 	t.Helper()
-	pool, url := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, url := pipelinetest.Pool(t, postgres.Migrations{Name: ledgerapp.Name, FS: accounts.Migrations})
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	const apiKey = "status-page-test-key"

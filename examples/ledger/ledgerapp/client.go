@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 )
 
@@ -38,8 +39,8 @@ func (c Client) Close(ctx context.Context, idemKey, accountID string) (apiclient
 }
 
 // Account is GET /v1/accounts/{id}.
-func (c Client) Account(ctx context.Context, accountID string) (Account, error) {
-	var a Account
+func (c Client) Account(ctx context.Context, accountID string) (accounts.Account, error) {
+	var a accounts.Account
 	resp, err := c.Do(ctx, http.MethodGet, "/v1/accounts/"+url.PathEscape(accountID), "", nil)
 	if err != nil {
 		return a, err

@@ -1,6 +1,6 @@
 // Package ledgerapp plugs the ledger (package ledger: its commands,
 // events, state and decider) into onceflow: the aggregate type with its
-// schemas, the accounts read model and its migrations, the HTTP routes
+// schemas, the accounts read model (package accounts), the HTTP routes
 // and the demo. The binaries in cmd/ run it with cli.Main; it uses
 // only onceflow's public API, as any team's domain does
 // (docs/your-first-domain.md).
@@ -8,32 +8,19 @@ package ledgerapp
 
 import (
 	"context"
-	"embed"
-	"errors"
-	"io/fs"
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-// Migrations are the ledger's read-model migrations (the accounts table).
-var Migrations = postgres.Migrations{Name: "ledger", FS: mustSub(migrationFiles, "migrations")}
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	sub, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err) // the directory is embedded above
-	}
-	return sub
-}
+// Name is the ledger domain's name: its topic prefix and the name of its
+// set of migrations (goose_db_version_ledger).
+const Name = "ledger"
 
 // Domain returns the ledger domain. Its names are the ones the ledger had
 // before domains were declared (processor group onceflow-processor,
@@ -41,15 +28,15 @@ func mustSub(f fs.FS, dir string) fs.FS {
 // offsets.
 func Domain() *onceflow.Domain {
 	return &onceflow.Domain{
-		Name:          "ledger",
+		Name:          Name,
 		Events:        onceflow.Schema{Avro: ledger.EventsSchema, Types: messages(ledger.EventTypes())},
 		Aggregates:    []onceflow.AggregateType{AccountType()},
-		Projections:   []pipeline.Projection[pgx.Tx]{Accounts{}},
-		Migrations:    Migrations.FS,
+		Projections:   []pipeline.Projection[pgx.Tx]{accounts.Projection{}},
+		Migrations:    accounts.Migrations,
 		Routes:        Routes(),
 		Queries:       Queries(),
 		Consumer:      "onceflow-projector",
-		CommandTypeOf: CommandTypeOf,
+		CommandTypeOf: ledger.CommandTypeOf,
 		Demo:          RunDemo,
 	}
 }
@@ -100,54 +87,17 @@ func Routes() []onceflow.Route {
 	}
 }
 
-// Account is the answer of GET /v1/accounts/{id}.
-type Account struct {
-	AccountID string `json:"account_id"`
-	Balance   int64  `json:"balance" doc:"Minor units."`
-	Currency  string `json:"currency"`
-	Status    string `json:"status" doc:"open or closed."`
-	Version   int64  `json:"version" doc:"The aggregate version of the last event applied."`
-}
-
-const getAccountSQL = `SELECT balance, currency, status, version FROM accounts WHERE tenant = $1 AND account_id = $2`
-
 // Queries are the ledger's read routes.
 func Queries() []onceflow.Query { return []onceflow.Query{accountQuery} }
 
 var accountQuery = onceflow.Query{
-	Pattern: "GET /v1/accounts/{id}", Response: Account{}, Summary: "An account's balance",
+	Pattern: "GET /v1/accounts/{id}", Response: accounts.Account{}, Summary: "An account's balance",
 	Description: "The account as the projector last saw it. Another tenant's account, or an id that names nothing, is a 404.",
 	Get: func(ctx context.Context, db onceflow.DB, tenant string, r *http.Request) (any, error) {
-		a := Account{AccountID: r.PathValue("id")}
-		if pipeline.ValidateLocalID(a.AccountID) != nil {
-			return nil, onceflow.ErrNotFound // names nothing, like an id that does not exist
-		}
-		err := db.QueryRow(ctx, getAccountSQL, tenant, a.AccountID).Scan(&a.Balance, &a.Currency, &a.Status, &a.Version)
-		if errors.Is(err, pgx.ErrNoRows) {
+		a, found, err := accounts.Get(ctx, db, tenant, r.PathValue("id"))
+		if err == nil && !found {
 			return nil, onceflow.ErrNotFound
 		}
 		return a, err
 	},
-}
-
-// CommandTypeOf names the command an accepted event answers, for the
-// ledger's events written before the processor recorded it in each event.
-func CommandTypeOf(m pipeline.Message) string {
-	switch m.(type) {
-	case ledger.AccountOpened:
-		return ledger.OpenAccount{}.MessageType()
-	case ledger.Deposited:
-		return ledger.Deposit{}.MessageType()
-	case ledger.Withdrawn:
-		return ledger.Withdraw{}.MessageType()
-	case ledger.AccountClosed:
-		return ledger.CloseAccount{}.MessageType()
-	case ledger.TransferDebited:
-		return ledger.RequestTransfer{}.MessageType()
-	case ledger.TransferCredited:
-		return ledger.CreditTransfer{}.MessageType()
-	case ledger.TransferRefunded:
-		return ledger.RefundTransfer{}.MessageType()
-	}
-	return m.MessageType()
 }

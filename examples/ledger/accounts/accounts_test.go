@@ -1,4 +1,4 @@
-package ledgerapp_test
+package accounts_test
 
 import (
 	"context"
@@ -9,9 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/examples/ledger"
-	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -23,7 +24,7 @@ func projEvent(agg string, v int64, c pipeline.ID, index int, m pipeline.Message
 
 func inTx(t *testing.T, fn func(ctx context.Context, tx pgx.Tx)) {
 	t.Helper()
-	pool, _ := pipelinetest.Pool(t, ledgerapp.Migrations)
+	pool, _ := pipelinetest.Pool(t, postgres.Migrations{Name: "ledger", FS: accounts.Migrations})
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -55,7 +56,7 @@ func outcome(err error) string {
 func TestAccountsBatchOutcomes(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		acc := ledgerapp.Accounts{}
+		acc := accounts.Projection{}
 		c := pipeline.NewCommandID
 		batch1 := []pipeline.Event{
 			projEvent("acme/a", 1, c(), 0, ledger.AccountOpened{Currency: "EUR"}),
@@ -124,7 +125,7 @@ func checkOutcomes(t *testing.T, out []error, want ...string) {
 func TestCommandFailedInAccountsAndAudit(t *testing.T) {
 	t.Parallel()
 	inTx(t, func(ctx context.Context, tx pgx.Tx) {
-		acc, al := ledgerapp.Accounts{}, projector.AuditLog{}
+		acc, al := accounts.Projection{}, projector.AuditLog{}
 		c := pipeline.NewCommandID
 		opened := projEvent("acme/a", 1, c(), 0, ledger.AccountOpened{Currency: "EUR"})
 		failure := projEvent("acme/a", 1, c(), 0, pipeline.CommandFailed{CommandType: "Deposit", Reason: "decider-error", Detail: "boom"})

@@ -1,36 +1,58 @@
-package ledgerapp
+// Package accounts is the ledger's read model: the accounts table, its
+// migrations, the projection of the account events onto it and the
+// account as GET /v1/accounts/{id} answers it. ledgerapp declares it in the
+// ledger's Domain; the library's tests use it as the read model of a real
+// domain without the application around it. It imports the vocabulary
+// (package pipeline) and nothing else of onceflow.
+package accounts
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/projector"
 )
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrations are the accounts table's goose migrations (NNNNN_name.sql at
+// the root): the ledger domain's Migrations.
+var Migrations = mustSub(migrationFiles, "migrations")
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err) // the directory is embedded above
+	}
+	return sub
+}
 
 // The ledger's projections are batch projections: the projector hands them
 // a poll batch at a time and each writes it with a few set-based statements.
 // Their SQL names tables without a schema, so a rebuild can point them at
 // shadow tables through the search path (see pipeline/projector).
 
-// Accounts projects account events onto the accounts table. Versions are
-// guarded: an account's events in a batch are folded in Go on top of the
-// stored version (a duplicate is at or below it, a gap above it + 1) and
-// written by a statement that matches only the version they follow.
-type Accounts struct{}
+// Projection projects account events onto the accounts table. Versions
+// are guarded: an account's events in a batch are folded in Go on top of
+// the stored version (a duplicate is at or below it, a gap above it + 1)
+// and written by a statement that matches only the version they follow.
+type Projection struct{}
 
-var _ pipeline.BatchProjection[pgx.Tx] = Accounts{}
+var _ pipeline.BatchProjection[pgx.Tx] = Projection{}
 
 // Name implements pipeline.Projection.
-func (Accounts) Name() string { return "accounts" }
+func (Projection) Name() string { return "accounts" }
 
 // Tables names what a rebuild of accounts rebuilds.
-func (Accounts) Tables() []string { return []string{"accounts"} }
+func (Projection) Tables() []string { return []string{"accounts"} }
 
 const (
 	accountVersionsSQL = `SELECT a.tenant, a.account_id, a.version
@@ -65,12 +87,12 @@ type account struct {
 }
 
 // Apply implements pipeline.Projection.
-func (a Accounts) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
-	return projector.ApplyOne(ctx, tx, a, ev)
+func (a Projection) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
+	return pipeline.ApplyOne(ctx, tx, a, ev)
 }
 
 // ApplyBatch implements pipeline.BatchProjection.
-func (Accounts) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
+func (Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
 	out := make([]error, len(evs))
 	byID := make(map[string]*account)
 	var order []*account
@@ -233,4 +255,35 @@ func (c *accountColumns) add(a *account) {
 	c.expected = append(c.expected, a.stored)
 	c.closed = append(c.closed, a.closed)
 	c.at = append(c.at, a.at)
+}
+
+// Account is the answer of GET /v1/accounts/{id}.
+type Account struct {
+	AccountID string `json:"account_id"`
+	Balance   int64  `json:"balance" doc:"Minor units."`
+	Currency  string `json:"currency"`
+	Status    string `json:"status" doc:"open or closed."`
+	Version   int64  `json:"version" doc:"The aggregate version of the last event applied."`
+}
+
+const getAccountSQL = `SELECT balance, currency, status, version FROM accounts WHERE tenant = $1 AND account_id = $2`
+
+// Reader is what Get reads through: the tenant's read-only transaction of
+// a query (onceflow.DB).
+type Reader interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Get reads the tenant's account id; found is false for an account the
+// tenant does not have, or an id that names nothing.
+func Get(ctx context.Context, db Reader, tenant, id string) (a Account, found bool, err error) {
+	a = Account{AccountID: id}
+	if pipeline.ValidateLocalID(id) != nil {
+		return Account{}, false, nil // names nothing, like an id that does not exist
+	}
+	err = db.QueryRow(ctx, getAccountSQL, tenant, id).Scan(&a.Balance, &a.Currency, &a.Status, &a.Version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Account{}, false, nil
+	}
+	return a, err == nil, err
 }
