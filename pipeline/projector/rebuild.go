@@ -286,7 +286,7 @@ func (r *Rebuild) prepare(ctx context.Context) (*rebuildState, error) {
 		return nil, err
 	}
 
-	st.shadowConsumer = fmt.Sprintf("%s.rebuild.%s.%d", r.cfg.Consumer, name, time.Now().Unix())
+	st.shadowConsumer = shadowConsumer(r.cfg.Consumer, name, time.Now())
 	err = pgx.BeginFunc(ctx, r.live, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, abandonRebuildSQL, r.cfg.Consumer, name, "replaced by "+st.shadowConsumer)
 		if err != nil {
@@ -801,4 +801,12 @@ func ParseProjection(projections []pipeline.Projection[pgx.Tx], name string) (pi
 		names = append(names, p.Name())
 	}
 	return nil, fmt.Errorf("no projection named %q (there are: %s)", name, strings.Join(names, ", "))
+}
+
+// shadowConsumer names a rebuild's run of projection name for the live
+// consumer, started at: unique to the run (its offsets and inbox rows are
+// its own), to the nanosecond, so that two rebuilds started within a
+// second do not collide in projection_rebuilds.
+func shadowConsumer(consumer, name string, at time.Time) string {
+	return fmt.Sprintf("%s.rebuild.%s.%d", consumer, name, at.UnixNano())
 }
