@@ -72,7 +72,7 @@ kafka-logs: ## where the local Apache Kafka nodes write their logs
 test: build ## run every test (race detector on the pipeline packages) against Postgres and the embedded broker
 	@$(PG_URL) && export KAFKA_BROKERS= && \
 	DATABASE_URL="$$url" $(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS) && \
-	DATABASE_URL="$$url" $(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list $(PKGS) | grep -v '/pipeline') && \
+	DATABASE_URL="$$url" $(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list $(PKGS) | grep -v -e '/pipeline' -e '/test/docs$$') && \
 	cd bench && DATABASE_URL="$$url" $(GO) test -mod=mod -timeout $(TEST_TIMEOUT) ./...
 
 # The suites that run on Apache Kafka when KAFKA_BROKERS names it
@@ -139,13 +139,17 @@ fuzz: ## run each fuzz target for FUZZ_TIME (default 30s)
 	  done; \
 	done
 
+# The docs check (test/docs) runs every command README.md and docs/*.md
+# show that can run on the embedded default, against an `onceflow dev` of
+# its own, and lists the ones it skips with the reason.
 .PHONY: lint
-lint: ## gofmt, go vet, staticcheck, gosec, the import rules (library, application, domains) and the module's tidiness
+lint: build ## gofmt, go vet, staticcheck, gosec, the import rules (library, application, domains), the module's tidiness and the docs' commands
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) run $(STATICCHECK) $(PKGS)
 	$(GO) run $(GOSEC) $(GOSEC_FLAGS) $(PKGS)
 	$(GO) test -count=1 -run '^TestImportRules$$' .
+	@set -o pipefail; $(PG_URL) && DATABASE_URL="$$url" $(GO) test -count=1 -v -run '^TestDocsCommands$$' ./test/docs | grep -v ': ran  '
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	cd bench && $(GO) vet -mod=mod ./...
 

@@ -69,7 +69,7 @@ const DevAdminAddr = "127.0.0.1:9090"
 
 // RunDev runs the embedded default: a Kafka-compatible broker and a schema
 // registry in process, Postgres (DATABASE_URL or a private cluster), the
-// demo tenant, and all four components, until ctx ends; with ExternalKafka,
+// demo tenant, and all five components, until ctx ends; with ExternalKafka,
 // the same on a Kafka cluster of its own instead of the embedded broker.
 // It exports the lag of every consumer of the cluster unless
 // RunConfig.LagExport says otherwise.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make demo: start `onceflow dev` (embedded broker and registry, Postgres,
-# all four components), drive a short scripted workload over HTTP, print
+# all five components), drive a short scripted workload over HTTP, print
 # what happened and the balances, and stop. Exits 0 only when the read
 # models show exactly the expected numbers.
 set -euo pipefail

@@ -2,8 +2,13 @@
 // (docs/ingest.md): any command route (Post), a command's outcome
 // (Command, WaitCommand), any other route (Do). The demo, the end-to-end
 // tests and the chaos harness use it; a domain adds its own routes'
-// helpers on top (the ledger's are in examples/ledger/ledgerapp). It does not retry by itself: callers choose when to resend with the
-// same Idempotency-Key (a retry) or a new one (a new operation).
+// helpers on top (the ledger's are in examples/ledger/ledgerapp).
+//
+// Post and Do send once. Send sends one Intention until it has a definite
+// answer, retrying network errors, timeouts, 5xx and 429 with the same
+// Idempotency-Key (after the server's Retry-After, or with backoff and
+// full jitter; Retry), and never a 409 or another 4xx: a new operation
+// takes a new key (NewKey).
 package apiclient
 
 import (
