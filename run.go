@@ -100,185 +100,279 @@ type Addrs struct {
 // then shuts them down gracefully. A component that fails ends the
 // process.
 func RunComponents(ctx context.Context, rc RunConfig) error {
+	p, err := newProcess(ctx, rc)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	for _, start := range []func(context.Context) error{p.startRelay, p.startIngest, p.startProjectors, p.startWorker, p.startProcessors, p.startAdmin} {
+		if err := start(ctx); err != nil {
+			return err
+		}
+	}
+	if rc.Started != nil {
+		rc.Started(p.addrs)
+	}
+	return p.wait(ctx)
+}
+
+// process is one process's components while RunComponents builds and
+// runs them: what they share, and the group they run in.
+type process struct {
+	rc      RunConfig
+	dep     *Deployment
+	serdes  serdes // nil when no component uses Kafka
+	metrics *prometheus.Registry
+	adm     *admin.Server
+	adminLn net.Listener
+	pool    *pgxpool.Pool // nil when no component uses Postgres
+	lag     *lagMetrics
+	rel     *relay.Relay // the relay, when the process runs one
+	addrs   Addrs
+	// cancel ends the components (runCtx): when ctx ends, or when any of
+	// them fails (g's context).
+	cancel  context.CancelFunc
+	g       *errgroup.Group
+	gctx    context.Context
+	closers []func()
+}
+
+// newProcess checks rc, sets up what the components share (the admin
+// server and its listener, the deployment's topics and serdes, the lag
+// metrics, the database pool) and the group they will run in.
+func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 	c := rc.Components
 	if !c.kafka() && !c.Worker {
-		return errors.New("no component selected")
+		return nil, errors.New("no component selected")
 	}
 	if rc.ShutdownTimeout == 0 {
 		rc.ShutdownTimeout = 20 * time.Second
 	}
 	if err := validLagExport(rc.LagExport); err != nil {
-		return err
+		return nil, err
 	}
-	logger := rc.Logger
-	metrics := rc.Metrics
-	if metrics == nil {
-		metrics = admin.NewRegistry()
+	p := &process{rc: rc, metrics: rc.Metrics}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if p.metrics == nil {
+		p.metrics = admin.NewRegistry()
 	}
-	adm := admin.New(rc.AdminAddr, metrics, logger)
-	adm.SetToken(rc.AdminToken)
+	p.adm = admin.New(rc.AdminAddr, p.metrics, rc.Logger)
+	p.adm.SetToken(rc.AdminToken)
 	if rc.AdminRoutes != nil {
-		rc.AdminRoutes(adm)
+		rc.AdminRoutes(p.adm)
 	}
-
-	dep, err := rc.Deployment()
-	if err != nil {
-		return err
+	if p.dep, err = rc.Deployment(); err != nil {
+		return nil, err
 	}
-	var serdes serdes
 	if c.kafka() {
 		if err := rc.Config.EnsureTopics(ctx); err != nil {
-			return fmt.Errorf("topics: %w", err)
+			return nil, fmt.Errorf("topics: %w", err)
 		}
 		reg := rc.Registry
 		if reg == nil {
-			if reg, err = registry(ctx, rc.Config, dep); err != nil {
-				return err
+			if reg, err = registry(ctx, rc.Config, p.dep); err != nil {
+				return nil, err
 			}
 		}
-		if serdes, err = newSerdes(ctx, reg, dep); err != nil {
-			return err
+		if p.serdes, err = newSerdes(ctx, reg, p.dep); err != nil {
+			return nil, err
 		}
 	}
-
 	// Listeners are bound before anything runs, so Started can report them.
-	adminLn, err := net.Listen("tcp", orDefault(rc.AdminAddr, ":9090"))
-	if err != nil {
-		return fmt.Errorf("admin listen: %w", err)
+	if p.adminLn, err = net.Listen("tcp", orDefault(rc.AdminAddr, ":9090")); err != nil {
+		return nil, fmt.Errorf("admin listen: %w", err)
 	}
-	defer adminLn.Close()
-
-	// runCtx ends the components; it is canceled when ctx ends or when any
-	// of them fails.
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	g, gctx := errgroup.WithContext(runCtx)
-	addrs := Addrs{Admin: adminLn.Addr().String()}
-	// own: each consumer component adds its source below.
-	// A process of no Kafka component (a worker) has no lag of its own to
-	// export, and needs no Kafka unless told to export the cluster's.
-	lag := &lagMetrics{}
-	if rc.LagExport == LagExportCluster || rc.LagExport != LagExportOff && c.kafka() {
-		if lag, err = newLagMetrics(rc.Config, metrics); err != nil {
-			return err
-		}
-		defer lag.close()
+	p.closers = append(p.closers, func() { p.adminLn.Close() })
+	p.addrs.Admin = p.adminLn.Addr().String()
+	if err := p.openLag(); err != nil {
+		return nil, err
 	}
-	ownLag := func(s kafka.LagSource) {
-		if rc.LagExport == "" || rc.LagExport == LagExportOwn {
-			lag.Add(s)
-		}
-	}
-
 	// A cluster-wide lag export reads projectors' offsets from Postgres,
 	// even in a process that runs none of the components using it.
-	var pool *pgxpool.Pool
 	if c.Ingest || c.Relay || c.Projector || c.Worker || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
-		if pool, err = rc.Config.OpenDatabase(ctx, rc.DatabaseMaxConns); err != nil {
-			return err
+		if p.pool, err = rc.Config.OpenDatabase(ctx, rc.DatabaseMaxConns); err != nil {
+			return nil, err
 		}
-		defer pool.Close()
-		adm.AddCheck("postgres", func(ctx context.Context) error { return pool.Ping(ctx) })
+		p.closers = append(p.closers, p.pool.Close)
+		p.adm.AddCheck("postgres", func(ctx context.Context) error { return p.pool.Ping(ctx) })
 	}
 	if rc.LagExport == LagExportCluster {
-		lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) { return dep.LagSources(ctx, lag.cl, pool) })
+		p.lag.AddFinder(func(ctx context.Context) ([]kafka.LagSource, error) { return p.dep.LagSources(ctx, p.lag.cl, p.pool) })
 	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	p.closers = append(p.closers, cancel)
+	p.g, p.gctx = errgroup.WithContext(runCtx)
+	return p, nil
+}
 
-	if c.Ingest || c.Relay || c.Projector {
-		var rel *relay.Relay
-		if c.Relay {
-			r, err := newRelay(rc.Config, rc.Relay, pool, dep, metrics)
-			if err != nil {
-				return err
-			}
-			rel = r
-			g.Go(func() error { return rel.Run(gctx) })
-			if rc.Reconcile.Interval > 0 {
-				cl, err := rc.Kafka.NewClient()
-				if err != nil {
-					return err
-				}
-				defer cl.Close()
-				rec, err := newReconciler(rc.Config, rc.Reconcile, pool, dep, serdes, cl, metrics)
-				if err != nil {
-					return err
-				}
-				g.Go(func() error { return rec.Run(gctx) })
-			}
-		}
-		if c.Ingest {
-			icfg := rc.Ingest
-			if rel != nil && icfg.OnAccept == nil {
-				icfg.OnAccept = rel.Wake // same process: wake the relay after each commit
-			}
-			srv, err := newIngest(rc.Config, icfg, pool, dep, serdes, metrics)
-			if err != nil {
-				return err
-			}
-			ln, err := net.Listen("tcp", orDefault(rc.HTTPAddr, ":8080"))
-			if err != nil {
-				return fmt.Errorf("ingest listen: %w", err)
-			}
-			addrs.HTTP = ln.Addr().String()
-			g.Go(func() error { return srv.Serve(gctx, ln) })
-		}
-		if c.Projector {
-			for _, d := range dep.Domains {
-				proj, err := newProjector(rc.Config, rc.Projector, rc.Worker, pool, d, serdes, dep.metricsFor(metrics, "domain", d.Name, len(dep.Domains)))
-				if err != nil {
-					return err
-				}
-				adm.AddCheck(dep.checkName("projector", d.Name, len(dep.Domains)), readyCheck(proj.Ready()))
-				ownLag(proj.LagSource())
-				g.Go(func() error { return proj.Run(gctx) })
-			}
-		}
-	}
-	if c.Worker {
-		w, err := newWorker(rc.Config, rc.Worker, rc.Webhooks, pool, metrics)
+// openLag sets up the lag metrics the process exports: its own consumers'
+// (each consumer component adds itself), the cluster's, or none. A
+// process of no Kafka component (a worker) has no lag of its own to
+// export, and needs no Kafka unless told to export the cluster's.
+func (p *process) openLag() error {
+	p.lag = &lagMetrics{}
+	if p.rc.LagExport == LagExportCluster || p.rc.LagExport != LagExportOff && p.rc.Components.kafka() {
+		lag, err := newLagMetrics(p.rc.Config, p.metrics)
 		if err != nil {
 			return err
 		}
-		adm.AddCheck("worker", readyCheck(w.Ready()))
-		g.Go(func() error { return w.Run(gctx) })
+		p.lag = lag
+		p.closers = append(p.closers, lag.close)
 	}
-	if c.Processor {
-		all := dep.Aggregates()
-		for _, a := range all {
-			proc, err := newProcessor(rc.Config, rc.Processor, dep, a, serdes, dep.metricsFor(metrics, "aggregate", a.Topics.Prefix, len(all)))
-			if err != nil {
-				return err
-			}
-			adm.AddCheck(dep.checkName("processor", a.Topics.Prefix, len(all)), readyCheck(proc.Ready()))
-			ownLag(kafka.LagSource{Group: a.group, Topics: []string{a.Topics.Commands()}})
-			g.Go(func() error { return proc.Run(gctx) })
-		}
+	return nil
+}
+
+// ownLag exports the lag of one of the process's consumers, unless the
+// process exports the cluster's or none.
+func (p *process) ownLag(s kafka.LagSource) {
+	if p.rc.LagExport == "" || p.rc.LagExport == LagExportOwn {
+		p.lag.Add(s)
 	}
-	page, closePage, err := statusPage(rc, adm, metrics, pool, dep)
+}
+
+// startRelay starts the relay and, with a reconcile interval, the
+// periodic reconciliation.
+func (p *process) startRelay(context.Context) error {
+	if !p.rc.Components.Relay {
+		return nil
+	}
+	rel, err := newRelay(p.rc.Config, p.rc.Relay, p.pool, p.dep, p.metrics)
 	if err != nil {
 		return err
 	}
-	defer closePage()
-	g.Go(func() error { return page.Run(gctx) })
-	g.Go(func() error { return adm.Serve(gctx, adminLn) })
-	if rc.Started != nil {
-		rc.Started(addrs)
+	p.rel = rel
+	p.g.Go(func() error { return rel.Run(p.gctx) })
+	if p.rc.Reconcile.Interval <= 0 {
+		return nil
 	}
+	cl, err := p.rc.Kafka.NewClient()
+	if err != nil {
+		return err
+	}
+	p.closers = append(p.closers, cl.Close)
+	rec, err := newReconciler(p.rc.Config, p.rc.Reconcile, p.pool, p.dep, p.serdes, cl, p.metrics)
+	if err != nil {
+		return err
+	}
+	p.g.Go(func() error { return rec.Run(p.gctx) })
+	return nil
+}
 
+// startIngest binds ingest's listener and starts it; in the relay's
+// process, each commit wakes the relay.
+func (p *process) startIngest(context.Context) error {
+	if !p.rc.Components.Ingest {
+		return nil
+	}
+	icfg := p.rc.Ingest
+	if p.rel != nil && icfg.OnAccept == nil {
+		icfg.OnAccept = p.rel.Wake
+	}
+	srv, err := newIngest(p.rc.Config, icfg, p.pool, p.dep, p.serdes, p.metrics)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", orDefault(p.rc.HTTPAddr, ":8080"))
+	if err != nil {
+		return fmt.Errorf("ingest listen: %w", err)
+	}
+	p.addrs.HTTP = ln.Addr().String()
+	p.g.Go(func() error { return srv.Serve(p.gctx, ln) })
+	return nil
+}
+
+// startProjectors starts a projector per domain.
+func (p *process) startProjectors(context.Context) error {
+	if !p.rc.Components.Projector {
+		return nil
+	}
+	for _, d := range p.dep.Domains {
+		proj, err := newProjector(p.rc.Config, p.rc.Projector, p.rc.Worker, p.pool, d, p.serdes, p.dep.metricsFor(p.metrics, "domain", d.Name, len(p.dep.Domains)))
+		if err != nil {
+			return err
+		}
+		p.adm.AddCheck(p.dep.checkName("projector", d.Name, len(p.dep.Domains)), readyCheck(proj.Ready()))
+		p.ownLag(proj.LagSource())
+		p.g.Go(func() error { return proj.Run(p.gctx) })
+	}
+	return nil
+}
+
+// startWorker starts the worker of onceflow's jobs.
+func (p *process) startWorker(context.Context) error {
+	if !p.rc.Components.Worker {
+		return nil
+	}
+	w, err := newWorker(p.rc.Config, p.rc.Worker, p.rc.Webhooks, p.pool, p.metrics)
+	if err != nil {
+		return err
+	}
+	p.adm.AddCheck("worker", readyCheck(w.Ready()))
+	p.g.Go(func() error { return w.Run(p.gctx) })
+	return nil
+}
+
+// startProcessors starts a processor per aggregate type.
+func (p *process) startProcessors(context.Context) error {
+	if !p.rc.Components.Processor {
+		return nil
+	}
+	all := p.dep.Aggregates()
+	for _, a := range all {
+		proc, err := newProcessor(p.rc.Config, p.rc.Processor, p.dep, a, p.serdes, p.dep.metricsFor(p.metrics, "aggregate", a.Topics.Prefix, len(all)))
+		if err != nil {
+			return err
+		}
+		p.adm.AddCheck(p.dep.checkName("processor", a.Topics.Prefix, len(all)), readyCheck(proc.Ready()))
+		p.ownLag(kafka.LagSource{Group: a.group, Topics: []string{a.Topics.Commands()}})
+		p.g.Go(func() error { return proc.Run(p.gctx) })
+	}
+	return nil
+}
+
+// startAdmin starts the status page and the admin server.
+func (p *process) startAdmin(context.Context) error {
+	page, closePage, err := statusPage(p.rc, p.adm, p.metrics, p.pool, p.dep)
+	if err != nil {
+		return err
+	}
+	p.closers = append(p.closers, closePage)
+	p.g.Go(func() error { return page.Run(p.gctx) })
+	p.g.Go(func() error { return p.adm.Serve(p.gctx, p.adminLn) })
+	return nil
+}
+
+// wait returns when a component fails, or after ctx ends and the
+// components have finished their work in flight (within the shutdown
+// timeout).
+func (p *process) wait(ctx context.Context) error {
 	done := make(chan error, 1)
-	go func() { done <- g.Wait() }()
+	go func() { done <- p.g.Wait() }()
 	select {
 	case err := <-done: // a component failed (or all stopped)
 		return err
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down: finishing work in flight", "timeout", rc.ShutdownTimeout)
-	cancel()
+	p.rc.Logger.Info("shutting down: finishing work in flight", "timeout", p.rc.ShutdownTimeout)
+	p.cancel()
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(rc.ShutdownTimeout):
-		return fmt.Errorf("shutdown did not finish within %s", rc.ShutdownTimeout)
+	case <-time.After(p.rc.ShutdownTimeout):
+		return fmt.Errorf("shutdown did not finish within %s", p.rc.ShutdownTimeout)
+	}
+}
+
+// close releases what newProcess and the components' starts opened, the
+// last first.
+func (p *process) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
 	}
 }
 

@@ -94,13 +94,37 @@ func (a Projection) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) err
 // ApplyBatch implements pipeline.BatchProjection.
 func (Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
 	out := make([]error, len(evs))
-	byID := make(map[string]*account)
-	var order []*account
+	b := batchOf(evs, out)
+	if len(b.order) == 0 {
+		return out, nil
+	}
+	if err := b.readVersions(ctx, tx); err != nil {
+		return nil, err
+	}
+	for i, ev := range evs {
+		if a := b.byID[ev.AggregateID]; a != nil && out[i] == nil && !leavesAccount(ev) {
+			out[i] = a.fold(ev)
+		}
+	}
+	return out, b.write(ctx, tx)
+}
+
+// batch is the accounts a batch's events change, by aggregate id and in
+// the order they first appear.
+type batch struct {
+	byID  map[string]*account
+	order []*account
+}
+
+// batchOf finds the accounts evs change; an event whose aggregate id
+// does not parse gets its permanent error in out.
+func batchOf(evs []pipeline.Event, out []error) batch {
+	b := batch{byID: make(map[string]*account)}
 	for i, ev := range evs {
 		if leavesAccount(ev) {
 			continue // a rejection or a failure leaves the account as it is
 		}
-		if _, ok := byID[ev.AggregateID]; ok {
+		if _, ok := b.byID[ev.AggregateID]; ok {
 			continue
 		}
 		tenant, id, err := pipeline.SplitAggregateID(ev.AggregateID)
@@ -109,84 +133,83 @@ func (Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Even
 			continue
 		}
 		a := &account{tenant: tenant, id: id}
-		byID[ev.AggregateID] = a
-		order = append(order, a)
+		b.byID[ev.AggregateID] = a
+		b.order = append(b.order, a)
 	}
-	if len(order) == 0 {
-		return out, nil
-	}
-	tenants, ids := make([]string, len(order)), make([]string, len(order))
-	for i, a := range order {
+	return b
+}
+
+// readVersions reads the stored version of each account that has a row.
+func (b batch) readVersions(ctx context.Context, tx pgx.Tx) error {
+	tenants, ids := make([]string, len(b.order)), make([]string, len(b.order))
+	for i, a := range b.order {
 		tenants[i], ids[i] = a.tenant, a.id
 	}
 	rows, err := tx.Query(ctx, accountVersionsSQL, tenants, ids)
 	if err != nil {
-		return nil, fmt.Errorf("read account versions: %w", err)
+		return fmt.Errorf("read account versions: %w", err)
 	}
 	var tenant, id string
 	var version int64
 	_, err = pgx.ForEachRow(rows, []any{&tenant, &id, &version}, func() error {
-		a := byID[pipeline.AggregateID(tenant, id)]
+		a := b.byID[pipeline.AggregateID(tenant, id)]
 		a.exists, a.stored, a.version = true, version, version
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read account versions: %w", err)
+		return fmt.Errorf("read account versions: %w", err)
 	}
+	return nil
+}
 
-	for i, ev := range evs {
-		a := byID[ev.AggregateID]
-		if a == nil || out[i] != nil {
-			continue
-		}
-		if leavesAccount(ev) {
-			continue
-		}
-		if a.gap != nil {
-			out[i] = a.gap
-			continue
-		}
-		switch {
-		case ev.Version <= a.version:
-			out[i] = pipeline.ErrDuplicate
-			continue
-		case ev.Version > a.version+1:
-			a.gap = pipeline.CheckVersion(ev.AggregateID, a.version, ev.Version)
-			out[i] = a.gap
-			continue
-		}
-		opened, isOpen := ev.Payload.(ledger.AccountOpened)
-		if !a.exists && a.version == 0 && !isOpen {
-			// An account's first event must open it: anything else means
-			// the opening is missing.
-			a.gap = &pipeline.VersionGapError{AggregateID: ev.AggregateID, Stored: 0, Got: ev.Version}
-			out[i] = a.gap
-			continue
-		}
-		switch e := ev.Payload.(type) {
-		case ledger.AccountOpened:
-			a.currency = opened.Currency
-		case ledger.AccountClosed:
-			a.closed = true
-		case ledger.Deposited:
-			a.delta += e.Amount
-		case ledger.Withdrawn:
-			a.delta -= e.Amount
-		case ledger.TransferDebited:
-			a.delta -= e.Amount
-		case ledger.TransferCredited:
-			a.delta += e.Amount
-		case ledger.TransferRefunded:
-			a.delta += e.Amount
-		}
-		// Any other event of the account still moves its version: the
-		// account changed in a way this read model does not show.
-		a.version = ev.Version
-		a.at = ev.Time
+// fold applies ev, the account's next event in the batch, to what the
+// batch writes, and returns its outcome: nil, a duplicate, or the gap
+// that stops the account's later events.
+func (a *account) fold(ev pipeline.Event) error {
+	switch {
+	case a.gap != nil:
+		return a.gap
+	case ev.Version <= a.version:
+		return pipeline.ErrDuplicate
+	case ev.Version > a.version+1:
+		a.gap = pipeline.CheckVersion(ev.AggregateID, a.version, ev.Version)
+		return a.gap
 	}
+	opened, isOpen := ev.Payload.(ledger.AccountOpened)
+	if !a.exists && a.version == 0 && !isOpen {
+		// An account's first event must open it: anything else means
+		// the opening is missing.
+		a.gap = &pipeline.VersionGapError{AggregateID: ev.AggregateID, Stored: 0, Got: ev.Version}
+		return a.gap
+	}
+	switch e := ev.Payload.(type) {
+	case ledger.AccountOpened:
+		a.currency = opened.Currency
+	case ledger.AccountClosed:
+		a.closed = true
+	case ledger.Deposited:
+		a.delta += e.Amount
+	case ledger.Withdrawn:
+		a.delta -= e.Amount
+	case ledger.TransferDebited:
+		a.delta -= e.Amount
+	case ledger.TransferCredited:
+		a.delta += e.Amount
+	case ledger.TransferRefunded:
+		a.delta += e.Amount
+	}
+	// Any other event of the account still moves its version: the
+	// account changed in a way this read model does not show.
+	a.version = ev.Version
+	a.at = ev.Time
+	return nil
+}
 
+// write inserts the new accounts and updates the others, each at the
+// version its events follow.
+func (b batch) write(ctx context.Context, tx pgx.Tx) error {
 	var ins, upd accountColumns
-	for _, a := range order {
+	for _, a := range b.order {
 		if a.version == a.stored {
 			continue // nothing new (duplicates, a gap first, rejections or failures only)
 		}
@@ -199,22 +222,22 @@ func (Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Even
 	if n := len(ins.tenant); n > 0 {
 		tag, err := tx.Exec(ctx, insertAccountsSQL, ins.tenant, ins.id, ins.currency, ins.delta, ins.status, ins.version, ins.at)
 		if err != nil {
-			return nil, fmt.Errorf("insert accounts: %w", err)
+			return fmt.Errorf("insert accounts: %w", err)
 		}
 		if tag.RowsAffected() != int64(n) {
-			return nil, fmt.Errorf("insert accounts: %d of %d rows written: %w", tag.RowsAffected(), n, errConcurrentWrite)
+			return fmt.Errorf("insert accounts: %d of %d rows written: %w", tag.RowsAffected(), n, errConcurrentWrite)
 		}
 	}
 	if n := len(upd.tenant); n > 0 {
 		tag, err := tx.Exec(ctx, updateAccountsSQL, upd.tenant, upd.id, upd.delta, upd.closed, upd.version, upd.at, upd.expected)
 		if err != nil {
-			return nil, fmt.Errorf("update accounts: %w", err)
+			return fmt.Errorf("update accounts: %w", err)
 		}
 		if tag.RowsAffected() != int64(n) {
-			return nil, fmt.Errorf("update accounts: %d of %d rows at the expected version: %w", tag.RowsAffected(), n, errConcurrentWrite)
+			return fmt.Errorf("update accounts: %d of %d rows at the expected version: %w", tag.RowsAffected(), n, errConcurrentWrite)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // leavesAccount reports an event that does not change its aggregate: a

@@ -28,75 +28,12 @@ func RunDemo(ctx context.Context, api *apiclient.Client, out io.Writer) error {
 	rand.Read(runID)
 	run := hex.EncodeToString(runID)
 	alice, bob := "alice-"+run, "bob-"+run
-	key := func(s string) string { return "demo-" + run + "-" + s }
-
-	type step struct {
-		what      string
-		send      func() (apiclient.Accepted, *apiclient.Response, error)
-		wantHTTP  int
-		replay    bool   // expect Idempotent-Replayed: true
-		sameAs    int    // for a replay: the step whose command id must come back
-		wantState string // accepted or rejected, once processed
-	}
-	steps := []step{
-		{what: "open " + alice + " (EUR)", send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.OpenAccount(ctx, key("open-alice"), alice, "EUR")
-		}, wantHTTP: 202, wantState: "accepted"},
-		{what: "open " + alice + " again, same key (client retry)", send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.OpenAccount(ctx, key("open-alice"), alice, "EUR")
-		}, wantHTTP: 202, replay: true, sameAs: 1},
-		{what: "open " + bob + " (EUR)", send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.OpenAccount(ctx, key("open-bob"), bob, "EUR")
-		}, wantHTTP: 202, wantState: "accepted"},
-		{what: "deposit 100 to " + alice, send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.Deposit(ctx, key("dep-1"), alice, 100)
-		}, wantHTTP: 202, wantState: "accepted"},
-		{what: "deposit 250 to " + alice, send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.Deposit(ctx, key("dep-2"), alice, 250)
-		}, wantHTTP: 202, wantState: "accepted"},
-		{what: "deposit 250 to " + alice + ", same key (client retry)", send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.Deposit(ctx, key("dep-2"), alice, 250)
-		}, wantHTTP: 202, replay: true, sameAs: 5},
-		{what: "deposit 250 to " + alice + ", new key (a second deposit)", send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.Deposit(ctx, key("dep-3"), alice, 250)
-		}, wantHTTP: 202, wantState: "accepted"},
-		{what: "deposit 50 to " + alice, send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.Deposit(ctx, key("dep-4"), alice, 50)
-		}, wantHTTP: 202, wantState: "accepted"},
-		{what: "deposit 500 to " + bob, send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.Deposit(ctx, key("dep-5"), bob, 500)
-		}, wantHTTP: 202, wantState: "accepted"},
-		{what: "deposit 999 to " + alice + " reusing the key of the 100 deposit", send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.Deposit(ctx, key("dep-1"), alice, 999)
-		}, wantHTTP: 409},
-		{what: "open " + alice + " again, new key", send: func() (apiclient.Accepted, *apiclient.Response, error) {
-			return c.OpenAccount(ctx, key("open-alice-2"), alice, "EUR")
-		}, wantHTTP: 202, wantState: "rejected"},
-	}
+	steps := demoSteps(ctx, c, func(s string) string { return "demo-" + run + "-" + s }, alice, bob)
 	want := map[string]int64{alice: 650, bob: 500}
 
-	type result struct {
-		resp *apiclient.Response
-		acc  apiclient.Accepted
-		cmd  apiclient.Command
-	}
-	results := make([]result, len(steps))
-	var problems []error
-	for i, s := range steps {
-		acc, resp, err := s.send()
-		if resp == nil {
-			return fmt.Errorf("step %d (%s): %w", i+1, s.what, err)
-		}
-		results[i] = result{resp: resp, acc: acc}
-		if resp.Status != s.wantHTTP {
-			problems = append(problems, fmt.Errorf("step %d (%s): HTTP %d, want %d", i+1, s.what, resp.Status, s.wantHTTP))
-		}
-		if resp.Replayed() != s.replay {
-			problems = append(problems, fmt.Errorf("step %d (%s): replayed = %v, want %v", i+1, s.what, resp.Replayed(), s.replay))
-		}
-		if s.replay && acc.CommandID != results[s.sameAs-1].acc.CommandID {
-			problems = append(problems, fmt.Errorf("step %d (%s): command %s, want the original %s", i+1, s.what, acc.CommandID, results[s.sameAs-1].acc.CommandID))
-		}
+	results, problems, err := sendSteps(steps)
+	if err != nil {
+		return err
 	}
 	for i, s := range steps {
 		if s.wantState == "" || results[i].acc.CommandID == "" {
@@ -111,7 +48,90 @@ func RunDemo(ctx context.Context, api *apiclient.Client, out io.Writer) error {
 			problems = append(problems, fmt.Errorf("step %d (%s): outcome %s, want %s", i+1, s.what, cmd.Status, s.wantState))
 		}
 	}
+	printSteps(out, steps, results)
+	fmt.Fprintln(out)
+	balances, err := printBalances(ctx, out, c, []string{alice, bob}, want)
+	if err != nil {
+		return err
+	}
+	if err := errors.Join(append(problems, balances...)...); err != nil {
+		return fmt.Errorf("the demo found problems:\n%w", err)
+	}
+	fmt.Fprintln(out, "\nOK: every retry was absorbed, every command has exactly one outcome, and the balances are exact.")
+	return nil
+}
 
+// demoStep is one request of the demo and what it must get.
+type demoStep struct {
+	what      string
+	send      func() (apiclient.Accepted, *apiclient.Response, error)
+	wantHTTP  int
+	replay    bool   // expect Idempotent-Replayed: true
+	sameAs    int    // for a replay: the step whose command id must come back
+	wantState string // accepted or rejected, once processed
+}
+
+// demoResult is what a step got.
+type demoResult struct {
+	resp *apiclient.Response
+	acc  apiclient.Accepted
+	cmd  apiclient.Command
+}
+
+// demoSteps are the demo's requests, on the accounts alice and bob, with
+// their Idempotency-Keys made by key.
+func demoSteps(ctx context.Context, c Client, key func(string) string, alice, bob string) []demoStep {
+	open := func(keyName, id string) func() (apiclient.Accepted, *apiclient.Response, error) {
+		return func() (apiclient.Accepted, *apiclient.Response, error) {
+			return c.OpenAccount(ctx, key(keyName), id, "EUR")
+		}
+	}
+	deposit := func(keyName, id string, amount int64) func() (apiclient.Accepted, *apiclient.Response, error) {
+		return func() (apiclient.Accepted, *apiclient.Response, error) {
+			return c.Deposit(ctx, key(keyName), id, amount)
+		}
+	}
+	return []demoStep{
+		{what: "open " + alice + " (EUR)", send: open("open-alice", alice), wantHTTP: 202, wantState: "accepted"},
+		{what: "open " + alice + " again, same key (client retry)", send: open("open-alice", alice), wantHTTP: 202, replay: true, sameAs: 1},
+		{what: "open " + bob + " (EUR)", send: open("open-bob", bob), wantHTTP: 202, wantState: "accepted"},
+		{what: "deposit 100 to " + alice, send: deposit("dep-1", alice, 100), wantHTTP: 202, wantState: "accepted"},
+		{what: "deposit 250 to " + alice, send: deposit("dep-2", alice, 250), wantHTTP: 202, wantState: "accepted"},
+		{what: "deposit 250 to " + alice + ", same key (client retry)", send: deposit("dep-2", alice, 250), wantHTTP: 202, replay: true, sameAs: 5},
+		{what: "deposit 250 to " + alice + ", new key (a second deposit)", send: deposit("dep-3", alice, 250), wantHTTP: 202, wantState: "accepted"},
+		{what: "deposit 50 to " + alice, send: deposit("dep-4", alice, 50), wantHTTP: 202, wantState: "accepted"},
+		{what: "deposit 500 to " + bob, send: deposit("dep-5", bob, 500), wantHTTP: 202, wantState: "accepted"},
+		{what: "deposit 999 to " + alice + " reusing the key of the 100 deposit", send: deposit("dep-1", alice, 999), wantHTTP: 409},
+		{what: "open " + alice + " again, new key", send: open("open-alice-2", alice), wantHTTP: 202, wantState: "rejected"},
+	}
+}
+
+// sendSteps sends each step in order and checks its answer: the status,
+// whether it was replayed, and a replay's command id.
+func sendSteps(steps []demoStep) ([]demoResult, []error, error) {
+	results := make([]demoResult, len(steps))
+	var problems []error
+	for i, s := range steps {
+		acc, resp, err := s.send()
+		if resp == nil {
+			return nil, nil, fmt.Errorf("step %d (%s): %w", i+1, s.what, err)
+		}
+		results[i] = demoResult{resp: resp, acc: acc}
+		if resp.Status != s.wantHTTP {
+			problems = append(problems, fmt.Errorf("step %d (%s): HTTP %d, want %d", i+1, s.what, resp.Status, s.wantHTTP))
+		}
+		if resp.Replayed() != s.replay {
+			problems = append(problems, fmt.Errorf("step %d (%s): replayed = %v, want %v", i+1, s.what, resp.Replayed(), s.replay))
+		}
+		if s.replay && acc.CommandID != results[s.sameAs-1].acc.CommandID {
+			problems = append(problems, fmt.Errorf("step %d (%s): command %s, want the original %s", i+1, s.what, acc.CommandID, results[s.sameAs-1].acc.CommandID))
+		}
+	}
+	return results, problems, nil
+}
+
+// printSteps prints each step with what it got.
+func printSteps(out io.Writer, steps []demoStep, results []demoResult) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\trequest\tHTTP\treplayed\tcommand\toutcome")
 	for i, s := range steps {
@@ -128,26 +148,25 @@ func RunDemo(ctx context.Context, api *apiclient.Client, out io.Writer) error {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%s\t%s\n", i+1, s.what, r.resp.Status, r.resp.Replayed(), short(r.acc.CommandID), outcome)
 	}
 	tw.Flush()
+}
 
-	fmt.Fprintln(out)
-	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+// printBalances prints the accounts' balances next to the expected ones
+// and returns the differences.
+func printBalances(ctx context.Context, out io.Writer, c Client, ids []string, want map[string]int64) ([]error, error) {
+	var problems []error
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "account\tbalance\texpected\tversion\tcurrency")
-	for _, id := range []string{alice, bob} {
+	for _, id := range ids {
 		a, err := c.Account(ctx, id)
 		if err != nil {
-			return fmt.Errorf("read account %s: %w", id, err)
+			return nil, fmt.Errorf("read account %s: %w", id, err)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", id, a.Balance, want[id], a.Version, a.Currency)
 		if a.Balance != want[id] {
 			problems = append(problems, fmt.Errorf("account %s: balance %d, want %d", id, a.Balance, want[id]))
 		}
 	}
-	tw.Flush()
-	if err := errors.Join(problems...); err != nil {
-		return fmt.Errorf("the demo found problems:\n%w", err)
-	}
-	fmt.Fprintln(out, "\nOK: every retry was absorbed, every command has exactly one outcome, and the balances are exact.")
-	return nil
+	return problems, tw.Flush()
 }
 
 func short(id string) string {
