@@ -170,12 +170,62 @@ func (m *LagMeter) Lag(ctx context.Context, sources []LagSource) ([]PartitionLag
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.gen++
+	committed, err := m.committed(ctx, sources)
+	if err != nil {
+		return nil, err
+	}
+	owners := m.owners(ctx, sources)
+	want, topics := wantedPartitions(sources, committed, owners)
+	if len(topics) == 0 {
+		m.sweep()
+		return nil, nil
+	}
+	offs, err := m.listOffsets(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
+	var out []PartitionLag
+	for i, s := range sources {
+		for _, t := range sortedKeys(want[i]) {
+			for _, p := range offs.partitions(t, want[i][t]) {
+				row := PartitionLag{Group: s.Group, Topic: t, Partition: p, OffsetsIn: s.offsetsIn(), Committed: -1}
+				if o, ok := committed[i][t][p]; ok {
+					row.Committed = o
+				}
+				e, _ := offs.ends.Lookup(t, p)
+				ls, _ := offs.stables.Lookup(t, p)
+				st, _ := offs.starts.Lookup(t, p)
+				row.LogEnd, row.LastStable, row.LogStart = e.Offset, ls.Offset, st.Offset
+				row.Lag = max(row.LastStable-row.from(), 0)
+				if mem, ok := owners[s.Group][t][p]; ok {
+					row.MemberID, row.Host, row.ClientID = mem.MemberID, mem.ClientHost, mem.ClientID
+				}
+				out = append(out, row)
+			}
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool {
+		x, y := out[a], out[b]
+		if x.Group != y.Group {
+			return x.Group < y.Group
+		}
+		if x.Topic != y.Topic {
+			return x.Topic < y.Topic
+		}
+		return x.Partition < y.Partition
+	})
+	m.lagSeconds(ctx, out)
+	m.sweep()
+	return out, nil
+}
 
-	// Committed offsets: Kafka's in one listing per coordinator.
+// committed returns each source's committed offsets by topic and
+// partition: its own (Offsets), or its Kafka group's, fetched in one
+// listing per coordinator. A group that is gone or hidden has none.
+func (m *LagMeter) committed(ctx context.Context, sources []LagSource) ([]map[string]map[int32]int64, error) {
 	committed := make([]map[string]map[int32]int64, len(sources))
-	var inKafka, groups []string
+	var inKafka []string
 	for _, s := range sources {
-		groups = append(groups, s.Group)
 		if s.Offsets == nil {
 			inKafka = append(inKafka, s.Group)
 		}
@@ -212,51 +262,63 @@ func (m *LagMeter) Lag(ctx context.Context, sources []LagSource) ([]PartitionLag
 		})
 		committed[i] = offs
 	}
+	return committed, nil
+}
 
-	// Who owns each partition (a projector's Kafka group has its name).
-	owners := map[string]map[string]map[int32]kadm.DescribedGroupMember{} // group -> topic -> partition
-	if described, err := m.adm.DescribeGroups(ctx, groups...); err == nil || len(described) > 0 {
-		for g, d := range described {
-			owners[g] = map[string]map[int32]kadm.DescribedGroupMember{}
-			for _, mem := range d.Members {
-				c, ok := mem.Assigned.AsConsumer()
-				if !ok {
-					continue
+// owners returns who owns each partition, by group, topic and partition
+// (a projector's Kafka group has its name); none when the groups cannot
+// be described.
+func (m *LagMeter) owners(ctx context.Context, sources []LagSource) map[string]map[string]map[int32]kadm.DescribedGroupMember {
+	groups := make([]string, len(sources))
+	for i, s := range sources {
+		groups[i] = s.Group
+	}
+	owners := map[string]map[string]map[int32]kadm.DescribedGroupMember{}
+	described, err := m.adm.DescribeGroups(ctx, groups...)
+	if err != nil && len(described) == 0 {
+		return owners
+	}
+	for g, d := range described {
+		owners[g] = map[string]map[int32]kadm.DescribedGroupMember{}
+		for _, mem := range d.Members {
+			c, ok := mem.Assigned.AsConsumer()
+			if !ok {
+				continue
+			}
+			for _, t := range c.Topics {
+				if owners[g][t.Topic] == nil {
+					owners[g][t.Topic] = map[int32]kadm.DescribedGroupMember{}
 				}
-				for _, t := range c.Topics {
-					if owners[g][t.Topic] == nil {
-						owners[g][t.Topic] = map[int32]kadm.DescribedGroupMember{}
-					}
-					for _, p := range t.Partitions {
-						owners[g][t.Topic][p] = mem
-					}
+				for _, p := range t.Partitions {
+					owners[g][t.Topic][p] = mem
 				}
 			}
 		}
 	}
+	return owners
+}
 
-	// The partitions of each source.
-	type sourceParts struct {
-		explicit bool
-		parts    map[string]map[int32]bool // topic -> partitions; nil map: every partition
-	}
-	want := make([]sourceParts, len(sources))
+// wantedPartitions returns the partitions of each source by topic (a nil
+// set: every partition of the topic) and every topic, sorted: a source's
+// Topics whole, else the partitions it has offsets for or owns.
+func wantedPartitions(sources []LagSource, committed []map[string]map[int32]int64,
+	owners map[string]map[string]map[int32]kadm.DescribedGroupMember) ([]map[string]map[int32]bool, []string) {
+	want := make([]map[string]map[int32]bool, len(sources))
 	topicSet := map[string]bool{}
 	for i, s := range sources {
+		want[i] = map[string]map[int32]bool{}
 		if len(s.Topics) > 0 {
-			want[i] = sourceParts{explicit: true, parts: map[string]map[int32]bool{}}
 			for _, t := range s.Topics {
-				want[i].parts[t] = nil
+				want[i][t] = nil
 				topicSet[t] = true
 			}
 			continue
 		}
-		parts := map[string]map[int32]bool{}
 		add := func(t string, p int32) {
-			if parts[t] == nil {
-				parts[t] = map[int32]bool{}
+			if want[i][t] == nil {
+				want[i][t] = map[int32]bool{}
 			}
-			parts[t][p] = true
+			want[i][t][p] = true
 			topicSet[t] = true
 		}
 		for t, ps := range committed[i] {
@@ -269,70 +331,40 @@ func (m *LagMeter) Lag(ctx context.Context, sources []LagSource) ([]PartitionLag
 				add(t, p)
 			}
 		}
-		want[i] = sourceParts{parts: parts}
 	}
-	if len(topicSet) == 0 {
-		m.sweep()
-		return nil, nil
-	}
-	topics := make([]string, 0, len(topicSet))
-	for t := range topicSet {
-		topics = append(topics, t)
-	}
-	sort.Strings(topics)
-	ends, err := m.adm.ListEndOffsets(ctx, topics...)
-	if err != nil {
-		return nil, fmt.Errorf("list end offsets: %w", err)
-	}
-	stables, err := m.adm.ListCommittedOffsets(ctx, topics...)
-	if err != nil {
-		return nil, fmt.Errorf("list last stable offsets: %w", err)
-	}
-	starts, err := m.adm.ListStartOffsets(ctx, topics...)
-	if err != nil {
-		return nil, fmt.Errorf("list start offsets: %w", err)
-	}
+	return want, sortedKeys(topicSet)
+}
 
-	var out []PartitionLag
-	for i, s := range sources {
-		for _, t := range sortedKeys(want[i].parts) {
-			var parts []int32
-			ends.Each(func(o kadm.ListedOffset) {
-				if o.Topic == t && o.Err == nil && o.Partition >= 0 && (want[i].parts[t] == nil || want[i].parts[t][o.Partition]) {
-					parts = append(parts, o.Partition)
-				}
-			})
-			sort.Slice(parts, func(a, b int) bool { return parts[a] < parts[b] })
-			for _, p := range parts {
-				row := PartitionLag{Group: s.Group, Topic: t, Partition: p, OffsetsIn: s.offsetsIn(), Committed: -1}
-				if o, ok := committed[i][t][p]; ok {
-					row.Committed = o
-				}
-				e, _ := ends.Lookup(t, p)
-				ls, _ := stables.Lookup(t, p)
-				st, _ := starts.Lookup(t, p)
-				row.LogEnd, row.LastStable, row.LogStart = e.Offset, ls.Offset, st.Offset
-				row.Lag = max(row.LastStable-row.from(), 0)
-				if mem, ok := owners[s.Group][t][p]; ok {
-					row.MemberID, row.Host, row.ClientID = mem.MemberID, mem.ClientHost, mem.ClientID
-				}
-				out = append(out, row)
-			}
-		}
+// listedOffsets are the topics' end, last stable and start offsets.
+type listedOffsets struct {
+	ends, stables, starts kadm.ListedOffsets
+}
+
+func (m *LagMeter) listOffsets(ctx context.Context, topics []string) (listedOffsets, error) {
+	var o listedOffsets
+	var err error
+	if o.ends, err = m.adm.ListEndOffsets(ctx, topics...); err != nil {
+		return o, fmt.Errorf("list end offsets: %w", err)
 	}
-	sort.SliceStable(out, func(a, b int) bool {
-		x, y := out[a], out[b]
-		if x.Group != y.Group {
-			return x.Group < y.Group
+	if o.stables, err = m.adm.ListCommittedOffsets(ctx, topics...); err != nil {
+		return o, fmt.Errorf("list last stable offsets: %w", err)
+	}
+	if o.starts, err = m.adm.ListStartOffsets(ctx, topics...); err != nil {
+		return o, fmt.Errorf("list start offsets: %w", err)
+	}
+	return o, nil
+}
+
+// partitions are topic's partitions in parts (nil: all of them), sorted.
+func (o listedOffsets) partitions(topic string, parts map[int32]bool) []int32 {
+	var out []int32
+	o.ends.Each(func(l kadm.ListedOffset) {
+		if l.Topic == topic && l.Err == nil && l.Partition >= 0 && (parts == nil || parts[l.Partition]) {
+			out = append(out, l.Partition)
 		}
-		if x.Topic != y.Topic {
-			return x.Topic < y.Topic
-		}
-		return x.Partition < y.Partition
 	})
-	m.lagSeconds(ctx, out)
-	m.sweep()
-	return out, nil
+	sort.Slice(out, func(a, b int) bool { return out[a] < out[b] })
+	return out
 }
 
 // from is where the consumer reads next: its committed offset, or the log
