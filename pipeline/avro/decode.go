@@ -334,73 +334,27 @@ func (b *builder) enumDecoder(w, r *schema, t reflect.Type, path string) (decode
 // leafDecoder decodes primitives (after promotion) and fixed values into the
 // Go type t chosen for the reader schema r.
 func leafDecoder(w, r *schema, t reflect.Type, path string) (decoder, error) {
+	var d decoder
 	switch {
 	case t == typeTime:
-		if !isTimestamp(r) {
-			break
-		}
-		unit := r.logical // a long the writer wrote without logical type is in the reader's unit
-		if isTimestamp(w) {
-			unit = w.logical
-		}
-		return func(native any, dst reflect.Value) error {
-			n, ok := toInt64(native)
-			if !ok {
-				return unexpected(path, native, "an integer")
-			}
-			var tm time.Time
-			if unit == logicalTimestampMicros {
-				tm = time.UnixMicro(n).UTC()
-			} else {
-				tm = time.UnixMilli(n).UTC()
-			}
-			dst.Set(reflect.ValueOf(tm))
-			return nil
-		}, nil
+		d = timeDecoder(w, r, path)
 	case t.Kind() == reflect.Bool:
-		return func(native any, dst reflect.Value) error {
+		d = func(native any, dst reflect.Value) error {
 			v, ok := native.(bool)
 			if !ok {
 				return unexpected(path, native, "bool")
 			}
 			dst.SetBool(v)
 			return nil
-		}, nil
-	case t.Kind() == reflect.Int || t.Kind() == reflect.Int32 || t.Kind() == reflect.Int64:
-		if r.kind == kindLong && t.Kind() == reflect.Int32 {
-			break
 		}
-		return func(native any, dst reflect.Value) error {
-			n, ok := toInt64(native)
-			if !ok {
-				return unexpected(path, native, "an integer")
-			}
-			if dst.OverflowInt(n) {
-				return fmt.Errorf("%w: %s: %d overflows %s", ErrMalformed, path, n, t)
-			}
-			dst.SetInt(n)
-			return nil
-		}, nil
+	case t.Kind() == reflect.Int || t.Kind() == reflect.Int32 || t.Kind() == reflect.Int64:
+		if r.kind != kindLong || t.Kind() != reflect.Int32 {
+			d = intDecoder(t, path)
+		}
 	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
-		return func(native any, dst reflect.Value) error {
-			var f float64
-			switch v := native.(type) {
-			case int32:
-				f = float64(v)
-			case int64:
-				f = float64(v)
-			case float32:
-				f = float64(v)
-			case float64:
-				f = v
-			default:
-				return unexpected(path, native, "a number")
-			}
-			dst.SetFloat(f)
-			return nil
-		}, nil
+		d = floatDecoder(path)
 	case t.Kind() == reflect.String:
-		return func(native any, dst reflect.Value) error {
+		d = func(native any, dst reflect.Value) error {
 			switch v := native.(type) {
 			case string:
 				dst.SetString(v)
@@ -410,9 +364,9 @@ func leafDecoder(w, r *schema, t reflect.Type, path string) (decoder, error) {
 				return unexpected(path, native, "string or bytes")
 			}
 			return nil
-		}, nil
+		}
 	case isByteSlice(t):
-		return func(native any, dst reflect.Value) error {
+		d = func(native any, dst reflect.Value) error {
 			switch v := native.(type) {
 			case []byte: // aliases the record: copy
 				dst.SetBytes(append([]byte(nil), v...))
@@ -422,39 +376,109 @@ func leafDecoder(w, r *schema, t reflect.Type, path string) (decoder, error) {
 				return unexpected(path, native, "bytes or string")
 			}
 			return nil
-		}, nil
-	case t.Kind() == reflect.Array && t.Elem().Kind() == reflect.Uint8:
-		if r.kind == kindFixed && t.Len() == r.size {
-			return func(native any, dst reflect.Value) error {
-				v, ok := native.([]byte)
-				if !ok || len(v) != t.Len() {
-					return unexpected(path, native, fmt.Sprintf("%d bytes", t.Len()))
-				}
-				reflect.Copy(dst, reflect.ValueOf(v))
-				return nil
-			}, nil
 		}
-		if r.kind == kindString && t.Len() == 16 {
-			return func(native any, dst reflect.Value) error {
-				var s string
-				switch v := native.(type) {
-				case string:
-					s = v
-				case []byte:
-					s = string(v)
-				default:
-					return unexpected(path, native, "string")
-				}
-				id, err := pipeline.ParseID(s)
-				if err != nil {
-					return fmt.Errorf("%w: %s: %q is not a UUID", ErrMalformed, path, s)
-				}
-				reflect.Copy(dst, reflect.ValueOf(id[:]))
-				return nil
-			}, nil
+	case t.Kind() == reflect.Array && t.Elem().Kind() == reflect.Uint8:
+		d = byteArrayDecoder(r, t, path)
+	}
+	if d == nil {
+		return nil, incompatible(path, "Go type %s cannot hold %s", t, r.describe())
+	}
+	return d, nil
+}
+
+// timeDecoder decodes a timestamp into a time.Time, or is nil when r is
+// no timestamp.
+func timeDecoder(w, r *schema, path string) decoder {
+	if !isTimestamp(r) {
+		return nil
+	}
+	unit := r.logical // a long the writer wrote without logical type is in the reader's unit
+	if isTimestamp(w) {
+		unit = w.logical
+	}
+	return func(native any, dst reflect.Value) error {
+		n, ok := toInt64(native)
+		if !ok {
+			return unexpected(path, native, "an integer")
+		}
+		var tm time.Time
+		if unit == logicalTimestampMicros {
+			tm = time.UnixMicro(n).UTC()
+		} else {
+			tm = time.UnixMilli(n).UTC()
+		}
+		dst.Set(reflect.ValueOf(tm))
+		return nil
+	}
+}
+
+func intDecoder(t reflect.Type, path string) decoder {
+	return func(native any, dst reflect.Value) error {
+		n, ok := toInt64(native)
+		if !ok {
+			return unexpected(path, native, "an integer")
+		}
+		if dst.OverflowInt(n) {
+			return fmt.Errorf("%w: %s: %d overflows %s", ErrMalformed, path, n, t)
+		}
+		dst.SetInt(n)
+		return nil
+	}
+}
+
+func floatDecoder(path string) decoder {
+	return func(native any, dst reflect.Value) error {
+		var f float64
+		switch v := native.(type) {
+		case int32:
+			f = float64(v)
+		case int64:
+			f = float64(v)
+		case float32:
+			f = float64(v)
+		case float64:
+			f = v
+		default:
+			return unexpected(path, native, "a number")
+		}
+		dst.SetFloat(f)
+		return nil
+	}
+}
+
+// byteArrayDecoder decodes a fixed of t's length into t, or a string
+// holding a UUID into a [16]byte; nil for anything else.
+func byteArrayDecoder(r *schema, t reflect.Type, path string) decoder {
+	switch {
+	case r.kind == kindFixed && t.Len() == r.size:
+		return func(native any, dst reflect.Value) error {
+			v, ok := native.([]byte)
+			if !ok || len(v) != t.Len() {
+				return unexpected(path, native, fmt.Sprintf("%d bytes", t.Len()))
+			}
+			reflect.Copy(dst, reflect.ValueOf(v))
+			return nil
+		}
+	case r.kind == kindString && t.Len() == 16:
+		return func(native any, dst reflect.Value) error {
+			var s string
+			switch v := native.(type) {
+			case string:
+				s = v
+			case []byte:
+				s = string(v)
+			default:
+				return unexpected(path, native, "string")
+			}
+			id, err := pipeline.ParseID(s)
+			if err != nil {
+				return fmt.Errorf("%w: %s: %q is not a UUID", ErrMalformed, path, s)
+			}
+			reflect.Copy(dst, reflect.ValueOf(id[:]))
+			return nil
 		}
 	}
-	return nil, incompatible(path, "Go type %s cannot hold %s", t, r.describe())
+	return nil
 }
 
 func toInt64(native any) (int64, bool) {

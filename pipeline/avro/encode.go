@@ -140,11 +140,40 @@ func (b *builder) encoder(s *schema, t reflect.Type, path string) (encoder, erro
 	if t.Kind() == reflect.Pointer {
 		return nil, cannotHold(path, t, s, "pointers are for unions with null")
 	}
+	var enc encoder
+	var err error
 	switch s.kind {
 	case kindBoolean:
 		if t.Kind() == reflect.Bool {
-			return func(v reflect.Value) (any, error) { return v.Bool(), nil }, nil
+			enc = func(v reflect.Value) (any, error) { return v.Bool(), nil }
 		}
+	case kindInt, kindLong, kindFloat, kindDouble:
+		enc, err = numberEncoder(s, t, path)
+	case kindBytes, kindString, kindFixed, kindEnum:
+		enc = byteEncoder(s, t, path)
+	case kindArray:
+		if t.Kind() == reflect.Slice && !isByteSlice(t) {
+			enc, err = b.arrayEncoder(s, t, path)
+		}
+	case kindMap:
+		if t.Kind() == reflect.Map && t.Key().Kind() == reflect.String {
+			enc, err = b.mapEncoder(s, t, path)
+		}
+	case kindRecord:
+		if t.Kind() == reflect.Struct && t != typeTime {
+			return b.recordEncoder(s, t, path)
+		}
+	}
+	if enc == nil && err == nil {
+		err = cannotHold(path, t, s, "")
+	}
+	return enc, err
+}
+
+// numberEncoder is the encoder of t for an int, long, float or double,
+// or nil when t cannot hold it.
+func numberEncoder(s *schema, t reflect.Type, path string) (encoder, error) {
+	switch s.kind {
 	case kindInt:
 		switch t.Kind() {
 		case reflect.Int32:
@@ -181,25 +210,33 @@ func (b *builder) encoder(s *schema, t reflect.Type, path string) (encoder, erro
 		if t.Kind() == reflect.Float64 { // not float32: it would round what it reads
 			return func(v reflect.Value) (any, error) { return v.Float(), nil }, nil
 		}
+	}
+	return nil, nil
+}
+
+// byteEncoder is the encoder of t for bytes, a string, a fixed or an
+// enum, or nil when t cannot hold it.
+func byteEncoder(s *schema, t reflect.Type, path string) encoder {
+	switch s.kind {
 	case kindBytes:
 		switch {
 		case isByteSlice(t):
-			return func(v reflect.Value) (any, error) { return v.Bytes(), nil }, nil
+			return func(v reflect.Value) (any, error) { return v.Bytes(), nil }
 		case t.Kind() == reflect.String:
-			return func(v reflect.Value) (any, error) { return v.String(), nil }, nil
+			return func(v reflect.Value) (any, error) { return v.String(), nil }
 		}
 	case kindString:
 		switch {
 		case t.Kind() == reflect.String:
-			return func(v reflect.Value) (any, error) { return v.String(), nil }, nil
+			return func(v reflect.Value) (any, error) { return v.String(), nil }
 		case isByteSlice(t):
-			return func(v reflect.Value) (any, error) { return v.Bytes(), nil }, nil
+			return func(v reflect.Value) (any, error) { return v.Bytes(), nil }
 		case isByteArray(t, 16): // a UUID, in its canonical text form
 			return func(v reflect.Value) (any, error) {
 				var id pipeline.ID
 				reflect.Copy(reflect.ValueOf(id[:]), v)
 				return id.String(), nil
-			}, nil
+			}
 		}
 	case kindFixed:
 		switch {
@@ -208,14 +245,14 @@ func (b *builder) encoder(s *schema, t reflect.Type, path string) (encoder, erro
 				buf := make([]byte, s.size)
 				reflect.Copy(reflect.ValueOf(buf), v)
 				return buf, nil
-			}, nil
+			}
 		case isByteSlice(t):
 			return func(v reflect.Value) (any, error) {
 				if v.Len() != s.size {
 					return nil, fmt.Errorf("%s: %d bytes for fixed %s of size %d", path, v.Len(), s.name, s.size)
 				}
 				return v.Bytes(), nil
-			}, nil
+			}
 		}
 	case kindEnum:
 		if t.Kind() == reflect.String {
@@ -225,50 +262,46 @@ func (b *builder) encoder(s *schema, t reflect.Type, path string) (encoder, erro
 					return nil, fmt.Errorf("%s: %q is not a symbol of enum %s", path, sym, s.name)
 				}
 				return sym, nil
-			}, nil
-		}
-	case kindArray:
-		if t.Kind() == reflect.Slice && !isByteSlice(t) {
-			item, err := b.encoder(s.items, t.Elem(), path+"[]")
-			if err != nil {
-				return nil, err
 			}
-			return func(v reflect.Value) (any, error) {
-				out := make([]any, v.Len())
-				for i := range out {
-					x, err := item(v.Index(i))
-					if err != nil {
-						return nil, err
-					}
-					out[i] = x
-				}
-				return out, nil
-			}, nil
-		}
-	case kindMap:
-		if t.Kind() == reflect.Map && t.Key().Kind() == reflect.String {
-			val, err := b.encoder(s.values, t.Elem(), path+"{}")
-			if err != nil {
-				return nil, err
-			}
-			return func(v reflect.Value) (any, error) {
-				out := make(map[string]any, v.Len())
-				for it := v.MapRange(); it.Next(); {
-					x, err := val(it.Value())
-					if err != nil {
-						return nil, err
-					}
-					out[it.Key().String()] = x
-				}
-				return out, nil
-			}, nil
-		}
-	case kindRecord:
-		if t.Kind() == reflect.Struct && t != typeTime {
-			return b.recordEncoder(s, t, path)
 		}
 	}
-	return nil, cannotHold(path, t, s, "")
+	return nil
+}
+
+func (b *builder) arrayEncoder(s *schema, t reflect.Type, path string) (encoder, error) {
+	item, err := b.encoder(s.items, t.Elem(), path+"[]")
+	if err != nil {
+		return nil, err
+	}
+	return func(v reflect.Value) (any, error) {
+		out := make([]any, v.Len())
+		for i := range out {
+			x, err := item(v.Index(i))
+			if err != nil {
+				return nil, err
+			}
+			out[i] = x
+		}
+		return out, nil
+	}, nil
+}
+
+func (b *builder) mapEncoder(s *schema, t reflect.Type, path string) (encoder, error) {
+	val, err := b.encoder(s.values, t.Elem(), path+"{}")
+	if err != nil {
+		return nil, err
+	}
+	return func(v reflect.Value) (any, error) {
+		out := make(map[string]any, v.Len())
+		for it := v.MapRange(); it.Next(); {
+			x, err := val(it.Value())
+			if err != nil {
+				return nil, err
+			}
+			out[it.Key().String()] = x
+		}
+		return out, nil
+	}, nil
 }
 
 func (b *builder) recordEncoder(s *schema, t reflect.Type, path string) (encoder, error) {

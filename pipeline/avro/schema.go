@@ -494,35 +494,12 @@ func defaultNative(s *schema, v any) (any, error) {
 			return bad()
 		}
 		return b, nil
-	case kindInt, kindLong:
+	case kindInt, kindLong, kindFloat, kindDouble:
 		n, ok := v.(json.Number)
 		if !ok {
 			return bad()
 		}
-		i, err := strconv.ParseInt(n.String(), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s is not an integer", n)
-		}
-		if s.kind == kindInt {
-			if i < math.MinInt32 || i > math.MaxInt32 {
-				return nil, fmt.Errorf("%d overflows int", i)
-			}
-			return int32(i), nil
-		}
-		return i, nil
-	case kindFloat, kindDouble:
-		n, ok := v.(json.Number)
-		if !ok {
-			return bad()
-		}
-		f, err := n.Float64()
-		if err != nil {
-			return nil, err
-		}
-		if s.kind == kindFloat {
-			return float32(f), nil
-		}
-		return f, nil
+		return defaultNumber(s, n)
 	case kindString:
 		str, ok := v.(string)
 		if !ok {
@@ -534,18 +511,7 @@ func defaultNative(s *schema, v any) (any, error) {
 		if !ok {
 			return bad()
 		}
-		// Avro writes bytes defaults as strings whose code points 0-255 are the bytes.
-		var b bytes.Buffer
-		for _, r := range str {
-			if r > 255 {
-				return nil, fmt.Errorf("bytes default has code point %U above U+00FF", r)
-			}
-			b.WriteByte(byte(r))
-		}
-		if s.kind == kindFixed && b.Len() != s.size {
-			return nil, fmt.Errorf("default has %d bytes, fixed %s has %d", b.Len(), s.name, s.size)
-		}
-		return b.Bytes(), nil
+		return defaultBytes(s, str)
 	case kindEnum:
 		str, ok := v.(string)
 		if !ok || s.symbol(str) < 0 {
@@ -557,51 +523,19 @@ func defaultNative(s *schema, v any) (any, error) {
 		if !ok {
 			return bad()
 		}
-		out := make([]any, len(a))
-		for i, x := range a {
-			n, err := defaultNative(s.items, x)
-			if err != nil {
-				return nil, fmt.Errorf("item %d: %w", i, err)
-			}
-			out[i] = n
-		}
-		return out, nil
+		return defaultArray(s, a)
 	case kindMap:
 		m, ok := v.(map[string]any)
 		if !ok {
 			return bad()
 		}
-		out := make(map[string]any, len(m))
-		for k, x := range m {
-			n, err := defaultNative(s.values, x)
-			if err != nil {
-				return nil, fmt.Errorf("key %q: %w", k, err)
-			}
-			out[k] = n
-		}
-		return out, nil
+		return defaultMap(s, m)
 	case kindRecord:
 		m, ok := v.(map[string]any)
 		if !ok {
 			return bad()
 		}
-		out := make(map[string]any, len(s.fields))
-		for _, f := range s.fields {
-			x, ok := m[f.name]
-			if !ok {
-				if !f.hasDefault {
-					return nil, fmt.Errorf("record %s: field %s missing and has no default", s.name, f.name)
-				}
-				out[f.name] = f.def
-				continue
-			}
-			n, err := defaultNative(f.typ, x)
-			if err != nil {
-				return nil, fmt.Errorf("field %s: %w", f.name, err)
-			}
-			out[f.name] = n
-		}
-		return out, nil
+		return defaultRecord(s, m)
 	case kindUnion:
 		first := s.branches[0]
 		n, err := defaultNative(first, v)
@@ -614,6 +548,93 @@ func defaultNative(s *schema, v any) (any, error) {
 		return map[string]any{first.branchName(): n}, nil
 	}
 	return bad()
+}
+
+// defaultNumber is the default n of an int, long, float or double.
+func defaultNumber(s *schema, n json.Number) (any, error) {
+	if s.kind == kindFloat || s.kind == kindDouble {
+		f, err := n.Float64()
+		if err != nil {
+			return nil, err
+		}
+		if s.kind == kindFloat {
+			return float32(f), nil
+		}
+		return f, nil
+	}
+	i, err := strconv.ParseInt(n.String(), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not an integer", n)
+	}
+	if s.kind == kindInt {
+		if i < math.MinInt32 || i > math.MaxInt32 {
+			return nil, fmt.Errorf("%d overflows int", i)
+		}
+		return int32(i), nil
+	}
+	return i, nil
+}
+
+// defaultBytes is the default str of bytes or a fixed: Avro writes them
+// as strings whose code points 0-255 are the bytes.
+func defaultBytes(s *schema, str string) (any, error) {
+	var b bytes.Buffer
+	for _, r := range str {
+		if r > 255 {
+			return nil, fmt.Errorf("bytes default has code point %U above U+00FF", r)
+		}
+		b.WriteByte(byte(r))
+	}
+	if s.kind == kindFixed && b.Len() != s.size {
+		return nil, fmt.Errorf("default has %d bytes, fixed %s has %d", b.Len(), s.name, s.size)
+	}
+	return b.Bytes(), nil
+}
+
+func defaultArray(s *schema, a []any) (any, error) {
+	out := make([]any, len(a))
+	for i, x := range a {
+		n, err := defaultNative(s.items, x)
+		if err != nil {
+			return nil, fmt.Errorf("item %d: %w", i, err)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+func defaultMap(s *schema, m map[string]any) (any, error) {
+	out := make(map[string]any, len(m))
+	for k, x := range m {
+		n, err := defaultNative(s.values, x)
+		if err != nil {
+			return nil, fmt.Errorf("key %q: %w", k, err)
+		}
+		out[k] = n
+	}
+	return out, nil
+}
+
+// defaultRecord is the default m of a record: a field it lacks takes the
+// field's own default.
+func defaultRecord(s *schema, m map[string]any) (any, error) {
+	out := make(map[string]any, len(s.fields))
+	for _, f := range s.fields {
+		x, ok := m[f.name]
+		if !ok {
+			if !f.hasDefault {
+				return nil, fmt.Errorf("record %s: field %s missing and has no default", s.name, f.name)
+			}
+			out[f.name] = f.def
+			continue
+		}
+		n, err := defaultNative(f.typ, x)
+		if err != nil {
+			return nil, fmt.Errorf("field %s: %w", f.name, err)
+		}
+		out[f.name] = n
+	}
+	return out, nil
 }
 
 // RecordNames returns the full names of the records of schema, a record or
