@@ -82,10 +82,24 @@ func (r *report) markdown() string {
 		"latency from the time the operation was due (open loop) to its outcome visible. %d tenants, %d accounts; "+
 		"open-loop steps of %s, closed-loop runs of %s; goal p99 <= %s.\n\n",
 		c.tenants, c.accounts, c.step, c.closed, c.goal)
+	r.summary(&b)
+	b.WriteString("\n")
+	r.ratios(&b)
+	for _, t := range r.Targets {
+		if t.Err == "" {
+			t.steps(&b)
+		}
+	}
+	return b.String()
+}
 
+// summary is the table of every system: its ceiling, the highest rate it
+// held, its closed-loop maximum and its latencies at each rate.
+func (r *report) summary(b *strings.Builder) {
+	c := r.Config
 	b.WriteString("| system | load avg, CPU pressure at its start | HTTP-only ceiling just before | highest rate with p99 <= goal | closed-loop max (clients, p99, max) |")
 	for _, rate := range c.rates {
-		fmt.Fprintf(&b, " %.0f/s p50 / p99 / p99.9 ms |", rate)
+		fmt.Fprintf(b, " %.0f/s p50 / p99 / p99.9 ms |", rate)
 	}
 	b.WriteString("\n|---|---|---|---|---|")
 	for range c.rates {
@@ -94,7 +108,7 @@ func (r *report) markdown() string {
 	b.WriteString("\n")
 	for _, t := range r.Targets {
 		if t.Err != "" {
-			fmt.Fprintf(&b, "| %s | failed: %s |\n", t.Name, t.Err)
+			fmt.Fprintf(b, "| %s | failed: %s |\n", t.Name, t.Err)
 			continue
 		}
 		best := t.bestClosed()
@@ -109,98 +123,101 @@ func (r *report) markdown() string {
 		if t.Ceiling.N > 0 {
 			ceil = fmt.Sprintf("%.0f/s", t.Ceiling.Achieved)
 		}
-		fmt.Fprintf(&b, "| %s | %s, %s | %s | %s | %.0f/s (%d, %s ms, %s ms) |", t.Label, t.Load, t.Pressure, ceil, held, best.Achieved, best.Clients, f1(best.Visible.P99), f1(best.Visible.Max))
+		fmt.Fprintf(b, "| %s | %s, %s | %s | %s | %.0f/s (%d, %s ms, %s ms) |", t.Label, t.Load, t.Pressure, ceil, held, best.Achieved, best.Clients, f1(best.Visible.P99), f1(best.Visible.Max))
 		for _, rate := range c.rates {
 			if s, ok := t.at(rate); ok {
-				fmt.Fprintf(&b, " %s / %s / %s |", f1(s.Visible.P50), f1(s.Visible.P99), f1(s.Visible.P999))
+				fmt.Fprintf(b, " %s / %s / %s |", f1(s.Visible.P50), f1(s.Visible.P99), f1(s.Visible.P999))
 			} else {
 				b.WriteString(" – |")
 			}
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("\n")
-	r.ratios(&b)
+}
 
-	for _, t := range r.Targets {
-		if t.Err != "" {
-			continue
-		}
-		fmt.Fprintf(&b, "\n%s, every step (latencies in ms; stages: a command's age when each stage finished with it, p50/p99, from /metrics over the step):\n\n", t.Label)
-		b.WriteString("| step | rate /s | achieved /s | n | errors | cores: load gen / system / its Postgres / machine | 202 p50 / p99 | outcome p50 / p99 / p99.9 / max |")
-		stages := t.Name == "dev" || t.Name == "split"
-		if stages {
-			for _, s := range stageMetrics {
-				fmt.Fprintf(&b, " %s |", s.name)
-			}
-		}
-		b.WriteString("\n|---|---|---|---|---|---|---|---|")
-		if stages {
-			b.WriteString(strings.Repeat("---|", len(stageMetrics)))
-		}
-		b.WriteString("\n")
-		row := func(kind string, s result) {
-			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %d | %.2f / %.2f / %.2f / %.2f | %s / %s | %s / %s / %s / %s |", kind, s.Rate, s.Achieved, s.N, s.Errs,
-				s.CPU.Load, s.CPU.System, s.CPU.Postgres, s.CPU.Machine,
-				f1(s.Accepted.P50), f1(s.Accepted.P99), f1(s.Visible.P50), f1(s.Visible.P99), f1(s.Visible.P999), f1(s.Visible.Max))
-			if stages {
-				for _, m := range stageMetrics {
-					cell := " – |"
-					for _, st := range s.Stages {
-						if st.Name == m.name && st.Count > 0 {
-							cell = fmt.Sprintf(" %s / %s |", f1(st.P50), f1(st.P99))
-						}
-					}
-					b.WriteString(cell)
-				}
-			}
-			b.WriteString("\n")
-		}
-		for _, s := range t.Closed {
-			row(fmt.Sprintf("closed, %d clients", s.Clients), s)
-		}
-		for _, s := range t.Steps {
-			kind := "open"
-			if t.Searched[s.Rate] {
-				kind = "open (search)"
-			}
-			row(kind, s)
-		}
-		if stages {
-			fmt.Fprintf(&b, "\n%s, each stage's units of work per step: per second, mean / p99 ms:\n\n| step | rate /s |", t.Label)
-			for _, m := range workMetrics {
-				fmt.Fprintf(&b, " %s |", m.name)
-			}
-			b.WriteString("\n|---|---|" + strings.Repeat("---|", len(workMetrics)) + "\n")
-			for _, s := range append(append([]result{}, t.Closed...), t.Steps...) {
-				kind := "open"
-				if s.Clients > 0 {
-					kind = fmt.Sprintf("closed, %d clients", s.Clients)
-				}
-				fmt.Fprintf(&b, "| %s | %.0f |", kind, s.Rate)
-				for _, m := range workMetrics {
-					cell := " – |"
-					for _, w := range s.Work {
-						if w.Name == m.name && w.Count > 0 && s.Seconds > 0 {
-							cell = fmt.Sprintf(" %.0f/s · %s / %s |", w.Count/s.Seconds, f1(w.Mean), f1(w.P99))
-						}
-					}
-					b.WriteString(cell)
-				}
-				b.WriteString("\n")
-			}
-		}
-		if t.Refused > 0 {
-			fmt.Fprintf(&b, "\n%d outcome reads were answered at once beyond ingest's bound on waits and read again.\n", t.Refused)
-		}
-		for _, s := range append(append([]result{}, t.Closed...), t.Steps...) {
-			if s.FirstErr != "" {
-				fmt.Fprintf(&b, "\nFirst error at %.0f/s: %s\n", s.Rate, s.FirstErr)
-				break
-			}
+// steps is one system's every step, with its stages and units of work
+// when it is onceflow, its refused reads and its first error.
+func (t targetReport) steps(b *strings.Builder) {
+	fmt.Fprintf(b, "\n%s, every step (latencies in ms; stages: a command's age when each stage finished with it, p50/p99, from /metrics over the step):\n\n", t.Label)
+	b.WriteString("| step | rate /s | achieved /s | n | errors | cores: load gen / system / its Postgres / machine | 202 p50 / p99 | outcome p50 / p99 / p99.9 / max |")
+	stages := t.Name == "dev" || t.Name == "split"
+	if stages {
+		for _, s := range stageMetrics {
+			fmt.Fprintf(b, " %s |", s.name)
 		}
 	}
-	return b.String()
+	b.WriteString("\n|---|---|---|---|---|---|---|---|")
+	if stages {
+		b.WriteString(strings.Repeat("---|", len(stageMetrics)))
+	}
+	b.WriteString("\n")
+	for _, s := range t.Closed {
+		stepRow(b, fmt.Sprintf("closed, %d clients", s.Clients), s, stages)
+	}
+	for _, s := range t.Steps {
+		kind := "open"
+		if t.Searched[s.Rate] {
+			kind = "open (search)"
+		}
+		stepRow(b, kind, s, stages)
+	}
+	if stages {
+		t.work(b)
+	}
+	if t.Refused > 0 {
+		fmt.Fprintf(b, "\n%d outcome reads were answered at once beyond ingest's bound on waits and read again.\n", t.Refused)
+	}
+	for _, s := range append(append([]result{}, t.Closed...), t.Steps...) {
+		if s.FirstErr != "" {
+			fmt.Fprintf(b, "\nFirst error at %.0f/s: %s\n", s.Rate, s.FirstErr)
+			break
+		}
+	}
+}
+
+// stepRow is one step's row, with its stages' ages when it has them.
+func stepRow(b *strings.Builder, kind string, s result, stages bool) {
+	fmt.Fprintf(b, "| %s | %.0f | %.0f | %d | %d | %.2f / %.2f / %.2f / %.2f | %s / %s | %s / %s / %s / %s |", kind, s.Rate, s.Achieved, s.N, s.Errs,
+		s.CPU.Load, s.CPU.System, s.CPU.Postgres, s.CPU.Machine,
+		f1(s.Accepted.P50), f1(s.Accepted.P99), f1(s.Visible.P50), f1(s.Visible.P99), f1(s.Visible.P999), f1(s.Visible.Max))
+	if stages {
+		for _, m := range stageMetrics {
+			cell := " – |"
+			for _, st := range s.Stages {
+				if st.Name == m.name && st.Count > 0 {
+					cell = fmt.Sprintf(" %s / %s |", f1(st.P50), f1(st.P99))
+				}
+			}
+			b.WriteString(cell)
+		}
+	}
+	b.WriteString("\n")
+}
+
+// work is onceflow's units of work per step, per stage.
+func (t targetReport) work(b *strings.Builder) {
+	fmt.Fprintf(b, "\n%s, each stage's units of work per step: per second, mean / p99 ms:\n\n| step | rate /s |", t.Label)
+	for _, m := range workMetrics {
+		fmt.Fprintf(b, " %s |", m.name)
+	}
+	b.WriteString("\n|---|---|" + strings.Repeat("---|", len(workMetrics)) + "\n")
+	for _, s := range append(append([]result{}, t.Closed...), t.Steps...) {
+		kind := "open"
+		if s.Clients > 0 {
+			kind = fmt.Sprintf("closed, %d clients", s.Clients)
+		}
+		fmt.Fprintf(b, "| %s | %.0f |", kind, s.Rate)
+		for _, m := range workMetrics {
+			cell := " – |"
+			for _, w := range s.Work {
+				if w.Name == m.name && w.Count > 0 && s.Seconds > 0 {
+					cell = fmt.Sprintf(" %.0f/s · %s / %s |", w.Count/s.Seconds, f1(w.Mean), f1(w.P99))
+				}
+			}
+			b.WriteString(cell)
+		}
+		b.WriteString("\n")
+	}
 }
 
 // ratios compares onceflow with the peer and with the no-op ceiling.

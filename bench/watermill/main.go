@@ -98,33 +98,57 @@ func run(ctx context.Context, getenv func(string) string) error {
 	p := &peer{pool: pool, logger: logger, waiters: newWaiters(),
 		schema: wsql.DefaultPostgreSQLSchema{GeneratePayloadType: func(string) string { return "BYTEA" }}}
 	p.topics.commands, p.topics.events = prefix+".commands", prefix+".events"
-	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-		return m.Metadata.Get("key"), nil
-	})
-	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
-	pubCfg.Producer.RequiredAcks = sarama.WaitForAll
-	newPub := func() (*kafka.Publisher, error) {
-		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: pubCfg}, logger)
-	}
-	commandsPub, err := newPub()
+	k := newKafkaParts(brokers, logger)
+	commandsPub, err := k.publisher()
 	if err != nil {
 		return err
 	}
 	defer commandsPub.Close()
-	eventsPub, err := newPub()
+	eventsPub, err := k.publisher()
 	if err != nil {
 		return err
 	}
 	defer eventsPub.Close()
 	p.events = eventsPub
-	subscriber := func(group string) (*kafka.Subscriber, error) {
-		c := kafka.DefaultSaramaSubscriberConfig()
-		c.Consumer.Offsets.Initial = sarama.OffsetOldest
-		return kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: marshaler, OverwriteSaramaConfig: c, ConsumerGroup: group}, logger)
+	fwd, err := p.forwarder(commandsPub)
+	if err != nil {
+		return err
 	}
+	router, err := p.router(k)
+	if err != nil {
+		return err
+	}
+	return p.serve(ctx, getenv("HTTP_ADDR"), getenv("ADMIN_ADDR"), fwd, router)
+}
 
-	// The forwarder: outbox -> {prefix}.commands.
-	outboxSub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
+// kafkaParts make the peer's Kafka publishers and subscribers.
+type kafkaParts struct {
+	brokers   []string
+	logger    watermill.LoggerAdapter
+	marshaler kafka.MarshalerUnmarshaler
+}
+
+func newKafkaParts(brokers []string, logger watermill.LoggerAdapter) kafkaParts {
+	return kafkaParts{brokers: brokers, logger: logger, marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+		return m.Metadata.Get("key"), nil
+	})}
+}
+
+func (k kafkaParts) publisher() (*kafka.Publisher, error) {
+	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
+	pubCfg.Producer.RequiredAcks = sarama.WaitForAll
+	return kafka.NewPublisher(kafka.PublisherConfig{Brokers: k.brokers, Marshaler: k.marshaler, OverwriteSaramaConfig: pubCfg}, k.logger)
+}
+
+func (k kafkaParts) subscriber(group string) (*kafka.Subscriber, error) {
+	c := kafka.DefaultSaramaSubscriberConfig()
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: k.brokers, Unmarshaler: k.marshaler, OverwriteSaramaConfig: c, ConsumerGroup: group}, k.logger)
+}
+
+// forwarder is the outbox's forwarder to {prefix}.commands.
+func (p *peer) forwarder(commandsPub message.Publisher) (*forwarder.Forwarder, error) {
+	outboxSub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(p.pool), wsql.SubscriberConfig{
 		ConsumerGroup:  "forwarder",
 		SchemaAdapter:  p.schema,
 		OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
@@ -132,44 +156,49 @@ func run(ctx context.Context, getenv func(string) string) error {
 		// keeps the wait for a new row short without a busy loop.
 		PollInterval:     10 * time.Millisecond,
 		InitializeSchema: true,
-	}, logger)
+	}, p.logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The outbox's table, created here rather than by a publisher on a
 	// transaction (which Watermill forbids: CREATE TABLE would commit it).
 	if err := outboxSub.SubscribeInitialize(forwarderTopic); err != nil {
-		return fmt.Errorf("outbox table: %w", err)
+		return nil, fmt.Errorf("outbox table: %w", err)
 	}
-	fwd, err := forwarder.NewForwarder(outboxSub, commandsPub, logger, forwarder.Config{ForwarderTopic: forwarderTopic})
-	if err != nil {
-		return err
-	}
+	return forwarder.NewForwarder(outboxSub, commandsPub, p.logger, forwarder.Config{ForwarderTopic: forwarderTopic})
+}
 
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+// router runs the processor (commands to events) and the projector.
+func (p *peer) router(k kafkaParts) (*message.Router, error) {
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, p.logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	commandsSub, err := subscriber("wm-processor")
+	commandsSub, err := k.subscriber("wm-processor")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	eventsSub, err := subscriber("wm-projector")
+	eventsSub, err := k.subscriber("wm-projector")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	router.AddConsumerHandler("processor", p.topics.commands, commandsSub, p.process)
 	router.AddConsumerHandler("projector", p.topics.events, eventsSub, p.project)
+	return router, nil
+}
 
+// serve runs the forwarder, the router and the HTTP and admin servers
+// until ctx ends; /readyz answers once the forwarder and the router run.
+func (p *peer) serve(ctx context.Context, httpAddr, adminAddr string, fwd *forwarder.Forwarder, router *message.Router) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/accounts", p.openAccount)
 	mux.HandleFunc("POST /v1/accounts/{id}/deposits", p.deposit)
 	mux.HandleFunc("GET /v1/commands/{id}", p.command)
-	httpLn, err := net.Listen("tcp", getenv("HTTP_ADDR"))
+	httpLn, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		return err
 	}
-	adminLn, err := net.Listen("tcp", getenv("ADMIN_ADDR"))
+	adminLn, err := net.Listen("tcp", adminAddr)
 	if err != nil {
 		return err
 	}

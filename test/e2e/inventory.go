@@ -309,133 +309,181 @@ type OrderState struct {
 // confirmed order's; an order for an item that never had stock is rejected
 // unknown_item.
 func CheckInventoryEvents(ctx context.Context, cl *kgo.Client, decode func(context.Context, []byte) (any, error), m *InventoryModel) (*InventoryState, []string) {
-	var vs []string
-	fail := func(f string, a ...any) { vs = append(vs, fmt.Sprintf(f, a...)) }
 	recs, err := kafka.ReadTopic(ctx, cl, inventoryapp.Name+".events", true)
 	if err != nil {
 		return nil, []string{fmt.Sprintf("read the events topic: %v", err)}
 	}
-	st := &InventoryState{Items: map[string]*ItemState{}, Orders: map[string]*OrderState{}, Reasons: map[string]int{}, Events: len(recs),
-		Failed: map[pipeline.ID]int{}}
-	seen := map[pipeline.ID]bool{}
-	versions := map[string]int64{}
+	c := &inventoryCheck{m: m, seen: map[pipeline.ID]bool{}, versions: map[string]int64{},
+		st: &InventoryState{Items: map[string]*ItemState{}, Orders: map[string]*OrderState{}, Reasons: map[string]int{}, Events: len(recs),
+			Failed: map[pipeline.ID]int{}}}
 	for _, r := range recs {
-		ev, err := kafka.EventOf(r)
-		if err != nil {
-			fail("event at %s/%d@%d: %v", r.Topic, r.Partition, r.Offset, err)
-			continue
-		}
-		if seen[ev.ID] {
-			fail("event %s appears twice", ev.ID)
-		}
-		seen[ev.ID] = true
-		payload, err := decode(ctx, r.Value)
-		if err != nil {
-			fail("event %s: %v", ev.ID, err)
-			continue
-		}
-		switch payload.(type) {
-		case pipeline.CommandRejected, pipeline.CommandFailed:
-			if ev.Version != versions[ev.AggregateID] {
-				fail("%s: %T at version %d, the aggregate is at %d", ev.AggregateID, payload, ev.Version, versions[ev.AggregateID])
-			}
-			if f, ok := payload.(pipeline.CommandFailed); ok {
-				m.mu.Lock()
-				agg, poison := m.Poison[ev.CommandID]
-				m.mu.Unlock()
-				switch {
-				case !poison || agg != ev.AggregateID:
-					fail("%s: command %s failed (%s), and it was no poison the workload sent", ev.AggregateID, ev.CommandID, f.Reason)
-				case f.Reason != "invalid-field":
-					fail("%s: poison %s failed with %s, want invalid-field", ev.AggregateID, ev.CommandID, f.Reason)
-				}
-				st.Failed[ev.CommandID]++
-			}
-			continue
-		}
-		if ev.Version != versions[ev.AggregateID]+1 {
-			fail("%s: version %d after %d", ev.AggregateID, ev.Version, versions[ev.AggregateID])
-		}
-		versions[ev.AggregateID] = ev.Version
-		item := func() *ItemState {
-			it := st.Items[ev.AggregateID]
-			if it == nil {
-				it = &ItemState{Reservations: map[string]int64{}}
-				st.Items[ev.AggregateID] = it
-			}
-			return it
-		}
-		order := st.Orders[ev.AggregateID]
-		switch e := payload.(type) {
-		case inventory.StockAdded:
-			it := item()
-			it.Added += e.Quantity
-			it.Available += e.Quantity
-		case inventory.StockReserved:
-			it := item()
-			it.Available -= e.Quantity
-			it.Reserved += e.Quantity
-			it.Reservations[e.OrderID] += e.Quantity
-			if it.Available < 0 {
-				fail("%s: available %d after reserving %d for %s", ev.AggregateID, it.Available, e.Quantity, e.OrderID)
-			}
-		case inventory.OrderPlaced:
-			if order != nil {
-				fail("%s placed twice", ev.AggregateID)
-				continue
-			}
-			st.Orders[ev.AggregateID] = &OrderState{Item: e.ItemID, Quantity: e.Quantity, Status: inventory.StatusPlaced}
-		case inventory.OrderConfirmed, inventory.OrderRejected:
-			if order == nil {
-				fail("%s decided before it was placed", ev.AggregateID)
-				continue
-			}
-			order.Decided++
-			if c, ok := e.(inventory.OrderConfirmed); ok {
-				order.Status = inventory.StatusConfirmed
-				if c.Quantity != order.Quantity || c.ItemID != order.Item {
-					fail("%s confirmed for %d of %s, ordered %d of %s", ev.AggregateID, c.Quantity, c.ItemID, order.Quantity, order.Item)
-				}
-			} else {
-				order.Status, order.Reason = inventory.StatusRejected, e.(inventory.OrderRejected).Reason
-			}
-		default:
-			fail("%s: unexpected event %T", ev.AggregateID, payload)
-		}
+		c.event(ctx, r, decode)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	c.items()
+	c.poison(ctx, cl)
+	c.orders()
+	return c.st, c.vs
+}
+
+// inventoryCheck is CheckInventoryEvents under way: what the events
+// folded into, and the violations found.
+type inventoryCheck struct {
+	m        *InventoryModel
+	st       *InventoryState
+	vs       []string
+	seen     map[pipeline.ID]bool
+	versions map[string]int64
+}
+
+func (c *inventoryCheck) fail(f string, a ...any) { c.vs = append(c.vs, fmt.Sprintf(f, a...)) }
+
+// event checks one record of the events topic and folds it.
+func (c *inventoryCheck) event(ctx context.Context, r *kgo.Record, decode func(context.Context, []byte) (any, error)) {
+	ev, err := kafka.EventOf(r)
+	if err != nil {
+		c.fail("event at %s/%d@%d: %v", r.Topic, r.Partition, r.Offset, err)
+		return
+	}
+	if c.seen[ev.ID] {
+		c.fail("event %s appears twice", ev.ID)
+	}
+	c.seen[ev.ID] = true
+	payload, err := decode(ctx, r.Value)
+	if err != nil {
+		c.fail("event %s: %v", ev.ID, err)
+		return
+	}
+	switch payload.(type) {
+	case pipeline.CommandRejected, pipeline.CommandFailed:
+		c.outcome(ev, payload)
+		return
+	}
+	if ev.Version != c.versions[ev.AggregateID]+1 {
+		c.fail("%s: version %d after %d", ev.AggregateID, ev.Version, c.versions[ev.AggregateID])
+	}
+	c.versions[ev.AggregateID] = ev.Version
+	switch e := payload.(type) {
+	case inventory.StockAdded, inventory.StockReserved:
+		c.item(ev, e)
+	case inventory.OrderPlaced, inventory.OrderConfirmed, inventory.OrderRejected:
+		c.order(ev, e)
+	default:
+		c.fail("%s: unexpected event %T", ev.AggregateID, payload)
+	}
+}
+
+// outcome checks a CommandRejected or CommandFailed: at the aggregate's
+// current version, and a failure only for a poison the workload sent.
+func (c *inventoryCheck) outcome(ev pipeline.Event, payload any) {
+	if ev.Version != c.versions[ev.AggregateID] {
+		c.fail("%s: %T at version %d, the aggregate is at %d", ev.AggregateID, payload, ev.Version, c.versions[ev.AggregateID])
+	}
+	f, ok := payload.(pipeline.CommandFailed)
+	if !ok {
+		return
+	}
+	c.m.mu.Lock()
+	agg, poison := c.m.Poison[ev.CommandID]
+	c.m.mu.Unlock()
+	switch {
+	case !poison || agg != ev.AggregateID:
+		c.fail("%s: command %s failed (%s), and it was no poison the workload sent", ev.AggregateID, ev.CommandID, f.Reason)
+	case f.Reason != "invalid-field":
+		c.fail("%s: poison %s failed with %s, want invalid-field", ev.AggregateID, ev.CommandID, f.Reason)
+	}
+	c.st.Failed[ev.CommandID]++
+}
+
+// item folds an item's event: stock added, or reserved (never below
+// zero available).
+func (c *inventoryCheck) item(ev pipeline.Event, payload any) {
+	it := c.st.Items[ev.AggregateID]
+	if it == nil {
+		it = &ItemState{Reservations: map[string]int64{}}
+		c.st.Items[ev.AggregateID] = it
+	}
+	switch e := payload.(type) {
+	case inventory.StockAdded:
+		it.Added += e.Quantity
+		it.Available += e.Quantity
+	case inventory.StockReserved:
+		it.Available -= e.Quantity
+		it.Reserved += e.Quantity
+		it.Reservations[e.OrderID] += e.Quantity
+		if it.Available < 0 {
+			c.fail("%s: available %d after reserving %d for %s", ev.AggregateID, it.Available, e.Quantity, e.OrderID)
+		}
+	}
+}
+
+// order folds an order's event: placed once, then decided.
+func (c *inventoryCheck) order(ev pipeline.Event, payload any) {
+	order := c.st.Orders[ev.AggregateID]
+	if e, ok := payload.(inventory.OrderPlaced); ok {
+		if order != nil {
+			c.fail("%s placed twice", ev.AggregateID)
+			return
+		}
+		c.st.Orders[ev.AggregateID] = &OrderState{Item: e.ItemID, Quantity: e.Quantity, Status: inventory.StatusPlaced}
+		return
+	}
+	if order == nil {
+		c.fail("%s decided before it was placed", ev.AggregateID)
+		return
+	}
+	order.Decided++
+	if conf, ok := payload.(inventory.OrderConfirmed); ok {
+		order.Status = inventory.StatusConfirmed
+		if conf.Quantity != order.Quantity || conf.ItemID != order.Item {
+			c.fail("%s confirmed for %d of %s, ordered %d of %s", ev.AggregateID, conf.Quantity, conf.ItemID, order.Quantity, order.Item)
+		}
+	} else {
+		order.Status, order.Reason = inventory.StatusRejected, payload.(inventory.OrderRejected).Reason
+	}
+}
+
+// items checks each item's stock against what the clients had accepted,
+// and its reservations against the confirmed orders.
+func (c *inventoryCheck) items() {
+	m, st := c.m, c.st
 	for id, it := range st.Items {
 		if it.Available+it.Reserved != it.Added {
-			fail("%s: available %d + reserved %d != added %d", id, it.Available, it.Reserved, it.Added)
+			c.fail("%s: available %d + reserved %d != added %d", id, it.Available, it.Reserved, it.Added)
 		}
 		if it.Added < m.StockSure[id] || it.Added > m.StockSure[id]+m.StockMaybe[id] {
-			fail("%s: %d units added, the clients had %d accepted and %d unanswered", id, it.Added, m.StockSure[id], m.StockMaybe[id])
+			c.fail("%s: %d units added, the clients had %d accepted and %d unanswered", id, it.Added, m.StockSure[id], m.StockMaybe[id])
 		}
 		tenant, _, _ := pipeline.SplitAggregateID(id)
 		for order, q := range it.Reservations {
 			o := st.Orders[pipeline.AggregateID(tenant, order)]
 			if o == nil || o.Status != inventory.StatusConfirmed || o.Quantity != q {
-				fail("%s reserved %d for %s, which is %+v", id, q, order, o)
+				c.fail("%s reserved %d for %s, which is %+v", id, q, order, o)
 			}
 		}
 	}
 	for id, sure := range m.StockSure {
 		if sure > 0 && st.Items[id] == nil {
-			fail("%s: %d units accepted, none added", id, sure)
+			c.fail("%s: %d units accepted, none added", id, sure)
 		}
 	}
 	for id := range m.Orders {
 		if st.Orders[id] == nil {
-			fail("order %s accepted and never placed", id)
+			c.fail("order %s accepted and never placed", id)
 		}
 	}
-	// A poison record is not remembered as handled (a redrive after a fix
-	// must be decided, docs/processor.md): each copy the broker holds goes
-	// to the DLQ once and is recorded failed once.
+}
+
+// poison checks the poison records: not remembered as handled (a
+// redrive after a fix must be decided, docs/processor.md), each copy the
+// broker holds goes to the DLQ once and is recorded failed once, and the
+// DLQ holds nothing else.
+func (c *inventoryCheck) poison(ctx context.Context, cl *kgo.Client) {
+	m, st := c.m, c.st
 	commands, err := kafka.ReadTopic(ctx, cl, orderCommands, true)
 	if err != nil {
-		fail("read %s: %v", orderCommands, err)
+		c.fail("read %s: %v", orderCommands, err)
 	}
 	copies := map[pipeline.ID]int{}
 	for _, r := range commands {
@@ -445,57 +493,62 @@ func CheckInventoryEvents(ctx context.Context, cl *kgo.Client, decode func(conte
 	}
 	for id, agg := range m.Poison {
 		if st.Failed[id] != copies[id] || copies[id] == 0 {
-			fail("poison %s on %s: %d records on %s, %d CommandFailed; want one for each", id, agg, copies[id], orderCommands, st.Failed[id])
+			c.fail("poison %s on %s: %d records on %s, %d CommandFailed; want one for each", id, agg, copies[id], orderCommands, st.Failed[id])
 		}
 		if m.Orders[agg] {
 			continue // the order was placed by another, valid command
 		}
 		if st.Orders[agg] != nil {
-			fail("poison %s placed order %s", id, agg)
+			c.fail("poison %s placed order %s", id, agg)
 		}
 	}
-	// The DLQ holds each poison record once, and nothing else.
 	dlq, err := kafka.ReadTopic(ctx, cl, orderDLQ, true)
 	if err != nil {
-		fail("read %s: %v", orderDLQ, err)
+		c.fail("read %s: %v", orderDLQ, err)
 	}
 	inDLQ := map[pipeline.ID]int{}
 	for _, r := range dlq {
 		id := commandID(r)
 		inDLQ[id]++
 		if _, ok := m.Poison[id]; !ok {
-			fail("%s holds command %s of %s, which is no poison", orderDLQ, id, r.Key)
+			c.fail("%s holds command %s of %s, which is no poison", orderDLQ, id, r.Key)
 		}
 	}
 	st.InDLQ = len(dlq)
 	for id := range m.Poison {
 		if inDLQ[id] != copies[id] {
-			fail("poison %s is in %s %d times, on %s %d times", id, orderDLQ, inDLQ[id], orderCommands, copies[id])
+			c.fail("poison %s is in %s %d times, on %s %d times", id, orderDLQ, inDLQ[id], orderCommands, copies[id])
 		}
 	}
+}
+
+// orders checks that every order is the workload's, decided once, a
+// confirmed one with its reservation and one for an item without stock
+// rejected unknown_item.
+func (c *inventoryCheck) orders() {
+	m, st := c.m, c.st
 	for id, o := range st.Orders {
 		tenant, local, _ := pipeline.SplitAggregateID(id)
 		if !m.Orders[id] {
-			fail("order %s exists and the workload did not place it", id)
+			c.fail("order %s exists and the workload did not place it", id)
 		}
 		if o.Decided != 1 {
-			fail("order %s decided %d times", id, o.Decided)
+			c.fail("order %s decided %d times", id, o.Decided)
 			continue
 		}
 		switch o.Status {
 		case inventory.StatusConfirmed:
 			st.Confirmed++
 			if it := st.Items[pipeline.AggregateID(tenant, o.Item)]; it == nil || it.Reservations[local] != o.Quantity {
-				fail("order %s confirmed without its reservation of %d on %s", id, o.Quantity, o.Item)
+				c.fail("order %s confirmed without its reservation of %d on %s", id, o.Quantity, o.Item)
 			}
 		case inventory.StatusRejected:
 			st.Reasons[o.Reason]++
 			if m.Ghosts[pipeline.AggregateID(tenant, o.Item)] && o.Reason != inventory.ReasonUnknownItem {
-				fail("order %s for %s, which has no stock, rejected %s", id, o.Item, o.Reason)
+				c.fail("order %s for %s, which has no stock, rejected %s", id, o.Item, o.Reason)
 			}
 		}
 	}
-	return st, vs
 }
 
 // commandID is a command record's command-id, zero if it has none.
