@@ -73,7 +73,9 @@ type command struct {
 	name    string // "tenants keys create"
 	title   string // what its -h calls it; default "onceflow " + name
 	summary string // one line, in the list of commands
-	args    string // what follows the flags in its usage line ("NAME"), if anything
+	// args is what follows the flags in its usage line ("NAME"); a command
+	// without takes no arguments.
+	args string
 	// settings are the settings it reads and lists in -h (settings.go).
 	settings []*setting
 	// more, if set, is printed in -h after the usage line.
@@ -180,6 +182,9 @@ func (c *command) parse(domains []*onceflow.Domain, args []string, getenv func(s
 			}
 		}
 	})
+	if c.args == "" && fs.NArg() > 0 {
+		return nil, fs, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
 	cfg := &config{getenv: getenv, stdout: stdout}
 	cfg.Domains = domains
 	return cfg, fs, ss.apply(cfg)

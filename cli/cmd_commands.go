@@ -13,21 +13,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
-func init() {
-	register(&command{name: "demo", summary: "drive a scripted workload against a running ingest and check the balances",
-		settings: use([]*setting{devAPIKey}), run: runDemo})
-	register(&command{name: "migrate", summary: "apply the Postgres migrations",
-		settings: use([]*setting{databaseURL, databaseMigrationURL}), run: runMigrate})
-	register(&command{name: "migrate version", summary: "print where the database stands on each set of migrations (onceflow's, each domain's) and the newest this binary has",
-		settings: use([]*setting{databaseURL}), run: runMigrateVersion})
-	register(&command{name: "topics create", summary: "create the topics (cleanup policies, retention, partitions) and check them",
-		settings: use(kafkaSettings, topicsSettings), run: runTopicsCreate})
-	register(&command{name: "postgres up", summary: "start (or reuse) the private Postgres cluster and print its URL",
-		settings: use([]*setting{dataDir, databaseURL}), run: runPostgresUp})
-	register(&command{name: "postgres down", summary: "stop the private Postgres cluster",
-		settings: use([]*setting{dataDir}), run: runPostgresDown})
-}
-
 // parse parses the arguments of the command called name: its own flags
 // (own) and the settings it uses.
 func parse(name string, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*config, *flag.FlagSet, error) {
@@ -87,12 +72,9 @@ func runDemo(ctx context.Context, domains []*onceflow.Domain, args []string, get
 }
 
 func runMigrate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("migrate", domains, args, getenv, stdout, nil)
+	c, _, err := parse("migrate", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	// The migration role owns the tables; DATABASE_URL may be the runtime
 	// role, which cannot (docs/security.md#database-roles).
@@ -130,12 +112,9 @@ func setName(v postgres.SetVersion) string {
 }
 
 func runMigrateVersion(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("migrate version", domains, args, getenv, stdout, nil)
+	c, _, err := parse("migrate version", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	cfg := c.Config
 	dep, err := cfg.Deployment()
@@ -158,12 +137,9 @@ func runMigrateVersion(ctx context.Context, domains []*onceflow.Domain, args []s
 }
 
 func runTopicsCreate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("topics create", domains, args, getenv, stdout, nil)
+	c, _, err := parse("topics create", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	cfg := c.Config
 	dep, err := cfg.Deployment()
@@ -188,14 +164,11 @@ func runTopicsCreate(ctx context.Context, domains []*onceflow.Domain, args []str
 // postgresFlags are the private cluster's: where it lives, on which port.
 func postgresFlags(name string, args []string, getenv func(string) string, stdout io.Writer) (*config, postgres.Local, error) {
 	var port int
-	c, fs, err := parse(name, nil, args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, _, err := parse(name, nil, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.IntVar(&port, "port", 54329, "port on 127.0.0.1")
 	})
 	if err != nil {
 		return nil, postgres.Local{}, err
-	}
-	if fs.NArg() > 0 {
-		return nil, postgres.Local{}, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	return c, postgres.Local{Dir: filepath.Join(c.DataDir, "postgres"), Port: port}, nil
 }

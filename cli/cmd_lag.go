@@ -21,11 +21,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
-func init() {
-	register(&command{name: "lag", summary: "consumer lag per group, topic and partition against the last stable offset, and parked partitions",
-		settings: use(kafkaSettings, []*setting{databaseURL, topicPrefix}, loggingSettings), run: runLag})
-}
-
 // lagRow is one line of `onceflow lag` (and one object of -o json).
 type lagRow struct {
 	kafka.PartitionLag
@@ -35,16 +30,13 @@ type lagRow struct {
 
 func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var groups, output, serve string
-	c, fs, err := parse("lag", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, _, err := parse("lag", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&groups, "group", "", "only these groups or consumers, comma separated (default: every group on the cluster and every consumer with offsets in Postgres)")
 		fs.StringVar(&output, "o", "table", "table or json")
 		fs.StringVar(&serve, "serve", "", "serve the lag of every consumer as Prometheus metrics on this address (/metrics, /healthz) until stopped, in place of Kafka Lag Exporter, instead of printing it")
 	})
 	if err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if output != "table" && output != "json" {
 		return fmt.Errorf("-o %q: want table or json", output)

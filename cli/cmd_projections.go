@@ -14,18 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
-
-func init() {
-	register(&command{name: "projections rebuild", summary: "rebuild a read model from the events topic into shadow tables and swap it in: projections rebuild NAME", args: "NAME",
-		settings: use(kafkaSettings, registrySettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix}, loggingSettings), run: runProjectionsRebuild})
-	register(&command{name: "projections unpark", summary: "let a projector try its parked partitions again: projections unpark [PARTITION...]", args: "[PARTITION...]",
-		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsUnpark})
-	register(&command{name: "projections list", summary: "the projections, their tables, rebuilds and parked partitions",
-		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsList})
-}
 
 func runProjectionsRebuild(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var consumer string
@@ -125,11 +115,7 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 		}
 		parts = append(parts, int32(p))
 	}
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("DATABASE_URL is required")
-	}
-	cfg := c.Config
-	dep, err := cfg.Deployment()
+	dep, err := c.Deployment()
 	if err != nil {
 		return err
 	}
@@ -140,7 +126,7 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 	if consumer == "" {
 		consumer = d.ProjectorConsumer()
 	}
-	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+	pool, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -157,12 +143,9 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 }
 
 func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("projections list", domains, args, getenv, stdout, nil)
+	c, _, err := parse("projections list", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	cfg := c.Config
 	dep, err := cfg.Deployment()
@@ -187,7 +170,7 @@ func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []
 	if c.DatabaseURL == "" {
 		return nil
 	}
-	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+	pool, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}

@@ -10,45 +10,23 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
-	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
-func init() {
-	register(&command{name: "webhooks list", summary: "print a tenant's webhook subscriptions (status, event types, circuit breaker)",
-		settings: use([]*setting{databaseURL}), run: runWebhooksList})
-	register(&command{name: "webhooks deliveries", summary: "print a tenant's webhook delivery log (status, attempts, last answer or error)",
-		settings: use([]*setting{databaseURL}), run: runWebhooksDeliveries})
-	register(&command{name: "webhooks redeliver", summary: "send a tenant's webhook deliveries again (one event, or every dead one of a subscription)",
-		settings: use([]*setting{databaseURL}), run: runWebhooksRedeliver})
-	register(&command{name: "jobs list", summary: "print River's jobs (state, attempts, last error), newest first",
-		settings: use([]*setting{databaseURL}), run: runJobsList})
-}
-
-// connectOps connects an operator command to DATABASE_URL.
-func connectOps(ctx context.Context, c *config) (*pgxpool.Pool, error) {
-	if c.DatabaseURL == "" {
-		return nil, errors.New("DATABASE_URL is required")
-	}
-	return postgres.Connect(ctx, c.DatabaseURL, 2)
-}
-
 func runWebhooksList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant string
-	c, fs, err := parse("webhooks list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, _, err := parse("webhooks list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "the tenant (required)")
 	})
 	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 || tenant == "" {
+	if tenant == "" {
 		return fmt.Errorf("usage: onceflow webhooks list -tenant TENANT")
 	}
-	pool, err := connectOps(ctx, c)
+	pool, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -92,7 +70,7 @@ func runWebhooksList(ctx context.Context, domains []*onceflow.Domain, args []str
 func runWebhooksDeliveries(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant, sub, status string
 	var limit int
-	c, fs, err := parse("webhooks deliveries", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, _, err := parse("webhooks deliveries", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "the tenant (required)")
 		fs.StringVar(&sub, "subscription", "", "only this subscription's")
 		fs.StringVar(&status, "status", "", "only pending, delivered, failed or dead ones")
@@ -101,7 +79,7 @@ func runWebhooksDeliveries(ctx context.Context, domains []*onceflow.Domain, args
 	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 || tenant == "" {
+	if tenant == "" {
 		return fmt.Errorf("usage: onceflow webhooks deliveries -tenant TENANT [-subscription ID] [-status STATUS] [-limit N]")
 	}
 	f := webhooks.Filter{Tenant: tenant, Status: status, Limit: limit}
@@ -120,7 +98,7 @@ func runWebhooksDeliveries(ctx context.Context, domains []*onceflow.Domain, args
 	if limit < 1 {
 		return fmt.Errorf("-limit %d: want 1 or more", limit)
 	}
-	pool, err := connectOps(ctx, c)
+	pool, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -152,7 +130,7 @@ func runWebhooksDeliveries(ctx context.Context, domains []*onceflow.Domain, args
 func runWebhooksRedeliver(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var tenant, sub, event string
 	var dead bool
-	c, fs, err := parse("webhooks redeliver", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, _, err := parse("webhooks redeliver", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&tenant, "tenant", "", "the tenant (required)")
 		fs.StringVar(&sub, "subscription", "", "the subscription (required)")
 		fs.StringVar(&event, "event", "", "the event id to send again")
@@ -161,7 +139,7 @@ func runWebhooksRedeliver(ctx context.Context, domains []*onceflow.Domain, args 
 	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 || tenant == "" || sub == "" || (event == "") == !dead {
+	if tenant == "" || sub == "" || (event == "") == !dead {
 		return fmt.Errorf("usage: onceflow webhooks redeliver -tenant TENANT -subscription ID (-event ID | -dead)")
 	}
 	subID, err := pipeline.ParseID(sub)
@@ -176,7 +154,7 @@ func runWebhooksRedeliver(ctx context.Context, domains []*onceflow.Domain, args 
 		}
 		events = append(events, id)
 	}
-	pool, err := connectOps(ctx, c)
+	pool, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -206,7 +184,7 @@ func runWebhooksRedeliver(ctx context.Context, domains []*onceflow.Domain, args 
 func runJobsList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var state, kind string
 	var limit int
-	c, fs, err := parse("jobs list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+	c, _, err := parse("jobs list", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&state, "state", "", "only jobs in this River state (available, running, retryable, scheduled, completed, cancelled, discarded)")
 		fs.StringVar(&kind, "kind", "", "only jobs of this kind (webhook_delivery)")
 		fs.IntVar(&limit, "limit", 50, "at most this many, newest first")
@@ -214,10 +192,10 @@ func runJobsList(ctx context.Context, domains []*onceflow.Domain, args []string,
 	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 || limit < 1 {
+	if limit < 1 {
 		return fmt.Errorf("usage: onceflow jobs list [-state STATE] [-kind KIND] [-limit N]")
 	}
-	pool, err := connectOps(ctx, c)
+	pool, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"io"
 
 	"github.com/onceflow/onceflow"
@@ -36,12 +35,9 @@ var (
 func componentCommand(name string, components onceflow.Components) *command {
 	c := &command{name: name, title: name, summary: "run the " + name, settings: componentSettings(components)}
 	c.run = func(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-		cfg, fs, err := c.parse(domains, args, getenv, stdout, nil)
+		cfg, _, err := c.parse(domains, args, getenv, stdout, nil)
 		if err != nil {
 			return err
-		}
-		if fs.NArg() > 0 {
-			return fmt.Errorf("unexpected arguments: %v", fs.Args())
 		}
 		rc := cfg.RunConfig
 		rc.Components = components
@@ -63,12 +59,9 @@ func devCommandSettings() []*setting {
 }
 
 func runDev(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, fs, err := parse("dev", domains, args, getenv, stdout, nil)
+	c, _, err := parse("dev", domains, args, getenv, stdout, nil)
 	if err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	dc := c.DevConfig
 	// KAFKA_BROKERS (or -kafka-brokers) names a cluster to run on instead

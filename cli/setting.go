@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,7 +11,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // A setting is one configuration setting (docs/architecture.md#configuration),
@@ -223,4 +227,12 @@ func quoteDefault(kind, text string) string {
 		return strconv.Quote(text)
 	}
 	return text
+}
+
+// connect opens a small pool on DATABASE_URL for an operator command.
+func (c *config) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if c.DatabaseURL == "" {
+		return nil, errors.New("DATABASE_URL is required")
+	}
+	return postgres.Connect(ctx, c.DatabaseURL, 2)
 }

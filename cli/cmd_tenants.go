@@ -1,5 +1,7 @@
 package cli
 
+// Tenants: their API keys, and the Idempotency-Keys they sent.
+
 import (
 	"context"
 	"errors"
@@ -14,22 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/postgres"
 )
-
-// API keys are managed by id. No command takes a key as an argument: one
-// typed on a command line stays in the shell's history and in every
-// process listing (docs/security.md).
-func init() {
-	register(&command{name: "tenants create", summary: "create a tenant's API key and print it once: tenants create [-name LABEL] TENANT", args: "TENANT",
-		settings: use([]*setting{databaseURL}), run: tenantsKeysCreate("tenants create")})
-	register(&command{name: "tenants keys create", summary: "create another API key for a tenant and print it once: tenants keys create [-name LABEL] TENANT", args: "TENANT",
-		settings: use([]*setting{databaseURL}), run: tenantsKeysCreate("tenants keys create")})
-	register(&command{name: "tenants keys list", summary: "list API keys by id (never the keys): tenants keys list [-tenant TENANT]",
-		settings: use([]*setting{databaseURL}), run: runTenantsKeysList})
-	register(&command{name: "tenants keys revoke", summary: "revoke an API key by id, at once: tenants keys revoke ID", args: "ID",
-		settings: use([]*setting{databaseURL}), run: runTenantsKeysRevoke})
-}
 
 // keysCommand parses the flags of the keys command called name (own),
 // checks that it has want arguments and that check (if set) accepts them,
@@ -55,10 +42,7 @@ func keysCommand(ctx context.Context, name string, want int, args []string, gete
 			return nil, nil, err
 		}
 	}
-	if c.DatabaseURL == "" {
-		return nil, nil, errors.New("DATABASE_URL is required")
-	}
-	pool, err := postgres.Connect(ctx, c.DatabaseURL, 2)
+	pool, err := c.connect(ctx)
 	return pool, fs.Args(), err
 }
 
@@ -133,4 +117,58 @@ func runTenantsKeysRevoke(ctx context.Context, domains []*onceflow.Domain, args 
 	}
 	fmt.Fprintf(stdout, "revoked key %d of tenant %s (%s)\n", k.ID, k.Tenant, k.Name)
 	return nil
+}
+
+// runIdempotencyCheck is the view an operator needs when a client
+// misbehaves: how many keys a tenant used, and which keys came back, as
+// retries (replays: normal) or reused for another request (conflicts: a
+// client bug).
+func runIdempotencyCheck(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	var tenant string
+	var hours float64
+	var limit int
+	c, _, err := parse("idempotency-check", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&tenant, "tenant", "", "the tenant (required)")
+		fs.Float64Var(&hours, "hours", 24, "look at keys created in the last H hours")
+		fs.IntVar(&limit, "limit", 20, "list at most this many keys")
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case tenant == "":
+		return fmt.Errorf("usage: onceflow idempotency-check --tenant T [--hours H] [--limit N]")
+	case hours <= 0 || limit < 0:
+		return fmt.Errorf("--hours must be positive and --limit not negative")
+	}
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r, err := ingest.CheckKeys(ctx, pool, tenant, time.Duration(hours*float64(time.Hour)), limit)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "tenant %s, keys created in the last %sh: %d keys, %d replays, %d conflicts\n",
+		r.Tenant, strconv.FormatFloat(hours, 'f', -1, 64), r.Keys, r.Replays, r.Conflicts)
+	if len(r.Top) == 0 {
+		return nil
+	}
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tREPLAYS\tCONFLICTS\tLAST SEEN (UTC)\tCREATED (UTC)\tROUTE\tCOMMAND\tSTATUS")
+	for _, a := range r.Top {
+		last := "-"
+		if !a.LastSeen.IsZero() {
+			last = a.LastSeen.UTC().Format(time.DateTime)
+		}
+		status := a.Status
+		if status == "" {
+			status = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", cellText(a.Key), a.Replays, a.Conflicts, last,
+			a.CreatedAt.UTC().Format(time.DateTime), a.Route, a.CommandID, status)
+	}
+	return tw.Flush()
 }
