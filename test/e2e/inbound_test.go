@@ -92,11 +92,12 @@ func TestInboundCrashBetweenStoringAndAnswering(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 5 {
 		id := fmt.Sprintf("held-%d", i)
-		amounts[id] = int64(100 * (i + 1))
+		amount := int64(100 * (i + 1))
+		amounts[id] = amount // written here only: the goroutines do not read the map
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			status, _, err := deliverInbound(ctx, held.HTTP, id, "payment.succeeded", map[string]any{"account_id": "in-1", "amount": amounts[id]})
+			status, _, err := deliverInbound(ctx, held.HTTP, id, "payment.succeeded", map[string]any{"account_id": "in-1", "amount": amount})
 			if err == nil {
 				t.Errorf("%s: answered %d by a process that should have died first", id, status)
 			}
