@@ -16,7 +16,7 @@
 // as one process) or in a DevConfig for RunDev (the embedded default: a
 // Kafka-compatible broker, a schema registry, Postgres and every component
 // in one process). Config.Deployment resolves the names every component
-// and operator command agrees on (docs/architecture.md#topics).
+// and operator command agrees on (docs/architecture.md#topics-keys-and-headers).
 //
 // This package also assembles the library (the pipeline packages) from
 // that configuration, in one place, so a component started on its own and

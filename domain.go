@@ -30,7 +30,7 @@ import (
 // Each aggregate type has its own commands, state, dedup and DLQ topics and
 // its own processor group; the domain's events, from every aggregate type,
 // go to one events topic, which one projector (a consumer group) applies to
-// the domain's read models. Topic names (docs/architecture.md#topics):
+// the domain's read models. Topic names (docs/architecture.md#topics-keys-and-headers):
 // {prefix}.events for the domain, and {prefix}.commands, .state, .dedup,
 // .commands.dlq for a domain with one aggregate type, or
 // {prefix}.{aggregate}.commands and so on for each of several.

@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"kind", "reason"}),
 		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_worker_fenced_total",
-			Help: "Attempts that finished after their lease expired and another attempt took the job: their outcome was refused (docs/jobs.md#fencing).",
+			Help: "Attempts that finished after their lease expired and another attempt took the job: their outcome was refused (docs/jobs.md#what-it-guarantees).",
 		}, []string{"kind"}),
 		idempotentSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_worker_idempotency_skipped_total",

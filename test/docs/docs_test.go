@@ -1,7 +1,8 @@
 // Package docs checks the commands README.md and docs/*.md show: it runs
 // every one that can run on the embedded default (`onceflow dev` of the
 // ledger), in the order a reader would, and lists those it skips with the
-// reason. `make lint` runs it.
+// reason, and follows every PAGE.md#anchor to a heading of that page.
+// `make lint` runs it.
 package docs
 
 import (

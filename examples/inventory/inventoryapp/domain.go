@@ -4,7 +4,7 @@
 // their migrations, the HTTP routes and queries, and the demo. cmd/inventory
 // runs it with cli.Main; it uses only onceflow's public API.
 //
-// Its topics (docs/architecture.md#topics): a domain of two aggregate
+// Its topics (docs/architecture.md#topics-keys-and-headers): a domain of two aggregate
 // types has the commands, state, dedup and DLQ topics of each,
 // inventory.item.commands and inventory.order.commands and so on, and one
 // inventory.events, which its projector (onceflow-projector-inventory)
