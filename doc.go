@@ -10,7 +10,9 @@
 // A program runs domains in one of two ways. The command line, package
 // github.com/onceflow/onceflow/cli, makes a binary of them: cli.Main is
 // every component, `dev` and the operator commands, configured by
-// environment variables and flags. Or the program builds the typed
+// environment variables and flags (it lives above this package, as the
+// command line should: docs/decisions.md#the-program-and-its-command-line).
+// Or the program builds the typed
 // configuration itself: a Config (the domains, Kafka, Postgres, the schema
 // registry) in a RunConfig for RunComponents (the components it selects,
 // as one process) or in a DevConfig for RunDev (the embedded default: a
