@@ -244,6 +244,36 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 // finds the events its data errors are raised on (applyCarefully).
 func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, careful bool) (result, []park, error) {
 	res := result{next: make(map[int32]kgo.EpochOffset)}
+	parts := batchPartitions(evs, parks)
+	if len(parts) == 0 {
+		return res, nil, nil
+	}
+	// 1. Lock the partitions' offsets; skip what is already below them.
+	stored, err := a.lockOffsets(ctx, tx, parts)
+	if err != nil {
+		return res, nil, err
+	}
+	kept, keptParks := res.keep(evs, parks, stored)
+	// 2. The inbox: only ids it did not hold go to the projections.
+	fresh, err := a.inbox(ctx, tx, kept, &res)
+	if err != nil {
+		return res, nil, err
+	}
+	// 3. The projections, each over all fresh events at once.
+	if len(fresh) > 0 {
+		more, err := a.project(ctx, tx, fresh, careful, &res)
+		if err != nil || len(more) > 0 {
+			return res, more, err
+		}
+		res.applied = len(fresh)
+	}
+	// 4. Offsets and parked partitions, in the same transaction.
+	return res, nil, a.saveOffsets(ctx, tx, &res, stored, parts, keptParks, kept)
+}
+
+// batchPartitions are the partitions of a batch's events and parks, sorted,
+// each once.
+func batchPartitions(evs []event, parks []park) []int32 {
 	var parts []int32
 	for _, e := range evs {
 		parts = append(parts, e.partition)
@@ -252,13 +282,13 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		parts = append(parts, pk.partition)
 	}
 	slices.Sort(parts)
-	parts = slices.Compact(parts)
-	if len(parts) == 0 {
-		return res, nil, nil
-	}
+	return slices.Compact(parts)
+}
 
-	// 1. Lock the partitions' offsets; skip what is already below them.
-	// (With asynchronous commit, the setting goes in the same round trip.)
+// lockOffsets locks the stored offsets of parts (with asynchronous
+// commit, the setting goes in the same round trip) and returns them. A
+// stored offset below one this process committed is a rewindError.
+func (a *applier) lockOffsets(ctx context.Context, tx pgx.Tx, parts []int32) (map[int32]int64, error) {
 	stored := make(map[int32]int64, len(parts))
 	b := &pgx.Batch{}
 	if a.asyncCommit {
@@ -271,22 +301,30 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		return err
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return res, nil, fmt.Errorf("lock offsets: %w", err)
+		return nil, fmt.Errorf("lock offsets: %w", err)
 	}
-	if a.remembered != nil {
-		var back map[int32]int64
-		for _, part := range parts {
-			if last, ok := a.remembered.get(part); ok && stored[part] < last {
-				if back == nil {
-					back = make(map[int32]int64)
-				}
-				back[part] = stored[part]
+	if a.remembered == nil {
+		return stored, nil
+	}
+	var back map[int32]int64
+	for _, part := range parts {
+		if last, ok := a.remembered.get(part); ok && stored[part] < last {
+			if back == nil {
+				back = make(map[int32]int64)
 			}
-		}
-		if back != nil {
-			return res, nil, &rewindError{to: back}
+			back[part] = stored[part]
 		}
 	}
+	if back != nil {
+		return nil, &rewindError{to: back}
+	}
+	return stored, nil
+}
+
+// keep drops the events and parks below the stored offsets (another
+// projector got past them meanwhile), counting the events fenced, and
+// sets the offsets to store after the rest.
+func (res *result) keep(evs []event, parks []park, stored map[int32]int64) ([]event, []park) {
 	kept := evs[:0:0]
 	for _, e := range evs {
 		if e.offset < stored[e.partition] {
@@ -304,86 +342,94 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		keptParks = append(keptParks, pk)
 		res.next[pk.partition] = kgo.EpochOffset{Epoch: -1, Offset: pk.offset}
 	}
+	return kept, keptParks
+}
 
-	// 2. The inbox: only ids it did not hold go to the projections.
+// inbox records the ids of kept in the inbox and returns the events whose
+// id it did not hold yet, each id once, counting the others duplicates.
+func (a *applier) inbox(ctx context.Context, tx pgx.Tx, kept []event, res *result) ([]event, error) {
+	if len(kept) == 0 {
+		return nil, nil
+	}
+	ids := make([][16]byte, len(kept))
+	for i, e := range kept {
+		ids[i] = [16]byte(e.ID)
+	}
+	q := a.lookup(kept)
+	rows, err := tx.Query(ctx, inboxSQL, a.consumer, q.bounded, q.boundedSince, q.unbounded, q.unboundedSince, ids)
+	if err != nil {
+		return nil, fmt.Errorf("inbox insert: %w", err)
+	}
+	newIDs, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return nil, fmt.Errorf("inbox insert: %w", err)
+	}
+	isNew := make(map[[16]byte]bool, len(newIDs))
+	for _, id := range newIDs {
+		isNew[id] = true
+	}
 	var fresh []event
-	if len(kept) > 0 {
-		ids := make([][16]byte, len(kept))
-		for i, e := range kept {
-			ids[i] = [16]byte(e.ID)
+	for i, e := range kept {
+		if !isNew[ids[i]] {
+			res.duplicates++
+			continue
 		}
-		q := a.lookup(kept)
-		rows, err := tx.Query(ctx, inboxSQL, a.consumer, q.bounded, q.boundedSince, q.unbounded, q.unboundedSince, ids)
-		if err != nil {
-			return res, nil, fmt.Errorf("inbox insert: %w", err)
-		}
-		newIDs, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
-		if err != nil {
-			return res, nil, fmt.Errorf("inbox insert: %w", err)
-		}
-		isNew := make(map[[16]byte]bool, len(newIDs))
-		for _, id := range newIDs {
-			isNew[id] = true
-		}
-		for i, e := range kept {
-			if !isNew[ids[i]] {
-				res.duplicates++
-				continue
-			}
-			isNew[ids[i]] = false // the same id twice in one batch applies once
-			fresh = append(fresh, e)
-		}
+		isNew[ids[i]] = false // the same id twice in one batch applies once
+		fresh = append(fresh, e)
 	}
+	return fresh, nil
+}
 
-	// 3. The projections, each over all fresh events at once.
+// project runs each projection over the fresh events at once and returns
+// the parks their outcomes ask for: a version gap, a refusal, a data
+// error of one event. Any other error of an event is the batch's.
+func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful bool, res *result) ([]park, error) {
+	pevs := make([]pipeline.Event, len(fresh))
+	for i, e := range fresh {
+		pevs[i] = e.Event
+	}
 	var more []park
-	if len(fresh) > 0 {
-		pevs := make([]pipeline.Event, len(fresh))
-		for i, e := range fresh {
-			pevs[i] = e.Event
+	for _, proj := range a.projections {
+		var outcomes []error
+		var err error
+		if careful {
+			outcomes, err = applyCarefully(ctx, tx, proj, fresh, pevs)
+		} else {
+			outcomes, err = applyProjection(ctx, tx, proj, pevs)
 		}
-		for _, proj := range a.projections {
-			var outcomes []error
-			var err error
-			if careful {
-				outcomes, err = applyCarefully(ctx, tx, proj, fresh, pevs)
-			} else {
-				outcomes, err = applyProjection(ctx, tx, proj, pevs)
-			}
-			if err != nil {
-				return res, nil, &projectionError{proj.Name(), err}
-			}
-			for i, o := range outcomes {
-				var gap *pipeline.VersionGapError
-				e := fresh[i]
-				switch {
-				case o == nil:
-				case errors.Is(o, pipeline.ErrDuplicate):
-					res.duplicates++
-				case errors.As(o, &gap):
-					more = append(more, park{e.partition, e.offset, reasonGap,
-						fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
-				case pipeline.IsPermanent(o):
-					more = append(more, park{e.partition, e.offset, reasonRefused,
-						fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
-				default:
-					if pgErr, ok := dataError(o); ok {
-						more = append(more, park{e.partition, e.offset, reasonDataError, dataErrorDetail(proj.Name(), e, pgErr)})
-						continue
-					}
-					return res, nil, fmt.Errorf("%s: apply %s %s: %w", proj.Name(), e.Type(), e.ID, o)
+		if err != nil {
+			return nil, &projectionError{proj.Name(), err}
+		}
+		for i, o := range outcomes {
+			var gap *pipeline.VersionGapError
+			e := fresh[i]
+			switch {
+			case o == nil:
+			case errors.Is(o, pipeline.ErrDuplicate):
+				res.duplicates++
+			case errors.As(o, &gap):
+				more = append(more, park{e.partition, e.offset, reasonGap,
+					fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+			case pipeline.IsPermanent(o):
+				more = append(more, park{e.partition, e.offset, reasonRefused,
+					fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+			default:
+				if pgErr, ok := dataError(o); ok {
+					more = append(more, park{e.partition, e.offset, reasonDataError, dataErrorDetail(proj.Name(), e, pgErr)})
+					continue
 				}
+				return nil, fmt.Errorf("%s: apply %s %s: %w", proj.Name(), e.Type(), e.ID, o)
 			}
 		}
-		if len(more) > 0 {
-			return res, more, nil
-		}
-		res.applied = len(fresh)
 	}
+	return more, nil
+}
 
-	// 4. Offsets and parked partitions, in the same transaction.
-	// In one round trip, with the outcomes' notification when the
-	// transaction sends it (asyncCommit).
+// saveOffsets stores the offsets after the batch (never below the stored
+// ones), clears the parks they got past and saves the batch's, in one
+// round trip, with the outcomes' notification when the transaction sends
+// it (asyncCommit).
+func (a *applier) saveOffsets(ctx context.Context, tx pgx.Tx, res *result, stored map[int32]int64, parts []int32, keptParks []park, kept []event) error {
 	offParts, offs := make([]int32, 0, len(res.next)), make([]int64, 0, len(res.next))
 	for p, eo := range res.next {
 		if eo.Offset < stored[p] {
@@ -392,7 +438,7 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		}
 		offParts, offs = append(offParts, p), append(offs, eo.Offset)
 	}
-	b = &pgx.Batch{}
+	b := &pgx.Batch{}
 	if len(offParts) > 0 {
 		b.Queue(saveOffsetsSQL, a.consumer, a.topic, offParts, offs)
 	}
@@ -412,9 +458,9 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 		}
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return res, nil, fmt.Errorf("save offsets and parked partitions: %w", err)
+		return fmt.Errorf("save offsets and parked partitions: %w", err)
 	}
-	return res, nil, nil
+	return nil
 }
 
 // outcomePayloads are the notification payloads naming the commands of
@@ -476,147 +522,6 @@ func (a *applier) lookup(evs []event) inboxLookup {
 		}
 	}
 	return q
-}
-
-// applyProjection runs one projection over evs, batched when it can be. A
-// panic in a batch projection fails the batch (retried, counted, logged:
-// the process does not die on it); one in Apply is that event's permanent
-// failure, which parks its partition.
-func applyProjection(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []pipeline.Event) (out []error, err error) {
-	if bp, ok := proj.(pipeline.BatchProjection[pgx.Tx]); ok {
-		defer func() {
-			if v := recover(); v != nil {
-				out, err = nil, fmt.Errorf("ApplyBatch panicked: %v", v)
-			}
-		}()
-		out, err := bp.ApplyBatch(ctx, tx, evs)
-		if err == nil && len(out) != len(evs) {
-			err = fmt.Errorf("ApplyBatch returned %d outcomes for %d events", len(out), len(evs))
-		}
-		return out, err
-	}
-	out = make([]error, len(evs))
-	stopped := make(map[string]error) // aggregate -> the gap it stopped on
-	for i, ev := range evs {
-		if gap, ok := stopped[ev.AggregateID]; ok {
-			out[i] = gap // nothing after a gap is applied
-			continue
-		}
-		out[i] = applyOne(ctx, tx, proj, ev)
-		var gap *pipeline.VersionGapError
-		if errors.As(out[i], &gap) {
-			stopped[ev.AggregateID] = out[i]
-		}
-		if out[i] != nil && !errors.Is(out[i], pipeline.ErrDuplicate) && gap == nil && !pipeline.IsPermanent(out[i]) {
-			return nil, out[i] // a failure of the statement: the batch is retried
-		}
-	}
-	return out, nil
-}
-
-// applyCarefully runs a projection under a savepoint. A data error aborts
-// the projection's statement without saying which event caused it, so on
-// one it rolls back to the savepoint and applies each half of the events
-// the same way, down to the single event that raises it: that event's
-// outcome is the data error (its partition parks at it), the events after
-// it on its partition are not applied (the transaction runs again without
-// them), the other partitions' events are. Halves are applied in order, so
-// the culprit is the event whose application, after every event before it,
-// fails — the one applying them one at a time would find — for about
-// 2·log2(N) statements per bad event instead of N. Only a batch that has
-// already failed with a data error runs so: the fast path takes no
-// savepoint.
-func applyCarefully(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []event, pevs []pipeline.Event) ([]error, error) {
-	s := search{tx: tx, proj: proj, evs: evs, pevs: pevs, out: make([]error, len(evs)), stopped: make(map[int32]bool)}
-	all := make([]int, len(evs))
-	for i := range all {
-		all[i] = i
-	}
-	if err := s.apply(ctx, all); err != nil {
-		return nil, err
-	}
-	return s.out, nil
-}
-
-// search is applyCarefully's state.
-type search struct {
-	tx      pgx.Tx
-	proj    pipeline.Projection[pgx.Tx]
-	evs     []event
-	pevs    []pipeline.Event
-	out     []error        // outcomes, by index in evs
-	stopped map[int32]bool // partitions that park at an event of this batch
-}
-
-// apply applies the events at idx (in log order) under a savepoint,
-// halving them on a data error.
-func (s *search) apply(ctx context.Context, idx []int) error {
-	var todo []int
-	for _, i := range idx {
-		if !s.stopped[s.evs[i].partition] {
-			todo = append(todo, i)
-		}
-	}
-	if len(todo) == 0 {
-		return nil
-	}
-	sub := make([]pipeline.Event, len(todo))
-	for j, i := range todo {
-		sub[j] = s.pevs[i]
-	}
-	sp, err := s.tx.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("savepoint: %w", err)
-	}
-	out, err := applyProjection(ctx, sp, s.proj, sub)
-	if err == nil {
-		if err := sp.Commit(ctx); err != nil {
-			return fmt.Errorf("release savepoint: %w", err)
-		}
-		for j, i := range todo {
-			s.out[i] = out[j]
-			if parksPartition(out[j]) {
-				s.stopped[s.evs[i].partition] = true
-			}
-		}
-		return nil
-	}
-	if _, isData := dataError(err); !isData {
-		return err // a failure of the statement: the batch is retried
-	}
-	if err := sp.Rollback(ctx); err != nil {
-		return fmt.Errorf("rollback to savepoint: %w", err)
-	}
-	if len(todo) == 1 {
-		s.out[todo[0]] = err
-		s.stopped[s.evs[todo[0]].partition] = true
-		return nil
-	}
-	half := len(todo) / 2
-	if err := s.apply(ctx, todo[:half]); err != nil {
-		return err
-	}
-	return s.apply(ctx, todo[half:])
-}
-
-// parksPartition reports whether an event's outcome parks its partition.
-func parksPartition(o error) bool {
-	if o == nil || errors.Is(o, pipeline.ErrDuplicate) {
-		return false
-	}
-	var gap *pipeline.VersionGapError
-	_, isData := dataError(o)
-	return isData || errors.As(o, &gap) || pipeline.IsPermanent(o)
-}
-
-// applyOne is Apply with a panic turned into a permanent failure.
-func applyOne(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], ev pipeline.Event) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = pipeline.Permanent(fmt.Errorf("Apply panicked: %v", v))
-		}
-	}()
-	return proj.Apply(ctx, tx, ev)
 }
 
 // mergeParks adds more to parks, keeping the earliest record per partition.
