@@ -144,12 +144,12 @@ fuzz: ## run each fuzz target for FUZZ_TIME (default 30s)
 # its own, and lists the ones it skips with the reason; and every
 # PAGE.md#anchor a page, a comment or an alert names is a heading there.
 .PHONY: lint
-lint: build ## gofmt, go vet, staticcheck, gosec, the import rules (library, application, domains), the module's tidiness and the docs' commands and links
+lint: build ## gofmt, go vet, staticcheck, gosec, the import rules (library, application, domains), the room sizes (files, functions), the module's tidiness and the docs' commands and links
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) run $(STATICCHECK) $(PKGS)
 	$(GO) run $(GOSEC) $(GOSEC_FLAGS) $(PKGS)
-	$(GO) test -count=1 -run '^TestImportRules$$' .
+	$(GO) test -count=1 -run '^(TestImportRules|TestRoomSizes)$$' .
 	@set -o pipefail; $(PG_URL) && DATABASE_URL="$$url" $(GO) test -count=1 -v -run '^TestDocs(Commands|Links)$$' ./test/docs | grep -v ': ran  '
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	cd bench && $(GO) vet -mod=mod ./...
