@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -17,6 +18,18 @@ import (
 // (own) and the settings it uses.
 func parse(name string, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer, own func(*flag.FlagSet)) (*config, *flag.FlagSet, error) {
 	return commands[name].parse(domains, args, getenv, stdout, own)
+}
+
+// parseDeployed parses the arguments of the command called name, which
+// takes no flags of its own, and returns its settings and the deployment
+// they make.
+func parseDeployed(name string, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) (*config, *onceflow.Deployment, error) {
+	c, _, err := parse(name, domains, args, getenv, stdout, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	dep, err := c.Deployment()
+	return c, dep, err
 }
 
 // deploymentSerdes returns the deployment and its serdes by topic, over the
@@ -72,23 +85,15 @@ func runDemo(ctx context.Context, domains []*onceflow.Domain, args []string, get
 }
 
 func runMigrate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("migrate", domains, args, getenv, stdout, nil)
+	c, dep, err := parseDeployed("migrate", domains, args, getenv, stdout)
 	if err != nil {
 		return err
 	}
 	// The migration role owns the tables; DATABASE_URL may be the runtime
 	// role, which cannot (docs/security.md#database-roles).
-	url := c.DatabaseMigrationURL
-	if url == "" {
-		url = c.DatabaseURL
-	}
+	url := cmp.Or(c.DatabaseMigrationURL, c.DatabaseURL)
 	if url == "" {
 		return fmt.Errorf("DATABASE_MIGRATION_URL or DATABASE_URL is required")
-	}
-	cfg := c.Config
-	dep, err := cfg.Deployment()
-	if err != nil {
-		return err
 	}
 	if err := postgres.Migrate(ctx, url, nil, dep.Migrations()...); err != nil {
 		return err
@@ -112,12 +117,7 @@ func setName(v postgres.SetVersion) string {
 }
 
 func runMigrateVersion(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("migrate version", domains, args, getenv, stdout, nil)
-	if err != nil {
-		return err
-	}
-	cfg := c.Config
-	dep, err := cfg.Deployment()
+	c, dep, err := parseDeployed("migrate version", domains, args, getenv, stdout)
 	if err != nil {
 		return err
 	}
@@ -137,16 +137,11 @@ func runMigrateVersion(ctx context.Context, domains []*onceflow.Domain, args []s
 }
 
 func runTopicsCreate(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("topics create", domains, args, getenv, stdout, nil)
+	c, dep, err := parseDeployed("topics create", domains, args, getenv, stdout)
 	if err != nil {
 		return err
 	}
-	cfg := c.Config
-	dep, err := cfg.Deployment()
-	if err != nil {
-		return err
-	}
-	if err := cfg.EnsureTopics(ctx); err != nil {
+	if err := c.EnsureTopics(ctx); err != nil {
 		return err
 	}
 	seen := map[string]bool{}

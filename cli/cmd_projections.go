@@ -143,12 +143,7 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 }
 
 func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
-	c, _, err := parse("projections list", domains, args, getenv, stdout, nil)
-	if err != nil {
-		return err
-	}
-	cfg := c.Config
-	dep, err := cfg.Deployment()
+	c, dep, err := parseDeployed("projections list", domains, args, getenv, stdout)
 	if err != nil {
 		return err
 	}
