@@ -136,12 +136,7 @@ func (c *compatChecker) record(r, w *schema, at string) {
 	}
 	for _, rf := range r.fields {
 		fat := join(at, "record "+r.name+", field "+rf.name)
-		wf := w.field(rf.name)
-		for _, a := range rf.aliases {
-			if wf == nil {
-				wf = w.field(a)
-			}
-		}
+		wf := w.writerField(rf)
 		if wf == nil {
 			if !rf.hasDefault {
 				c.problem(fat, "%s has no default for it and %s lacks the field, so its records could not be read", c.reader, c.writer)

@@ -260,12 +260,7 @@ func (b *builder) recordDecoder(w, r *schema, t reflect.Type, path string) (deco
 		sf := si.fields[i]
 		ft := t.Field(sf.index).Type
 		fpath := path + "." + rf.name
-		wf := w.field(rf.name)
-		for _, a := range rf.aliases {
-			if wf == nil {
-				wf = w.field(a)
-			}
-		}
+		wf := w.writerField(rf)
 		if wf == nil {
 			if !rf.hasDefault {
 				return nil, incompatible(fpath, "the writer's record %s lacks the field and the reader's has no default", w.name)

@@ -127,6 +127,21 @@ func (s *schema) field(name string) *field {
 	return nil
 }
 
+// writerField returns the field of this (the writer's) record that the
+// reader's field rf reads: the one of its name, else the first of its
+// aliases, or nil.
+func (s *schema) writerField(rf *field) *field {
+	if f := s.field(rf.name); f != nil {
+		return f
+	}
+	for _, a := range rf.aliases {
+		if f := s.field(a); f != nil {
+			return f
+		}
+	}
+	return nil
+}
+
 // zeroWidth reports whether a value of s can encode to zero bytes. An array
 // of such items lets a few bytes claim billions of items (one block count
 // after another, each under goavro.MaxBlockCount), so such arrays are
