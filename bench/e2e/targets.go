@@ -128,13 +128,40 @@ func onceflowEnv() map[string]string {
 	return map[string]string{"ONCEFLOW_TENANT_RATE_LIMIT": "0", "LOG_LEVEL": "warn"}
 }
 
+// closeOnError closes t if *err is set: a start function's deferred
+// cleanup of what it started before it failed.
+func (t *target) closeOnError(err *error) {
+	if *err != nil {
+		t.Close()
+	}
+}
+
+// startBroker starts the embedded broker (`onceflow dev --broker-only`)
+// of a pipeline in e's folder name on database db, set up by set first.
+func (t *target) startBroker(ctx context.Context, e env, name, db string, set func(*e2e.Pipeline)) (*e2e.Pipeline, error) {
+	dir := filepath.Join(e.dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	pl := e2e.NewPipeline(e.bin, dir, db)
+	set(pl)
+	t.stop = append(t.stop, pl.KillAll)
+	broker, err := pl.StartBroker(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t.pids = append(t.pids, broker.Pid())
+	return pl, nil
+}
+
 // startDev starts `onceflow dev`: the embedded broker, registry and all
 // four components in one process, on a database of its own.
-func startDev(ctx context.Context, e env) (*target, error) {
+func startDev(ctx context.Context, e env) (_ *target, err error) {
 	t, db, err := newTarget(ctx, e, "dev", "onceflow dev", "dev")
 	if err != nil {
 		return nil, err
 	}
+	defer t.closeOnError(&err)
 	httpAddr, admin := freeAddr(), freeAddr()
 	vars := onceflowEnv()
 	for k, v := range map[string]string{
@@ -159,18 +186,15 @@ func startDev(ctx context.Context, e env) (*target, error) {
 	args = append(args, "--data-dir", filepath.Join(e.dir, "dev-data"), "--registry-addr", freeAddr())
 	p, err := e2e.Start(bin, "onceflow-dev", args, vars, filepath.Join(e.dir, "dev.log"), "http://"+admin)
 	if err != nil {
-		t.Close()
 		return nil, err
 	}
 	t.stop = append(t.stop, func() { p.Stop(30 * time.Second) })
 	if err := p.WaitReady(ctx); err != nil {
-		t.Close()
 		return nil, err
 	}
 	t.pids = []int{p.Pid()}
 	t.Base, t.Metrics = "http://"+httpAddr, []string{p.Admin + "/metrics"}
 	if t.Keys, err = tenants(ctx, db, e.tenants); err != nil {
-		t.Close()
 		return nil, err
 	}
 	return t, nil
@@ -179,30 +203,20 @@ func startDev(ctx context.Context, e env) (*target, error) {
 // startSplit starts the reference deployment as separate processes: the
 // embedded broker (`onceflow dev --broker-only`) and the ingest, relay,
 // processor and projector binaries.
-func startSplit(ctx context.Context, e env) (*target, error) {
+func startSplit(ctx context.Context, e env) (_ *target, err error) {
 	t, db, err := newTarget(ctx, e, "split", "onceflow, 4 processes", "split")
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(e.dir, "split")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Close()
-		return nil, err
-	}
-	pl := e2e.NewPipeline(e.bin, dir, db)
-	pl.Env = onceflowEnv()
-	t.stop = append(t.stop, pl.KillAll)
-	broker, err := pl.StartBroker(ctx)
+	defer t.closeOnError(&err)
+	pl, err := t.startBroker(ctx, e, "split", db, func(pl *e2e.Pipeline) { pl.Env = onceflowEnv() })
 	if err != nil {
-		t.Close()
 		return nil, err
 	}
-	t.pids = append(t.pids, broker.Pid())
 	var procs []*e2e.Component
 	for _, kind := range []string{"ingest", "relay", "processor", "projector"} {
 		c, err := pl.StartComponent(ctx, kind, kind, nil)
 		if err != nil {
-			t.Close()
 			return nil, err
 		}
 		procs = append(procs, c)
@@ -217,7 +231,6 @@ func startSplit(ctx context.Context, e env) (*target, error) {
 	})
 	t.Base = procs[0].HTTP
 	if t.Keys, err = tenants(ctx, db, e.tenants); err != nil {
-		t.Close()
 		return nil, err
 	}
 	return t, nil
@@ -227,37 +240,27 @@ func startSplit(ctx context.Context, e env) (*target, error) {
 // built with Watermill, in one process, against an embedded broker of its
 // own (`onceflow dev --broker-only`, topics prefixed "wm"), or the cluster
 // KAFKA_BROKERS names, and a database of its own.
-func startWatermill(ctx context.Context, e env) (*target, error) {
+func startWatermill(ctx context.Context, e env) (_ *target, err error) {
 	t, db, err := newTarget(ctx, e, "watermill", "Watermill peer", "wm")
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(e.dir, "watermill")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Close()
-		return nil, err
-	}
-	pl := e2e.NewPipeline(e.bin, dir, db)
-	pl.Prefix = pl.TopicPrefix("wm")
-	t.stop = append(t.stop, pl.KillAll)
-	broker, err := pl.StartBroker(ctx)
+	defer t.closeOnError(&err)
+	pl, err := t.startBroker(ctx, e, "watermill", db, func(pl *e2e.Pipeline) { pl.Prefix = pl.TopicPrefix("wm") })
 	if err != nil {
-		t.Close()
 		return nil, err
 	}
-	t.pids = append(t.pids, broker.Pid())
+	dir := pl.Dir
 	httpAddr, admin := freeAddr(), freeAddr()
 	p, err := e2e.Start(filepath.Join(e.bin, "watermill-peer"), "watermill-peer", nil, map[string]string{
 		"DATABASE_URL": db, "KAFKA_BROKERS": pl.BrokerAddr, "TOPIC_PREFIX": pl.Prefix,
 		"HTTP_ADDR": httpAddr, "ADMIN_ADDR": admin,
 	}, filepath.Join(dir, "peer.log"), "http://"+admin)
 	if err != nil {
-		t.Close()
 		return nil, err
 	}
 	t.stop = append(t.stop, func() { p.Stop(30 * time.Second) })
 	if err := p.WaitReady(ctx); err != nil {
-		t.Close()
 		return nil, err
 	}
 	t.pids = append(t.pids, p.Pid())
@@ -271,7 +274,7 @@ func startWatermill(ctx context.Context, e env) (*target, error) {
 
 // startNoop starts the HTTP-only reference: this program as a server whose
 // handlers answer the same routes with canned bodies and do no work.
-func startNoop(ctx context.Context, e env) (*target, error) {
+func startNoop(ctx context.Context, e env) (_ *target, err error) {
 	t := &target{Name: "noop", Label: "HTTP only (no-op handler)"}
 	addr := freeAddr()
 	p, err := e2e.Start(e.self, "noop", nil, map[string]string{envNoop: addr}, filepath.Join(e.dir, "noop.log"), "http://"+addr)
@@ -279,8 +282,8 @@ func startNoop(ctx context.Context, e env) (*target, error) {
 		return nil, err
 	}
 	t.stop = append(t.stop, func() { p.Stop(10 * time.Second) })
+	defer t.closeOnError(&err)
 	if err := p.WaitReady(ctx); err != nil {
-		t.Close()
 		return nil, err
 	}
 	t.pids = []int{p.Pid()}
