@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -164,16 +165,29 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 %s
 Every route, with its body: curl -s http://%s/openapi.json
 Send commands with -H "Authorization: Bearer %s" -H "Idempotency-Key: <one per operation>".
-Outbound webhooks: POST /v1/webhooks {"url","event_types"} (docs/webhooks.md); a receiver on this
-machine needs ONCEFLOW_WEBHOOK_ALLOW_NETWORKS=127.0.0.0/8.
+Outbound webhooks: POST /v1/webhooks {"url","event_types"} (docs/webhooks.md); %s
 `, kafkaAddr, kafkaNote, registryURL, postgres.Redact(dc.DatabaseURL),
-			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, dep.routeList(), loopback(a.HTTP), shown)
+			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, dep.routeList(), loopback(a.HTTP), shown, webhookNote(dc.Webhooks.Allow))
 	}
 	err = RunComponents(ctx, rc)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// webhookNote is the banner's word on where webhooks may go: the networks
+// allowed although the guard refuses them (ONCEFLOW_WEBHOOK_ALLOW_NETWORKS),
+// or how to allow a receiver on this machine.
+func webhookNote(allow []netip.Prefix) string {
+	if len(allow) == 0 {
+		return "a receiver on this\nmachine needs ONCEFLOW_WEBHOOK_ALLOW_NETWORKS=127.0.0.0/8."
+	}
+	nets := make([]string, len(allow))
+	for i, p := range allow {
+		nets[i] = p.String()
+	}
+	return "receivers may also be\nin " + strings.Join(nets, ", ") + " (ONCEFLOW_WEBHOOK_ALLOW_NETWORKS)."
 }
 
 // startBroker starts the embedded broker, or checks that the external

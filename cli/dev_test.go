@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,8 @@ import (
 // `onceflow dev` with ONCEFLOW_WEBHOOK_ALLOW_NETWORKS, as its banner
 // advises for a receiver on the machine, delivers to a receiver on
 // 127.0.0.1: the setting reaches dev's worker (dev once ignored it, and
-// every delivery ended dead, "address not allowed").
+// every delivery ended dead, "address not allowed"), and the banner names
+// the network instead of advising the setting again.
 func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -57,6 +59,11 @@ func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
 		return nil
 	})
 
+	// The banner says what it allows, rather than advising the setting it
+	// was given.
+	if banner := out.String(); !strings.Contains(banner, "receivers may also be\nin 127.0.0.1/32 (ONCEFLOW_WEBHOOK_ALLOW_NETWORKS).") {
+		t.Errorf("the banner does not name the allowed network:\n%s", banner)
+	}
 	receiver := webhookstest.New(nil, nil)
 	t.Cleanup(receiver.Close)
 	pool, err := postgres.Connect(ctx, url, 2)
