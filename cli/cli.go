@@ -83,8 +83,8 @@ type command struct {
 	run  runFunc
 }
 
-// commands are the subcommands by name ("topics create"). Each file of
-// this package registers its own in an init function.
+// commands are the subcommands by name ("topics create"): the operator
+// commands' table is commands.go, the components' and dev's components.go.
 var commands = map[string]*command{}
 
 func register(c *command) {
