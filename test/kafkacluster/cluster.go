@@ -46,6 +46,10 @@ type Config struct {
 	// CacheDir.
 	LibDir   string
 	CacheDir string
+	// Security, if set, secures the listeners: SASL_SSL with SCRAM users
+	// and, optionally, ACLs (secure.go). Nil: plain listeners, no
+	// authentication.
+	Security *Security
 	// Detach starts the nodes in a session of their own that outlives
 	// this process (`make kafka-up`); otherwise they are killed when the
 	// process that started them dies.
@@ -62,6 +66,7 @@ type Cluster struct {
 	lib   string
 	id    string // the KRaft cluster id
 	nodes []*Node
+	sec   *security  // nil for a plain cluster
 	mu    sync.Mutex // serializes save
 }
 
@@ -72,6 +77,7 @@ type state struct {
 	Lib       string      `json:"lib"`
 	HeapMB    int         `json:"heap_mb"`
 	Nodes     []nodeState `json:"nodes"`
+	Security  *security   `json:"security,omitempty"`
 }
 
 type nodeState struct {
@@ -125,6 +131,17 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	default:
 		c.id = prev.ClusterID
 	}
+	if cfg.Security != nil {
+		var had *security
+		if prev != nil {
+			had = prev.Security
+		}
+		if c.sec, err = newSecurity(cfg.Security, had); err != nil {
+			return nil, err
+		}
+	} else if prev != nil && prev.Security != nil {
+		return nil, fmt.Errorf("%s holds a secured cluster: start it with Config.Security, or remove the directory to make a plain one", dir)
+	}
 	ports, err := ports(cfg.BasePort, 2*cfg.Nodes)
 	if err != nil {
 		return nil, err
@@ -142,6 +159,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		c.nodes = append(c.nodes, n)
 	}
 	if err := c.writeConfigs(); err != nil {
+		return nil, err
+	}
+	if err := c.writeSecurity(); err != nil {
 		return nil, err
 	}
 	if err := c.format(ctx); err != nil {
@@ -185,7 +205,7 @@ func Open(dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{cfg: Config{Dir: dir, Nodes: len(st.Nodes), HeapMB: st.HeapMB, Detach: true}, java: java, lib: st.Lib, id: st.ClusterID}
+	c := &Cluster{cfg: Config{Dir: dir, Nodes: len(st.Nodes), HeapMB: st.HeapMB, Detach: true}, java: java, lib: st.Lib, id: st.ClusterID, sec: st.Security}
 	running := false
 	for _, ns := range st.Nodes {
 		n := &Node{ID: ns.ID, Addr: ns.Addr, ControllerAddr: ns.ControllerAddr, c: c,
@@ -216,8 +236,14 @@ func (c *Cluster) Dir() string { return c.cfg.Dir }
 // (kafka-topics), ...ConsumerGroupCommand's package
 // org.apache.kafka.tools.consumer.group, TransactionsCommand,
 // MetadataQuorumCommand.
+// On a secured cluster they authenticate as admin (--command-config
+// ToolConfig).
 func (c *Cluster) Tool(class string) []string {
-	return []string{c.java, "-cp", filepath.Join(c.lib, "*"), class, "--bootstrap-server", c.Bootstrap()}
+	args := []string{c.java, "-cp", filepath.Join(c.lib, "*"), class, "--bootstrap-server", c.Bootstrap()}
+	if c.sec != nil {
+		args = append(args, "--command-config", c.ToolConfig())
+	}
+	return args
 }
 
 // Nodes returns the nodes, by id.
@@ -268,9 +294,10 @@ func (c *Cluster) Kill() {
 	}
 }
 
-// client returns a client seeded with every node.
+// client returns a client seeded with every node (as admin on a secured
+// cluster).
 func (c *Cluster) client(opts ...kgo.Opt) (*kgo.Client, error) {
-	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers()...)}, opts...)...)
+	return kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers()...)}, c.ClientOpts(AdminUser)...), opts...)...)
 }
 
 // WaitReady waits until the cluster really answers: the metadata lists

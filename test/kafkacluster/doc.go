@@ -15,6 +15,20 @@
 // min.insync.replicas 2; a smaller one with every node and 1. Topics are
 // not created automatically: onceflow creates its own.
 //
+// # Security
+//
+// A cluster started with Config.Security serves clients only over
+// SASL_SSL: SCRAM-SHA-512 users created when its storage is formatted
+// (Apache Kafka's `kafka-storage format --add-scram`), TLS with a CA and a
+// node certificate the cluster makes with crypto/x509 (PEM key and trust
+// stores; clients trust CAFile). The nodes replicate over the same
+// listener as the user "broker"; their controller listener is SSL with
+// client certificates, so only a node speaks there. Security.ACLs turns on
+// KRaft's StandardAuthorizer, with admin, broker and the nodes'
+// certificate as super users: every other user may do only what an ACL
+// allows. ClientOpts and Password connect a client as a user; Tool
+// authenticates Apache Kafka's tools as admin (ToolConfig).
+//
 // # Faults
 //
 // What the tests of real faults need, on *Cluster and *Node:

@@ -124,7 +124,7 @@ func (n *Node) Start(ctx context.Context) error {
 // WaitServing waits until the node answers a metadata request on its own
 // listener with itself among the brokers.
 func (n *Node) WaitServing(ctx context.Context) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(n.Addr), kgo.RequestRetries(0))
+	cl, err := kgo.NewClient(append(n.c.ClientOpts(AdminUser), kgo.SeedBrokers(n.Addr), kgo.RequestRetries(0))...)
 	if err != nil {
 		return err
 	}

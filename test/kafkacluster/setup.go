@@ -92,6 +92,9 @@ logger.request.level = WARN
 			"background.threads":                "4",
 			"num.recovery.threads.per.data.dir": "1",
 		}
+		for k, v := range c.securityProps(n) {
+			props[k] = v
+		}
 		for k, v := range c.cfg.Props {
 			props[k] = v
 		}
@@ -108,7 +111,7 @@ logger.request.level = WARN
 		if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(n.Props(), []byte(b.String()), 0o644); err != nil {
+		if err := os.WriteFile(n.Props(), []byte(b.String()), 0o600); err != nil {
 			return err
 		}
 	}
@@ -130,6 +133,7 @@ func (c *Cluster) format(ctx context.Context) error {
 			// A short-lived JVM: the first compiler tier starts it faster.
 			args := append(c.jvmArgs(n.Dir), "-XX:TieredStopAtLevel=1",
 				"kafka.tools.StorageTool", "format", "-t", c.id, "-c", n.Props())
+			args = append(args, c.scramArgs()...)
 			cmd := exec.CommandContext(ctx, c.java, args...)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				errs[i] = fmt.Errorf("format node %d: %w\n%s", n.ID, err, out)
@@ -166,7 +170,7 @@ func (c *Cluster) sysProcAttr() *syscall.SysProcAttr {
 func (c *Cluster) save() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := state{Version: Version, ClusterID: c.id, Lib: c.lib, HeapMB: c.cfg.HeapMB}
+	st := state{Version: Version, ClusterID: c.id, Lib: c.lib, HeapMB: c.cfg.HeapMB, Security: c.sec}
 	for _, n := range c.nodes {
 		st.Nodes = append(st.Nodes, nodeState{ID: n.ID, Addr: n.Addr, ControllerAddr: n.ControllerAddr, Pid: n.Pid()})
 	}
@@ -175,7 +179,7 @@ func (c *Cluster) save() error {
 		return err
 	}
 	tmp := filepath.Join(c.cfg.Dir, "cluster.json.tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(c.cfg.Dir, "cluster.json"))
