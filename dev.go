@@ -98,6 +98,12 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	if err := registerSchemas(ctx, reg, dep); err != nil {
 		return err
 	}
+	// The topics first: a registry that answers says they exist (the
+	// components of `dev --broker-only` wait for it, and on a cluster
+	// with ACLs they may not create topics).
+	if err := dc.Config.EnsureTopics(ctx); err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
 	registryLn, err := net.Listen("tcp", dc.RegistryAddr)
 	if err != nil {
 		return fmt.Errorf("registry listen: %w", err)
@@ -105,10 +111,6 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	registrySrv := &http.Server{Handler: reg.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go registrySrv.Serve(registryLn)
 	defer registrySrv.Close()
-
-	if err := dc.Config.EnsureTopics(ctx); err != nil {
-		return fmt.Errorf("topics: %w", err)
-	}
 	registryURL := "http://" + loopback(registryLn.Addr().String())
 
 	if dc.BrokerOnly {

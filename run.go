@@ -169,8 +169,12 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 		return nil, err
 	}
 	if c.kafka() {
-		if err := rc.Config.EnsureTopics(ctx); err != nil {
-			return nil, fmt.Errorf("topics: %w", err)
+		// Ingest writes Postgres only: alone, it needs no Kafka
+		// permission (docs/security.md#kafka-acls).
+		if c.Relay || c.Processor || c.Projector {
+			if err := rc.Config.EnsureTopics(ctx); err != nil {
+				return nil, fmt.Errorf("topics: %w", err)
+			}
 		}
 		reg := rc.Registry
 		if reg == nil {

@@ -123,11 +123,28 @@ func (t Topics) Specs() []TopicSpec {
 }
 
 // Provision creates the topics that do not exist yet, then checks them all
-// (Check). Creating is idempotent: concurrent callers both succeed.
+// (Check). Creating is idempotent: concurrent callers both succeed. Topics
+// that exist are not created again, so a principal that may describe them
+// but not create them — every component's but the operator's
+// (docs/security.md#kafka-acls) — provisions a deployment whose topics
+// `onceflow topics create` made.
 func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
 	t = t.withDefaults()
+	specs := t.Specs()
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	listed, err := adm.ListTopics(ctx, names...)
+	if err != nil {
+		return fmt.Errorf("list topics: %w", err)
+	}
 	var created []string
-	for _, spec := range t.Specs() {
+	for _, spec := range specs {
+		// A topic just made may be listed without a leader yet: it exists.
+		if d, ok := listed[spec.Name]; ok && !errors.Is(d.Err, kerr.UnknownTopicOrPartition) && !errors.Is(d.Err, kerr.TopicAuthorizationFailed) {
+			continue
+		}
 		configs := make(map[string]*string, len(spec.Configs))
 		for k, v := range spec.Configs {
 			configs[k] = kadm.StringPtr(v)
@@ -136,7 +153,13 @@ func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
 		if err == nil {
 			err = resp.Err
 		}
-		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		switch {
+		case errors.Is(err, kerr.TopicAuthorizationFailed):
+			// Apache Kafka answers a topic the principal may not describe
+			// as if it did not exist.
+			return fmt.Errorf("topic %s does not exist or may not be described, and may not be created (%w): create the topics as the operator (`onceflow topics create`) and grant this principal Describe and DescribeConfigs on them (docs/security.md#kafka-acls)",
+				spec.Name, err)
+		case err != nil && !errors.Is(err, kerr.TopicAlreadyExists):
 			return fmt.Errorf("create topic %s: %w", spec.Name, err)
 		}
 		created = append(created, spec.Name)

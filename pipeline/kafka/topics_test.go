@@ -6,6 +6,10 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -98,5 +102,35 @@ func TestCheckReportsMissingTopics(t *testing.T) {
 	err := kafka.Check(context.Background(), adm, kafka.Topics{Prefix: "none"})
 	if err == nil || !strings.Contains(err.Error(), "none.commands does not exist") {
 		t.Fatalf("got %v, want missing topic error", err)
+	}
+}
+
+// A principal that may describe the topics but not create them (every
+// component's on a cluster with ACLs, docs/security.md#kafka-acls)
+// provisions topics the operator made; before they exist, it is told to
+// have the operator make them.
+func TestProvisionWithoutCreate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	describe := func(op kmsg.ACLOperation) kfake.ACL {
+		return kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "acme.", Pattern: kmsg.ACLResourcePatternTypePrefixed, Operation: op, Allow: true}
+	}
+	b := pipelinetest.Broker(t, kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser("SCRAM-SHA-512", "operator", "op"),
+		kfake.User("SCRAM-SHA-512", "relay", "pw", describe(kmsg.ACLOperationDescribe), describe(kmsg.ACLOperationDescribeConfigs)))
+	relay := kadm.NewClient(pipelinetest.Client(t, b.Addrs(), kgo.SASL(scram.Auth{User: "relay", Pass: "pw"}.AsSha512Mechanism())))
+	operator := kadm.NewClient(pipelinetest.Client(t, b.Addrs(), kgo.SASL(scram.Auth{User: "operator", Pass: "op"}.AsSha512Mechanism())))
+	topics := kafka.Topics{Prefix: "acme", Partitions: 2}
+
+	err := kafka.Provision(ctx, relay, topics)
+	if err == nil || !strings.Contains(err.Error(), "onceflow topics create") {
+		t.Fatalf("provision before the topics exist: %v, want the operator told to create them", err)
+	}
+	t.Log(err)
+	if err := kafka.Provision(ctx, operator, topics); err != nil {
+		t.Fatal(err)
+	}
+	if err := kafka.Provision(ctx, relay, topics); err != nil {
+		t.Errorf("provision of existing topics without Create: %v", err)
 	}
 }
