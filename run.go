@@ -175,6 +175,9 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 			if err := rc.Config.EnsureTopics(ctx); err != nil {
 				return nil, fmt.Errorf("topics: %w", err)
 			}
+			if err := checkAccess(ctx, rc, p.dep); err != nil {
+				return nil, err
+			}
 		}
 		reg := rc.Registry
 		if reg == nil {

@@ -325,6 +325,78 @@ func (cfg Config) EnsureTopics(ctx context.Context) error {
 	return nil
 }
 
+// checkAccess refuses to start rc's Kafka components whose principal the
+// cluster does not allow what their role needs (kafka.CheckAccess):
+// the ACLs of docs/security.md#kafka-acls. Ingest and the worker need
+// none; Describe, which every other operation implies, is not asked.
+func checkAccess(ctx context.Context, rc RunConfig, dep *Deployment) error {
+	c := rc.Components
+	if !c.Relay && !c.Processor && !c.Projector {
+		return nil
+	}
+	cl, err := rc.Kafka.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	need := func(r kafka.Resource, name string, op kadm.ACLOperation) kafka.Need {
+		return kafka.Need{Resource: r, Name: name, Op: op}
+	}
+	var errs []error
+	check := func(role string, needs []kafka.Need) {
+		errs = append(errs, kafka.CheckAccess(ctx, cl, role, rc.Kafka.Principal(), needs))
+	}
+	if c.Relay {
+		var needs []kafka.Need
+		for _, a := range dep.Aggregates() {
+			needs = append(needs, need(kafka.Topic, a.Topics.Commands(), kadm.OpWrite))
+		}
+		rcfg := relayConfig(rc.Config, rc.Relay, dep)
+		shards := rcfg.Shards
+		if shards == 0 {
+			shards = pipeline.DefaultOutboxShards
+		}
+		for s := range shards {
+			needs = append(needs, need(kafka.TransactionalID, rcfg.TransactionalID(s), kadm.OpWrite))
+		}
+		check("relay", needs)
+	}
+	if c.Processor {
+		var needs []kafka.Need
+		for _, a := range dep.Aggregates() {
+			t := a.Topics
+			needs = append(needs, need(kafka.Group, a.group, kadm.OpRead),
+				need(kafka.Topic, t.Commands(), kadm.OpRead), need(kafka.Topic, t.State(), kadm.OpRead), need(kafka.Topic, t.Dedup(), kadm.OpRead))
+			written := []string{t.Events(), t.State(), t.Dedup(), t.DLQ(), t.Commands()}
+			// The commands topics its decisions may send to
+			// (processorSerdes' targets).
+			for _, other := range dep.Aggregates() {
+				if other != a && len(other.commandTypes) > 0 {
+					written = append(written, other.Topics.Commands())
+				}
+			}
+			for _, w := range written {
+				needs = append(needs, need(kafka.Topic, w, kadm.OpWrite))
+			}
+			pcfg := processorConfig(rc.Config, rc.Processor, a)
+			if pcfg.InstanceID != "" {
+				needs = append(needs, need(kafka.TransactionalID, pcfg.TransactionalID(), kadm.OpWrite))
+			}
+		}
+		check("processor", needs)
+	}
+	if c.Projector {
+		var needs []kafka.Need
+		for _, d := range dep.Domains {
+			needs = append(needs, need(kafka.Topic, d.EventsTopic(), kadm.OpRead), need(kafka.Group, d.ProjectorConsumer(), kadm.OpRead))
+		}
+		check("projector", needs)
+	}
+	return errors.Join(errs...)
+}
+
 // newIngest builds the ingest server for every domain's routes: each
 // route's command goes to the commands topic of the aggregate type that
 // handles it.
@@ -361,6 +433,11 @@ func newIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, dep *Deployme
 // commands, and makes and closes its own (transactional, one per shard)
 // producers.
 func newRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, dep *Deployment, reg prometheus.Registerer) (*relay.Relay, error) {
+	return relay.New(relayConfig(cfg, rcfg, dep), pool, cfg.Kafka, cfg.Logger, reg)
+}
+
+// relayConfig is rcfg with the deployment's defaults.
+func relayConfig(cfg Config, rcfg relay.Config, dep *Deployment) relay.Config {
 	if rcfg.Shards == 0 {
 		rcfg.Shards = cfg.OutboxShards
 	}
@@ -375,17 +452,22 @@ func newRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, dep *Deployment
 		// deployment keeps its first domain.
 		rcfg.TransactionalIDPrefix = "onceflow-relay-" + dep.Domains[0].prefix
 	}
-	return relay.New(rcfg, pool, cfg.Kafka, cfg.Logger, reg)
+	return rcfg
 }
 
 // newProcessor builds a's processor.
 func newProcessor(cfg Config, pcfg processor.Config, dep *Deployment, a *DeployedAggregate, s serdes, reg prometheus.Registerer) (runner, error) {
+	return a.newProcessor(processorConfig(cfg, pcfg, a), cfg.Kafka, s.processorSerdes(dep, a), cfg.Logger, reg)
+}
+
+// processorConfig is a's processor's pcfg.
+func processorConfig(cfg Config, pcfg processor.Config, a *DeployedAggregate) processor.Config {
 	pcfg.Topics = a.Topics
 	pcfg.Group = a.group
 	if pcfg.InstanceID == "" {
 		pcfg.InstanceID = cfg.InstanceID
 	}
-	return a.newProcessor(pcfg, cfg.Kafka, s.processorSerdes(dep, a), cfg.Logger, reg)
+	return pcfg
 }
 
 // ReadModels are d's read models in the order its projector applies

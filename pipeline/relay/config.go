@@ -66,6 +66,12 @@ const (
 	DefaultBatchSize     = 500
 )
 
+// TransactionalID is shard's producer's transactional id:
+// "{TransactionalIDPrefix}-{shard}".
+func (c Config) TransactionalID(shard int) string {
+	return fmt.Sprintf("%s-%d", c.TransactionalIDPrefix, shard)
+}
+
 func (c *Config) setDefaults() {
 	if c.InstanceID == "" {
 		c.InstanceID, _ = os.Hostname()

@@ -162,7 +162,7 @@ func (r *Relay) clientFor(ctx context.Context, w *worker) (*kgo.Client, error) {
 		return w.client, nil
 	}
 	cl, err := r.kafka.NewClient(
-		kgo.TransactionalID(fmt.Sprintf("%s-%d", r.cfg.TransactionalIDPrefix, w.shard)),
+		kgo.TransactionalID(r.cfg.TransactionalID(w.shard)),
 		kgo.TransactionTimeout(r.cfg.LeaseDuration),
 		kgo.ProducerLinger(0), // a batch is produced at once and waited for; lingering only adds latency
 	)
