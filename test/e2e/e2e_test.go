@@ -427,7 +427,7 @@ func (d *deployment) checkExact(t *testing.T, ctx context.Context, m *ledgerMode
 	}
 	// The events topic, read_committed, holds each event once: one per
 	// accepted command, no duplicates, versions 1..n per account.
-	events := readEvents(t, ctx, d.BrokerAddr, d.Prefix+".events")
+	events := readEvents(t, ctx, d.BrokerAddr, d.Prefix+".events", d.ClientOpts...)
 	seen := map[string]bool{}
 	versions := map[string]int64{}
 	for _, r := range events {
@@ -458,10 +458,11 @@ func header(r *kgo.Record, key string) string {
 	return ""
 }
 
-// readEvents reads a topic read_committed from the start to its end.
-func readEvents(t *testing.T, ctx context.Context, broker, topic string) []*kgo.Record {
+// readEvents reads a topic read_committed from the start to its end,
+// with a client of opts.
+func readEvents(t *testing.T, ctx context.Context, broker, topic string, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	recs, err := kafka.ReadTopic(ctx, pipelinetest.Client(t, []string{broker}), topic, true)
+	recs, err := kafka.ReadTopic(ctx, pipelinetest.Client(t, []string{broker}, opts...), topic, true)
 	if err != nil {
 		t.Fatalf("read %s: %v", topic, err)
 	}

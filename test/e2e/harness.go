@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline/kafka"
 )
@@ -112,6 +113,17 @@ func (p *Proc) Exited() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// Wait waits until the process ends and returns how it ended (nil for
+// exit status 0); if ctx ends first, it returns ctx's error.
+func (p *Proc) Wait(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		return fmt.Errorf("%s still runs: %w", p.Name, ctx.Err())
 	}
 }
 
@@ -311,6 +323,9 @@ type Pipeline struct {
 	// BrokerEnv is added to the broker's environment (e.g.
 	// ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT for quick rebalances).
 	BrokerEnv map[string]string
+	// ClientOpts are added to the test's own clients of the cluster (a
+	// secured cluster's credentials).
+	ClientOpts []kgo.Opt
 	// Env is added to every component's environment (e.g.
 	// ONCEFLOW_TENANT_RATE_LIMIT=0 for a load test); StartComponent's
 	// extra wins over it.
@@ -401,6 +416,19 @@ type Component struct {
 // projector) named instance, with extra environment, and waits until it
 // is ready.
 func (pl *Pipeline) StartComponent(ctx context.Context, kind, instance string, extra map[string]string) (*Component, error) {
+	c, err := pl.LaunchComponent(kind, instance, extra)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// LaunchComponent is StartComponent without the wait: for a component
+// that is not expected to become ready.
+func (pl *Pipeline) LaunchComponent(kind, instance string, extra map[string]string) (*Component, error) {
 	admin := fmt.Sprintf("127.0.0.1:%d", FreePort())
 	env := map[string]string{
 		"KAFKA_BROKERS":         pl.BrokerAddr,
@@ -432,9 +460,6 @@ func (pl *Pipeline) StartComponent(ctx context.Context, kind, instance string, e
 	}
 	c.Proc = p
 	pl.set(instance, p)
-	if err := p.WaitReady(ctx); err != nil {
-		return nil, err
-	}
 	return c, nil
 }
 
@@ -468,7 +493,7 @@ func (pl *Pipeline) DeleteTopics(ctx context.Context) error {
 	if !pl.External || pl.Prefix == "" {
 		return nil
 	}
-	cl, err := kafka.Config{Brokers: kafka.ParseBrokers(pl.BrokerAddr)}.NewClient()
+	cl, err := kafka.Config{Brokers: kafka.ParseBrokers(pl.BrokerAddr)}.NewClient(pl.ClientOpts...)
 	if err != nil {
 		return err
 	}
