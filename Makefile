@@ -55,8 +55,8 @@ KAFKA_PORT  ?= 19092
 KAFKACTL = $(GO) build -o $(BIN)/kafkactl ./test/kafkacluster/kafkactl && $(BIN)/kafkactl
 
 .PHONY: kafka-up
-kafka-up: ## start (or reuse) Apache Kafka as JVM processes: KAFKA_NODES=1|3, KAFKA_PORT=19092; prints the bootstrap address last
-	@$(KAFKACTL) up -nodes $(KAFKA_NODES) -port $(KAFKA_PORT)
+kafka-up: ## start (or reuse) Apache Kafka as JVM processes: KAFKA_NODES=1|3, KAFKA_PORT=19092, KAFKA_SECURE=1 for SASL_SSL, a user per component and ACLs; prints the bootstrap address last
+	@$(KAFKACTL) up -nodes $(KAFKA_NODES) -port $(KAFKA_PORT) $(if $(KAFKA_SECURE),-secure)
 
 .PHONY: kafka-down
 kafka-down: ## stop the local Apache Kafka cluster (SIGTERM, SIGKILL after 30s); its topics stay in .data/apache-kafka
