@@ -171,7 +171,7 @@ func isDomain(pkg string) bool {
 }
 
 func isRole(pkg string) bool {
-	return slices.Contains([]string{"pipeline/ingest", "pipeline/relay", "pipeline/processor", "pipeline/projector"}, pkg)
+	return slices.Contains([]string{"pipeline/ingest", "pipeline/relay", "pipeline/processor", "pipeline/projector", "pipeline/natsink"}, pkg)
 }
 
 func under(pkg, dir string) bool { return pkg == dir || strings.HasPrefix(pkg, dir+"/") }
