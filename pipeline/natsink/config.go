@@ -76,7 +76,7 @@ const (
 	// spare (JetStream's own default is 2 minutes); it costs JetStream the
 	// ids of 10 minutes of events in memory.
 	DefaultDuplicateWindow = 10 * time.Minute
-	DefaultMaxInFlight     = 256
+	DefaultMaxInFlight     = 1024
 	DefaultSessionTimeout  = 10 * time.Second
 )
 
