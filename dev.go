@@ -23,6 +23,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/devbroker"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/natsink"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -145,6 +146,7 @@ func RunDev(ctx context.Context, dc DevConfig) error {
 	rc := dc.RunConfig
 	rc.Config = dc.Config
 	rc.Components = All
+	rc.Components.NATSink = rc.NATSink.URL != ""
 	rc.Registry = reg
 	if rc.LagExport == "" {
 		rc.LagExport = LagExportCluster // one process: every group once
@@ -164,12 +166,12 @@ func RunDev(ctx context.Context, dc DevConfig) error {
   ingest     http://%s
   admin      http://%s/status  (the status page; /metrics /healthz /readyz)
   tenant %q  API key: %s
-%s
+%s%s
 Every route, with its body: curl -s http://%s/openapi.json
 Send commands with -H "Authorization: Bearer %s" -H "Idempotency-Key: <one per operation>".
 Outbound webhooks: POST /v1/webhooks {"url","event_types"} (docs/webhooks.md); %s
 `, kafkaAddr, kafkaNote, registryURL, postgres.Redact(dc.DatabaseURL),
-			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, dep.routeList(), loopback(a.HTTP), shown, webhookNote(dc.Webhooks.Allow))
+			loopback(a.HTTP), loopback(a.Admin), DemoTenant, shown, dep.routeList(), natsBanner(rc, dep), loopback(a.HTTP), shown, webhookNote(dc.Webhooks.Allow))
 	}
 	err = RunComponents(ctx, rc)
 	if errors.Is(err, context.Canceled) {
@@ -291,6 +293,20 @@ func (dep *Deployment) routeList() string {
 		for _, q := range d.Queries {
 			fmt.Fprintf(&b, "    %s\n", q.Pattern)
 		}
+	}
+	return b.String()
+}
+
+// natsBanner is the banner's line of each domain's NATS sink, when it
+// runs: where its events go.
+func natsBanner(rc RunConfig, dep *Deployment) string {
+	if !rc.Components.NATSink {
+		return ""
+	}
+	var b strings.Builder
+	for _, d := range dep.Domains {
+		fmt.Fprintf(&b, "NATS sink: %s -> JetStream stream %s, subjects %s.{tenant}.{event-type} (group %s; docs/consumers.md#nats-jetstream)\n",
+			d.EventsTopic(), natsink.DefaultStream(d.EventsTopic()), d.EventsTopic(), d.NATSinkGroup())
 	}
 	return b.String()
 }

@@ -201,6 +201,10 @@ func (d *DeployedDomain) ProjectorConsumer() string {
 	return "onceflow-projector-" + d.prefix
 }
 
+// NATSinkGroup is the consumer group of the domain's NATS sink: its
+// offsets say which events JetStream has acknowledged.
+func (d *DeployedDomain) NATSinkGroup() string { return "onceflow-natsink-" + d.prefix }
+
 // newDeployment checks the domains and resolves their names: prefix, if
 // not empty, replaces the one domain's name as its topic prefix
 // (ONCEFLOW_TOPIC_PREFIX); topics gives the partitions and retentions.

@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/natsink"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
@@ -28,13 +29,23 @@ type Components struct {
 	Ingest, Relay, Processor, Projector bool
 	// Worker runs jobs (docs/jobs.md): webhook deliveries.
 	Worker bool
+	// NATSink forwards each domain's events topic to a NATS JetStream
+	// stream (docs/consumers.md#nats-jetstream); it needs
+	// RunConfig.NATSink.URL.
+	NATSink bool
 }
 
-// All is every component (the dev stack).
+// All is every component (the dev stack); the NATS sink runs in it when
+// RunConfig.NATSink.URL is set.
 var All = Components{Ingest: true, Relay: true, Processor: true, Projector: true, Worker: true}
 
 // kafka says whether the components use Kafka (a worker alone does not).
-func (c Components) kafka() bool { return c.Ingest || c.Relay || c.Processor || c.Projector }
+func (c Components) kafka() bool { return c.decode() || c.NATSink }
+
+// decode says whether the components encode or decode records, and so
+// need the schema registry (the NATS sink forwards the bytes as they
+// are).
+func (c Components) decode() bool { return c.Ingest || c.Relay || c.Processor || c.Projector }
 
 // RunConfig is one process: which components, their settings, and where
 // it listens.
@@ -79,6 +90,9 @@ type RunConfig struct {
 	// also the projector's, which enqueues the jobs.
 	Worker   jobs.Config
 	Webhooks webhooks.Config
+	// NATSink is the NATS sink's settings; each domain's sink takes its
+	// topic, group, stream and subject from the domain.
+	NATSink natsink.Config
 
 	// ShutdownTimeout bounds the graceful shutdown after ctx ends: work in
 	// flight is finished and committed, then Run returns. Default 20s.
@@ -105,7 +119,7 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 		return err
 	}
 	defer p.close()
-	for _, start := range []func(context.Context) error{p.startRelay, p.startIngest, p.startProjectors, p.startWorker, p.startProcessors, p.startAdmin} {
+	for _, start := range []func(context.Context) error{p.startRelay, p.startIngest, p.startProjectors, p.startWorker, p.startProcessors, p.startNATSinks, p.startAdmin} {
 		if err := start(ctx); err != nil {
 			return err
 		}
@@ -145,6 +159,9 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 	if !c.kafka() && !c.Worker {
 		return nil, errors.New("no component selected")
 	}
+	if c.NATSink && rc.NATSink.URL == "" {
+		return nil, errors.New("the NATS sink needs the NATS server's URL (ONCEFLOW_NATS_URL)")
+	}
 	if rc.ShutdownTimeout == 0 {
 		rc.ShutdownTimeout = 20 * time.Second
 	}
@@ -179,6 +196,8 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 				return nil, err
 			}
 		}
+	}
+	if c.decode() {
 		reg := rc.Registry
 		if reg == nil {
 			if reg, err = registry(ctx, rc.Config, p.dep); err != nil {
@@ -338,6 +357,23 @@ func (p *process) startProcessors(context.Context) error {
 		p.adm.AddCheck(p.dep.checkName("processor", a.Topics.Prefix, len(all)), readyCheck(proc.Ready()))
 		p.ownLag(kafka.LagSource{Group: a.group, Topics: []string{a.Topics.Commands()}})
 		p.g.Go(func() error { return proc.Run(p.gctx) })
+	}
+	return nil
+}
+
+// startNATSinks starts a NATS sink per domain.
+func (p *process) startNATSinks(context.Context) error {
+	if !p.rc.Components.NATSink {
+		return nil
+	}
+	for _, d := range p.dep.Domains {
+		sink, err := newNATSink(p.rc.Config, p.rc.NATSink, d, p.dep.metricsFor(p.metrics, "domain", d.Name, len(p.dep.Domains)))
+		if err != nil {
+			return err
+		}
+		p.adm.AddCheck(p.dep.checkName("natsink", d.Name, len(p.dep.Domains)), readyCheck(sink.Ready()))
+		p.ownLag(sink.LagSource())
+		p.g.Go(func() error { return sink.Run(p.gctx) })
 	}
 	return nil
 }

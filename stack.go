@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/natsink"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
@@ -489,6 +490,15 @@ func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, pool *pgx
 		return nil, err
 	}
 	return projector.New(pcfg, cfg.Kafka, pool, s[d.EventsTopic()], append(d.ReadModels(), hooks), cfg.Logger, reg)
+}
+
+// newNATSink builds d's NATS sink: d's events topic to the stream
+// {prefix}_events, on the subjects {prefix}.events.{tenant}.{event-type},
+// in the group NATSinkGroup.
+func newNATSink(cfg Config, ncfg natsink.Config, d *DeployedDomain, reg prometheus.Registerer) (*natsink.Sink, error) {
+	ncfg.Topic = d.EventsTopic()
+	ncfg.Group = d.NATSinkGroup()
+	return natsink.New(ncfg, cfg.Kafka, cfg.Logger, reg)
 }
 
 // newWorker builds the worker: River's client over pool running the job

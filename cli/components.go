@@ -10,7 +10,7 @@ import (
 // The components, each a command of Main and the binary of ComponentMain.
 var components = map[string]onceflow.Components{
 	"ingest": {Ingest: true}, "relay": {Relay: true}, "processor": {Processor: true}, "projector": {Projector: true},
-	"worker": {Worker: true},
+	"worker": {Worker: true}, "natsink": {NATSink: true},
 }
 
 func init() {
@@ -33,7 +33,11 @@ var (
 // componentCommand runs components of domains with their settings (a
 // component binary's main, or a component subcommand of Main).
 func componentCommand(name string, components onceflow.Components) *command {
-	c := &command{name: name, title: name, summary: "run the " + name, settings: componentSettings(components)}
+	summary := "run the " + name
+	if components.NATSink {
+		summary = "run the NATS sink: the events topic to a NATS JetStream stream, each event once as far as JetStream can tell"
+	}
+	c := &command{name: name, title: name, summary: summary, settings: componentSettings(components)}
 	c.run = func(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 		cfg, _, err := c.parse(domains, args, getenv, stdout, nil)
 		if err != nil {
@@ -46,11 +50,14 @@ func componentCommand(name string, components onceflow.Components) *command {
 	return c
 }
 
-// devCommandSettings are dev's: every component's, but the schema
+// devCommandSettings are dev's: every component's, the NATS sink's
+// included (it runs when ONCEFLOW_NATS_URL is set), but the schema
 // registry's (dev serves its own), and dev's own.
 func devCommandSettings() []*setting {
+	all := onceflow.All
+	all.NATSink = true
 	var out []*setting
-	for _, s := range componentSettings(onceflow.All) {
+	for _, s := range componentSettings(all) {
 		if s.section != registrySection {
 			out = append(out, s)
 		}

@@ -11,24 +11,17 @@ import (
 
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/natsink/natsinktest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 	"github.com/onceflow/onceflow/pipeline/webhooks/webhookstest"
 )
 
-// `onceflow dev` with ONCEFLOW_WEBHOOK_ALLOW_NETWORKS, as its banner
-// advises for a receiver on the machine, delivers to a receiver on
-// 127.0.0.1: the setting reaches dev's worker (dev once ignored it, and
-// every delivery ended dead, "address not allowed"), and the banner names
-// the network instead of advising the setting again.
-func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	url := pipelinetest.DatabaseURL(t, ledgerMigrations)
-	env := map[string]string{"DATABASE_URL": url, "ONCEFLOW_DEV_API_KEY": "of_dev_test_key",
-		"ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "127.0.0.1/32", "ONCEFLOW_PARTITIONS": "1"}
+// startDev runs `onceflow dev` with env on ports of its own until the
+// test ends, and returns ingest's base URL once its banner is out.
+func startDev(t *testing.T, ctx context.Context, env map[string]string) (string, *syncBuffer) {
+	t.Helper()
 	out := &syncBuffer{}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -36,12 +29,12 @@ func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
 		done <- run(runCtx, []string{"dev", "-data-dir", t.TempDir(), "-broker-addr", "127.0.0.1:0", "-registry-addr", "127.0.0.1:0",
 			"-http-addr", "127.0.0.1:0", "-admin-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, out)
 	}()
-	defer func() {
+	t.Cleanup(func() {
 		stop()
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("dev: %v", err)
 		}
-	}()
+	})
 	ingest := regexp.MustCompile(`ingest +(http://\S+)`)
 	var base string
 	pipelinetest.Eventually(t, time.Minute, func() error {
@@ -58,6 +51,25 @@ func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
 		base = m[1]
 		return nil
 	})
+	return base, out
+}
+
+// `onceflow dev` with ONCEFLOW_WEBHOOK_ALLOW_NETWORKS, as its banner
+// advises for a receiver on the machine, delivers to a receiver on
+// 127.0.0.1: the setting reaches dev's worker (dev once ignored it, and
+// every delivery ended dead, "address not allowed"), and the banner names
+// the network instead of advising the setting again.
+func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := pipelinetest.DatabaseURL(t, ledgerMigrations)
+	env := map[string]string{"DATABASE_URL": url, "ONCEFLOW_DEV_API_KEY": "of_dev_test_key",
+		"ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "127.0.0.1/32", "ONCEFLOW_PARTITIONS": "1"}
+	base, out := startDev(t, ctx, env)
+	if strings.Contains(out.String(), "NATS sink") {
+		t.Errorf("dev runs the NATS sink without ONCEFLOW_NATS_URL:\n%s", out.String())
+	}
 
 	// The banner says what it allows, rather than advising the setting it
 	// was given.
@@ -102,5 +114,51 @@ func TestDevDeliversToAnAllowedNetwork(t *testing.T) {
 	})
 	if receiver.Effects() != 1 {
 		t.Errorf("the receiver applied %d deliveries, want 1 (bad: %v)", receiver.Effects(), receiver.Bad())
+	}
+}
+
+// `onceflow dev` with ONCEFLOW_NATS_URL runs the NATS sink too (off
+// without it, above): its banner says where the events go, and a command's
+// event reaches the stream on its tenant's and type's subject.
+func TestDevRunsTheNATSinkWithAURL(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := natsinktest.Start(t)
+	env := map[string]string{"DATABASE_URL": pipelinetest.DatabaseURL(t, ledgerMigrations), "ONCEFLOW_DEV_API_KEY": "of_dev_test_key",
+		"ONCEFLOW_PARTITIONS": "1", "ONCEFLOW_NATS_URL": ns.URL}
+	base, out := startDev(t, ctx, env)
+	if !strings.Contains(out.String(), "NATS sink: ledger.events -> JetStream stream ledger_events") {
+		t.Errorf("dev's banner does not show the NATS sink:\n%s", out.String())
+	}
+	api := ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: env["ONCEFLOW_DEV_API_KEY"]}}
+	if _, _, err := api.OpenAccount(ctx, "open-1", "acc-1", "EUR"); err != nil {
+		t.Fatal(err)
+	}
+	_, js := ns.Connect(t)
+	pipelinetest.Eventually(t, time.Minute, func() error {
+		msgs, err := natsinktest.Messages(ctx, js, "ledger_events")
+		if err != nil {
+			return err
+		}
+		if len(msgs) != 1 {
+			return fmt.Errorf("%d messages in the stream, want 1", len(msgs))
+		}
+		if got := msgs[0].Subject(); got != "ledger.events.demo.AccountOpened" {
+			t.Fatalf("subject %q, want ledger.events.demo.AccountOpened", got)
+		}
+		return nil
+	})
+}
+
+// The NATS sink without ONCEFLOW_NATS_URL stops at once, naming it,
+// before it reaches for Kafka (here a broker that is not there).
+func TestNATSinkNeedsAURL(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := run(ctx, []string{"natsink", "-kafka-brokers", "127.0.0.1:1", "-admin-addr", "127.0.0.1:0"}, func(string) string { return "" }, &syncBuffer{})
+	if err == nil || !strings.Contains(err.Error(), "ONCEFLOW_NATS_URL") {
+		t.Fatalf("got %v, want an error naming ONCEFLOW_NATS_URL", err)
 	}
 }

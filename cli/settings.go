@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/natsink"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/relay"
@@ -39,6 +40,7 @@ var (
 	projectorSection = &section{title: "Projector", check: projectorHooks}
 	workerSection    = &section{title: "Worker (jobs)", check: checkAttempt}
 	webhooksSection  = &section{title: "Webhook deliveries", check: checkWebhookTimeout}
+	natsinkSection   = &section{title: "NATS sink", check: natsinkHooks}
 	devSection       = &section{title: "Embedded default (dev)"}
 )
 
@@ -357,6 +359,32 @@ var (
 		set:  func(c *config, v string) (err error) { c.Webhooks.MaxPerTenant, err = atLeast(v, 1); return err }}
 )
 
+// The NATS sink (docs/consumers.md#nats-jetstream): the events to a
+// JetStream stream.
+var (
+	natsURL = &setting{flag: "nats-url", env: "ONCEFLOW_NATS_URL", secret: true, section: natsinkSection,
+		help: "NATS server `URL`s, comma separated (nats://, tls://; user:password@ if the server asks); set, onceflow dev runs the NATS sink too",
+		set:  func(c *config, v string) error { c.NATSink.URL = v; return nil }}
+	natsCredsFile = &setting{flag: "nats-creds-file", env: "ONCEFLOW_NATS_CREDS_FILE", kind: "string", section: natsinkSection,
+		help: "NATS credentials file (a user JWT and its NKey seed) for a server with decentralized authentication",
+		set:  func(c *config, v string) error { c.NATSink.CredsFile = v; return nil }}
+	natsCAFile = &setting{flag: "nats-ca-file", env: "ONCEFLOW_NATS_CA_FILE", kind: "string", section: natsinkSection,
+		help: "CA bundle (PEM) to verify a tls:// NATS server with, instead of the system's roots",
+		set:  func(c *config, v string) error { c.NATSink.CAFile = v; return nil }}
+	natsDuplicateWindow = &setting{flag: "nats-duplicate-window", env: "ONCEFLOW_NATS_DUPLICATE_WINDOW", def: natsink.DefaultDuplicateWindow.String(), kind: "duration", section: natsinkSection,
+		help: "how long JetStream drops an event published again (its Nats-Msg-Id): the limit of exactly once; the stream the sink creates gets it, an existing stream with less is refused",
+		set:  func(c *config, v string) (err error) { c.NATSink.DuplicateWindow, err = positive(v, "10m"); return err }}
+	natsReplicas = &setting{flag: "nats-stream-replicas", env: "ONCEFLOW_NATS_STREAM_REPLICAS", def: "1", kind: "int", section: natsinkSection,
+		help: "replicas of a stream the sink creates (3 on a JetStream cluster)",
+		set:  func(c *config, v string) (err error) { c.NATSink.Replicas, err = atLeast(v, 1); return err }}
+	natsMaxInFlight = &setting{flag: "nats-max-in-flight", env: "ONCEFLOW_NATS_MAX_IN_FLIGHT", def: strconv.Itoa(natsink.DefaultMaxInFlight), kind: "int", section: natsinkSection,
+		help: "events published and not yet acknowledged by JetStream; 1 keeps every aggregate's order in the stream even when a publish fails, at a round trip per event",
+		set:  func(c *config, v string) (err error) { c.NATSink.MaxInFlight, err = atLeast(v, 1); return err }}
+	natsSessionTimeout = &setting{flag: "nats-session-timeout", env: "ONCEFLOW_NATS_SESSION_TIMEOUT", def: natsink.DefaultSessionTimeout.String(), kind: "duration", section: natsinkSection,
+		help: "the sink's group session timeout: how long a dead sink keeps its partitions; keep it well inside the duplicate window",
+		set:  func(c *config, v string) (err error) { c.NATSink.SessionTimeout, err = positive(v, "10s"); return err }}
+)
+
 // The embedded default, `onceflow dev`, and the private Postgres cluster.
 var (
 	dataDir = &setting{flag: "data-dir", env: "ONCEFLOW_DATA_DIR", def: ".data", kind: "string", section: devSection,
@@ -399,7 +427,8 @@ var (
 	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts}
 	workerSettings    = []*setting{workerQueue, workerMaxWorkers, workerLease, workerAttemptTimeout, workerMaxAttempts, workerBaseDelay, workerMaxDelay,
 		webhookTimeout, webhookAllowNetworks, webhookBreakerFailures, webhookBreakerCooldown, webhookMaxPerTenant}
-	devSettings = []*setting{dataDir, brokerAddr, registryAddr, brokerOnly, groupMinSessionTimeout, devAPIKey}
+	natsinkSettings = []*setting{natsURL, natsCredsFile, natsCAFile, natsDuplicateWindow, natsReplicas, natsMaxInFlight, natsSessionTimeout}
+	devSettings     = []*setting{dataDir, brokerAddr, registryAddr, brokerOnly, groupMinSessionTimeout, devAPIKey}
 )
 
 // componentSettings are the settings of a process that runs components:
@@ -407,9 +436,12 @@ var (
 // for those on Kafka; the database for those on Postgres).
 func componentSettings(c onceflow.Components) []*setting {
 	lists := [][]*setting{{adminAddr, adminToken}, loggingSettings}
-	onKafka := c.Ingest || c.Relay || c.Processor || c.Projector
-	if onKafka {
-		lists = append(lists, kafkaSettings, registrySettings, topicsSettings, []*setting{lagExport})
+	decodes := c.Ingest || c.Relay || c.Processor || c.Projector
+	if decodes || c.NATSink {
+		lists = append(lists, kafkaSettings, topicsSettings, []*setting{lagExport})
+	}
+	if decodes {
+		lists = append(lists, registrySettings)
 	}
 	// The processor needs no database, but a cluster-wide lag export
 	// reads the projectors' offsets there.
@@ -430,6 +462,9 @@ func componentSettings(c onceflow.Components) []*setting {
 	}
 	if c.Worker {
 		lists = append(lists, workerSettings)
+	}
+	if c.NATSink {
+		lists = append(lists, natsinkSettings)
 	}
 	return use(lists...)
 }
@@ -454,7 +489,7 @@ func use(lists ...[]*setting) []*setting {
 
 // sectionOrder is the order of the sections in -h.
 var sectionOrder = []*section{kafkaSection, registrySection, postgresSection, topicsSection, processSection, loggingSection,
-	outboxSection, ingestSection, relaySection, processorSection, projectorSection, workerSection, webhooksSection, devSection}
+	outboxSection, ingestSection, relaySection, processorSection, projectorSection, workerSection, webhooksSection, natsinkSection, devSection}
 
 // buildLogger is the process logger; each component adds its own
 // component attribute.
@@ -491,6 +526,16 @@ func ingestHooks(c *config) error {
 func projectorHooks(c *config) error {
 	if dir := c.getenv(projector.HoldEnv); dir != "" {
 		c.Projector.Hold = projector.HoldInDir(dir)
+	}
+	return nil
+}
+
+// natsinkHooks installs the NATS sink's test-only crash-point hook when
+// ONCEFLOW_TEST_NATSINK_HOLD_DIR names a directory (natsink.Hold); unset,
+// as in production, the sink runs without it.
+func natsinkHooks(c *config) error {
+	if dir := c.getenv(natsink.HoldEnv); dir != "" {
+		c.NATSink.Hold = natsink.HoldInDir(dir)
 	}
 	return nil
 }

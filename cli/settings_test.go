@@ -131,6 +131,13 @@ func samples(t *testing.T) map[string]sample {
 		"-webhook-breaker-failures":     {value: "3", got: func(d onceflow.DevConfig) any { return d.Webhooks.BreakerFailures }, want: 3},
 		"-webhook-breaker-cooldown":     {value: "7s", got: func(d onceflow.DevConfig) any { return d.Webhooks.BreakerCooldown }, want: 7 * time.Second},
 		"-webhook-max-per-tenant":       {value: "3", got: func(d onceflow.DevConfig) any { return d.Webhooks.MaxPerTenant }, want: 3},
+		"-nats-url":                     {value: "nats://127.0.0.1:1", got: func(d onceflow.DevConfig) any { return d.NATSink.URL }, want: "nats://127.0.0.1:1"},
+		"-nats-creds-file":              {value: "/u.creds", got: func(d onceflow.DevConfig) any { return d.NATSink.CredsFile }, want: "/u.creds"},
+		"-nats-ca-file":                 {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.NATSink.CAFile }, want: "/ca.pem"},
+		"-nats-duplicate-window":        {value: "1h", got: func(d onceflow.DevConfig) any { return d.NATSink.DuplicateWindow }, want: time.Hour},
+		"-nats-stream-replicas":         {value: "3", got: func(d onceflow.DevConfig) any { return d.NATSink.Replicas }, want: 3},
+		"-nats-max-in-flight":           {value: "1", got: func(d onceflow.DevConfig) any { return d.NATSink.MaxInFlight }, want: 1},
+		"-nats-session-timeout":         {value: "3s", got: func(d onceflow.DevConfig) any { return d.NATSink.SessionTimeout }, want: 3 * time.Second},
 		"-data-dir":                     {value: "/tmp/x", got: func(d onceflow.DevConfig) any { return d.DataDir }, want: "/tmp/x"},
 		"-registry-addr":                {value: "127.0.0.1:3", got: func(d onceflow.DevConfig) any { return d.RegistryAddr }, want: "127.0.0.1:3"},
 		"-broker-addr":                  {value: "127.0.0.1:4", got: func(d onceflow.DevConfig) any { return d.BrokerAddr }, want: "127.0.0.1:4"},
@@ -148,7 +155,7 @@ func samples(t *testing.T) map[string]sample {
 // worker's 7, the webhook deliveries' 5 and the reconcile interval.
 func TestEverySettingReachesItsComponent(t *testing.T) {
 	all := samples(t)
-	for _, command := range []string{"dev", "ingest", "relay", "processor", "projector", "worker"} {
+	for _, command := range []string{"dev", "ingest", "relay", "processor", "projector", "worker", "natsink"} {
 		names := listed(t, command)
 		if len(names) < 10 {
 			t.Fatalf("%s -h lists %d settings: %v", command, len(names), names)

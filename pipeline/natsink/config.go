@@ -23,8 +23,8 @@ type Config struct {
 	// CAFile is a CA bundle (PEM) to verify a tls:// server with, in place
 	// of the system's roots. Default: the system's roots.
 	CAFile string
-	// Stream is the JetStream stream the events go to. Default: Topic with
-	// each '.' replaced by '_' (ledger_events).
+	// Stream is the JetStream stream the events go to. Default
+	// DefaultStream(Topic).
 	Stream string
 	// Subject is the subject prefix: an event goes to
 	// {Subject}.{tenant}.{event-type} (Subject). Default: Topic
@@ -80,6 +80,11 @@ const (
 	DefaultSessionTimeout  = 10 * time.Second
 )
 
+// DefaultStream is the stream of the events of topic unless
+// Config.Stream names another: topic with each '.' replaced by '_'
+// (ledger.events: ledger_events).
+func DefaultStream(topic string) string { return strings.ReplaceAll(topic, ".", "_") }
+
 func (c *Config) setDefaults() error {
 	if c.Topic == "" {
 		return errors.New("natsink: Topic is required")
@@ -95,7 +100,7 @@ func (c *Config) setDefaults() error {
 		c.Group = DefaultGroup
 	}
 	if c.Stream == "" {
-		c.Stream = strings.ReplaceAll(c.Topic, ".", "_")
+		c.Stream = DefaultStream(c.Topic)
 	}
 	if c.Subject == "" {
 		c.Subject = c.Topic

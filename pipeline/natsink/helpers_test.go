@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,13 +137,12 @@ func (e *env) config() natsink.Config {
 	}
 }
 
-// stream is the stream a sink of cfg writes to: Config.Stream, or by
-// default the topic with '_' for '.'.
+// stream is the stream a sink of cfg writes to.
 func stream(cfg natsink.Config) string {
 	if cfg.Stream != "" {
 		return cfg.Stream
 	}
-	return strings.ReplaceAll(cfg.Topic, ".", "_")
+	return natsink.DefaultStream(cfg.Topic)
 }
 
 // start runs a sink until stop or the test's end, and waits until it is

@@ -33,7 +33,7 @@ var skips = []struct {
 	{regexp.MustCompile(`^compose/secrets\.sh`), "writes the compose stack's secrets into the tree; compose/compose_test.go runs the script"},
 	{regexp.MustCompile(`onceflow dev|rooms-bin dev`), "starts the embedded default, which this check runs itself"},
 	{regexp.MustCompile(`kafka-1|kafka:9092|@db/|schema-registry:8081`), "names the hosts of a production deployment"},
-	{regexp.MustCompile(`^(HTTP_ADDR|ADMIN_ADDR)=.*bin/(ingest|relay|processor|projector|worker)`), "starts a component on fixed ports next to dev; test/e2e runs the component binaries"},
+	{regexp.MustCompile(`^(HTTP_ADDR|ADMIN_ADDR)=.*bin/(ingest|relay|processor|projector|worker|natsink)`), "starts a component on fixed ports next to dev; test/e2e runs the component binaries"},
 	{regexp.MustCompile(`(^|\s)go (test|build|mod|get) `), "a test or a benchmark: make test and make bench run them"},
 	{regexp.MustCompile(`^kafka-consumer-groups\.sh`), "Apache Kafka's tools, not on this machine; it resets a group of the reader's"},
 	{regexp.MustCompile(`\$ID|\$KEY`), "$ID and $KEY stand for a command id and a key of the reader's"},
