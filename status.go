@@ -35,7 +35,7 @@ func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, p
 	for _, on := range []struct {
 		run  bool
 		name string
-	}{{c.Ingest, "ingest"}, {c.Relay, "relay"}, {c.Processor, "processor"}, {c.Projector, "projector"}, {c.Worker, "worker"}} {
+	}{{c.Ingest, "ingest"}, {c.Relay, "relay"}, {c.Processor, "processor"}, {c.Projector, "projector"}, {c.Worker, "worker"}, {c.NATSink, "natsink"}} {
 		if on.run {
 			cfg.Components = append(cfg.Components, on.name)
 		}

@@ -2,14 +2,18 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/pipeline/admin/status"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/natsink/natsinktest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -148,6 +152,31 @@ func TestDevRunsTheNATSinkWithAURL(t *testing.T) {
 			t.Fatalf("subject %q, want ledger.events.demo.AccountOpened", got)
 		}
 		return nil
+	})
+	// The status page shows the sink's stage with the event it forwarded.
+	admin := regexp.MustCompile(`admin +(http://\S+)/status`).FindStringSubmatch(out.String())
+	if admin == nil {
+		t.Fatalf("no admin address in the banner:\n%s", out.String())
+	}
+	pipelinetest.Eventually(t, time.Minute, func() error {
+		resp, err := http.Get(admin[1] + "/status.json")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var st status.Status
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			return err
+		}
+		if !slices.Contains(st.Components, "natsink") {
+			t.Fatalf("components %v, want natsink among them", st.Components)
+		}
+		for _, s := range st.Flow {
+			if s.Name == "natsink" && s.Present && len(s.Rates) > 0 && s.Rates[0].Total == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no natsink stage with 1 event to JetStream: %+v", st.Flow)
 	})
 }
 

@@ -11,6 +11,9 @@ type stage struct {
 	// into names the queue after the stage: where its output waits for the
 	// next one.
 	into queue
+	// optional: a component most deployments do not run, left off the
+	// page of a process without it rather than drawn as elsewhere.
+	optional bool
 }
 
 // rate is a counter, summed over its series; by, if set, also breaks it
@@ -106,6 +109,22 @@ var flow = []stage{
 			{"delivered after projection", "onceflow_webhooks_delivery_latency_seconds"},
 			{"webhook request", "onceflow_webhooks_request_duration_seconds"},
 			{"job attempt", "onceflow_worker_attempt_duration_seconds"},
+		},
+	},
+	{
+		// The NATS sink (docs/consumers.md#nats-jetstream): the events
+		// forwarded to JetStream; its group's lag is in the events queue.
+		name:     "natsink",
+		optional: true,
+		rates: []rate{
+			{"events to JetStream", "onceflow_natsink_events_published_total", ""},
+			{"duplicates dropped", "onceflow_natsink_duplicates_total", ""},
+			{"publish errors", "onceflow_natsink_publish_errors_total", "class"},
+			{"stored out of order", "onceflow_natsink_out_of_order_total", ""},
+		},
+		latencies: []latency{
+			{"age when acknowledged", "onceflow_natsink_event_age_seconds"},
+			{"batch", "onceflow_natsink_batch_duration_seconds"},
 		},
 	},
 }

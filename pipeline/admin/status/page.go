@@ -298,7 +298,9 @@ func (p *Page) flowOf(now, then *reading, lag Lag) []StageStatus {
 			ss.Present = ss.Present || ok
 		}
 		if !ss.Present {
-			out = append(out, ss)
+			if !s.optional {
+				out = append(out, ss)
+			}
 			continue
 		}
 		for _, r := range s.rates {

@@ -205,6 +205,9 @@ func TestStageOfTheProcess(t *testing.T) {
 	if !present["processor"] || present["ingest"] || present["relay"] || present["projector"] {
 		t.Errorf("stages present: %v, want the processor only", present)
 	}
+	if _, drawn := present["natsink"]; drawn {
+		t.Errorf("the NATS sink's stage is drawn in a process without it: %v; an optional stage is left out", present)
+	}
 	if st.DLQ.Sent == nil || len(st.DLQ.Sent) != 0 {
 		t.Errorf("DLQ sent by a processor with none yet: %#v, want an empty list", st.DLQ.Sent)
 	}
@@ -259,5 +262,57 @@ func TestWorkerStage(t *testing.T) {
 	}
 	if l := worker.Latencies[0]; l.Metric != "onceflow_webhooks_delivery_latency_seconds" || l.Total != 1 {
 		t.Errorf("the worker's first latency: %+v, want the delivery latency with one observation", l)
+	}
+}
+
+// A NATS sink (cmd/natsink) has its stage: events JetStream stored, the
+// duplicates it dropped, failed publishes by class, and the age of an
+// event when JetStream acknowledged it.
+func TestNATSinkStage(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	published := prometheus.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_events_published_total"})
+	duplicates := prometheus.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_duplicates_total"})
+	errs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_natsink_publish_errors_total"}, []string{"class"})
+	age := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_event_age_seconds"})
+	reg.MustRegister(published, duplicates, errs, age)
+	published.Add(40)
+	duplicates.Add(3)
+	errs.WithLabelValues("unavailable").Add(2)
+	age.Observe(0.05)
+	page, err := status.New(status.Config{Gatherer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Sample()
+	st := page.Build(context.Background())
+	var sink *status.StageStatus
+	for i, s := range st.Flow {
+		if s.Name == "natsink" {
+			sink = &st.Flow[i]
+		} else if s.Present {
+			t.Errorf("stage %s present in a NATS sink alone", s.Name)
+		}
+	}
+	if sink == nil || !sink.Present {
+		t.Fatalf("no natsink stage: %+v", st.Flow)
+	}
+	totals := map[string]float64{}
+	var byClass []status.LabelRate
+	for _, r := range sink.Rates {
+		totals[r.Metric] = r.Total
+		if r.Metric == "onceflow_natsink_publish_errors_total" {
+			byClass = r.By
+		}
+	}
+	if totals["onceflow_natsink_events_published_total"] != 40 || totals["onceflow_natsink_duplicates_total"] != 3 ||
+		totals["onceflow_natsink_publish_errors_total"] != 2 || totals["onceflow_natsink_out_of_order_total"] != 0 {
+		t.Errorf("natsink totals %v, want 40 published, 3 duplicates, 2 errors, 0 out of order", totals)
+	}
+	if len(byClass) != 1 || byClass[0].Value != "unavailable" || byClass[0].Total != 2 {
+		t.Errorf("publish errors by class: %+v, want unavailable 2", byClass)
+	}
+	if l := sink.Latencies[0]; l.Metric != "onceflow_natsink_event_age_seconds" || l.Total != 1 {
+		t.Errorf("the sink's first latency: %+v, want the event age with one observation", l)
 	}
 }
