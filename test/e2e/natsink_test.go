@@ -40,8 +40,6 @@ type sinkRig struct {
 	seen   *observed
 }
 
-const sinkGroup = "onceflow-natsink-ledger"
-
 func newSinkRig(t *testing.T, ctx context.Context) *sinkRig {
 	t.Helper()
 	if testing.Short() {
@@ -85,6 +83,10 @@ func (r *sinkRig) start(ctx context.Context) {
 
 // stream is the stream the sink writes the deployment's events to.
 func (r *sinkRig) stream() string { return natsink.DefaultStream(r.Prefix + ".events") }
+
+// group is the sink's consumer group (DeployedDomain.NATSinkGroup): on
+// Apache Kafka the prefix is the deployment's own.
+func (r *sinkRig) group() string { return "onceflow-natsink-" + r.Prefix }
 
 // observation is one message of the stream as the test's consumer got it.
 type observation struct {
@@ -176,7 +178,7 @@ func (r *sinkRig) caughtUp(ctx context.Context, m *ledgerModel) {
 	r.checkExact(r.t, ctx, m)
 	cl := pipelinetest.Client(r.t, []string{r.BrokerAddr})
 	pipelinetest.Eventually(r.t, 90*time.Second, func() error {
-		lags, err := kafka.Lag(ctx, cl, []kafka.LagSource{{Group: sinkGroup, Topics: []string{r.Prefix + ".events"}}})
+		lags, err := kafka.Lag(ctx, cl, []kafka.LagSource{{Group: r.group(), Topics: []string{r.Prefix + ".events"}}})
 		if err != nil {
 			return err
 		}
@@ -330,11 +332,11 @@ func TestNATSinkKilledBetweenAckAndCommit(t *testing.T) {
 		r.check(ctx, m)
 	})
 
-	out, err := runCLI(ctx, r.Pipeline, "lag", "-group", sinkGroup)
+	out, err := runCLI(ctx, r.Pipeline, "lag", "-group", r.group())
 	if err != nil {
 		t.Fatalf("onceflow lag: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, sinkGroup) || !strings.Contains(out, r.Prefix+".events") {
+	if !strings.Contains(out, r.group()) || !strings.Contains(out, r.Prefix+".events") {
 		t.Errorf("onceflow lag does not show the sink's group:\n%s", out)
 	}
 	t.Logf("%d commands, %d sink processes", len(m.commands), r.starts)
