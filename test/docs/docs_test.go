@@ -35,6 +35,7 @@ var skips = []struct {
 	{regexp.MustCompile(`kafka-1|kafka:9092|@db/|schema-registry:8081`), "names the hosts of a production deployment"},
 	{regexp.MustCompile(`^(HTTP_ADDR|ADMIN_ADDR)=.*bin/(ingest|relay|processor|projector|worker|natsink)`), "starts a component on fixed ports next to dev; test/e2e runs the component binaries"},
 	{regexp.MustCompile(`(^|\s)go (test|build|mod|get) `), "a test or a benchmark: make test and make bench run them"},
+	{regexp.MustCompile(`^nats-server `), "starts a NATS server on a fixed port next to dev; pipeline/natsink, test/e2e and cli's dev test start their own"},
 	{regexp.MustCompile(`^kafka-consumer-groups\.sh`), "Apache Kafka's tools, not on this machine; it resets a group of the reader's"},
 	{regexp.MustCompile(`\$ID|\$KEY`), "$ID and $KEY stand for a command id and a key of the reader's"},
 	{regexp.MustCompile(`revoke 42`), "42 stands for a key id of the reader's"},
