@@ -32,6 +32,7 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/natsink"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 )
@@ -214,6 +215,9 @@ func exportedMetrics(t *testing.T) (exported, unobserved map[string]bool) {
 				// The relay's periodic reconcile exports its metrics from
 				// the start; its first run is after the test.
 				Reconcile: reconcile.Config{Interval: time.Hour},
+				// So does the NATS sink, before it reaches a server: none
+				// listens on port 1 of loopback, and it keeps trying.
+				NATSink: natsink.Config{URL: "nats://127.0.0.1:1"},
 			},
 			DataDir:      t.TempDir(),
 			BrokerAddr:   "127.0.0.1:0",
