@@ -302,9 +302,11 @@ func TestNATSinkKilledBetweenAckAndCommit(t *testing.T) {
 
 	t.Run("sigkill under load", func(t *testing.T) {
 		r.t = t
-		stop := make(chan struct{})
-		done := make(chan struct{})
-		go func() { // rounds of new accounts until the kills are done
+		stop, done := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		halt := func() { once.Do(func() { close(stop) }); <-done }
+		defer halt() // a failed wait below ends the test: the load first
+		go func() {  // rounds of new accounts until the kills are done
 			defer close(done)
 			for {
 				select {
@@ -327,8 +329,7 @@ func TestNATSinkKilledBetweenAckAndCommit(t *testing.T) {
 			r.sink.Kill()
 			r.start(ctx)
 		}
-		close(stop)
-		<-done
+		halt()
 		r.check(ctx, m)
 	})
 
