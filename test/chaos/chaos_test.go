@@ -109,7 +109,7 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	producer, err := kgo.NewClient(kgo.SeedBrokers(c.pl.BrokerAddr))
+	producer, err := kgo.NewClient(kgo.SeedBrokers(c.pl.Brokers()...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 	// The hostile producer's batches may exceed the topic's limit, so the
 	// broker, not the client, refuses the oversized record; uncompressed,
 	// so the broker sees it at its size.
-	hostileProducer, err := kgo.NewClient(kgo.SeedBrokers(c.pl.BrokerAddr),
+	hostileProducer, err := kgo.NewClient(kgo.SeedBrokers(c.pl.Brokers()...),
 		kgo.ProducerBatchMaxBytes(int32(4*maxMessageBytes)), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err != nil {
 		t.Fatal(err)

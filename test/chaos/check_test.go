@@ -510,7 +510,7 @@ func header(r *kgo.Record, key string) string {
 
 // readAll reads a topic read_committed from its start to its end.
 func readAll(ctx context.Context, broker, topic string) ([]*kgo.Record, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.ParseBrokers(broker)...))
 	if err != nil {
 		return nil, err
 	}

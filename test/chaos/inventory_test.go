@@ -79,7 +79,7 @@ func runInventorySeed(t *testing.T, seed uint64, duration time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	producer := pipelinetest.Client(t, []string{c.pl.BrokerAddr})
+	producer := pipelinetest.Client(t, c.pl.Brokers())
 	load := &e2e.InventoryLoad{
 		Tenants: tenants, URLs: c.ingestURLs, Seed: seed,
 		Producer: producer, Encode: serdes.Commands.Encode,
@@ -108,7 +108,7 @@ func runInventorySeed(t *testing.T, seed uint64, duration time.Duration) {
 	}
 	drainTime := time.Since(faultsStopped)
 
-	cl := pipelinetest.Client(t, []string{c.pl.BrokerAddr})
+	cl := pipelinetest.Client(t, c.pl.Brokers())
 	st, vs := e2e.CheckInventoryEvents(ctx, cl, serdes.Events.Decode, &load.M)
 	if st != nil {
 		vs = append(vs, e2e.CheckInventoryReadModels(ctx, c.pool, st, &load.M)...)
@@ -159,12 +159,12 @@ func inventorySelfTest(t *testing.T, ctx context.Context, c *cluster, decode fun
 		}
 	}
 	delete(m.Orders, order)
-	_, vs := e2e.CheckInventoryEvents(ctx, pipelinetest.Client(t, []string{c.pl.BrokerAddr}), decode, m)
+	_, vs := e2e.CheckInventoryEvents(ctx, pipelinetest.Client(t, c.pl.Brokers()), decode, m)
 	m.Orders[order] = true
 	expect("an order nobody placed", "the workload did not place it", vs)
 
 	m.StockSure[item] += 1000
-	_, vs = e2e.CheckInventoryEvents(ctx, pipelinetest.Client(t, []string{c.pl.BrokerAddr}), decode, m)
+	_, vs = e2e.CheckInventoryEvents(ctx, pipelinetest.Client(t, c.pl.Brokers()), decode, m)
 	m.StockSure[item] -= 1000
 	expect("stock lost", "units added, the clients had", vs)
 

@@ -27,7 +27,7 @@ func TestBrokerKilledWithOpenTransaction(t *testing.T) {
 	defer cancel()
 	pl := newPipeline(t, "")
 	broker := startCrashableBroker(t, ctx, pl)
-	cfg := kafka.Config{Brokers: []string{pl.BrokerAddr}}
+	cfg := kafka.Config{Brokers: pl.Brokers()}
 	topic := pl.Prefix + ".commands"
 	producer := func() *kgo.Client {
 		cl, err := cfg.NewClient(kgo.TransactionalID("e2e-broker-kill"), kgo.RecordPartitioner(kgo.ManualPartitioner()))

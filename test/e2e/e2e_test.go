@@ -462,7 +462,7 @@ func header(r *kgo.Record, key string) string {
 // with a client of opts.
 func readEvents(t *testing.T, ctx context.Context, broker, topic string, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	recs, err := kafka.ReadTopic(ctx, pipelinetest.Client(t, []string{broker}, opts...), topic, true)
+	recs, err := kafka.ReadTopic(ctx, pipelinetest.Client(t, kafka.ParseBrokers(broker), opts...), topic, true)
 	if err != nil {
 		t.Fatalf("read %s: %v", topic, err)
 	}

@@ -216,6 +216,12 @@ func (p *Proc) Tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// Log returns the process's whole log.
+func (p *Proc) Log() string {
+	b, _ := os.ReadFile(p.logPath)
+	return string(b)
+}
+
 // Metric reads one sample of a metric (name with its labels as printed,
 // e.g. `onceflow_command_dedup_total`, or with some of its labels) from the
 // process's /metrics.
@@ -334,6 +340,10 @@ type Pipeline struct {
 	mu    sync.Mutex
 	procs map[string]*Proc
 }
+
+// Brokers returns the deployment's seed brokers: BrokerAddr, which on
+// a cluster of several nodes lists them comma separated.
+func (pl *Pipeline) Brokers() []string { return kafka.ParseBrokers(pl.BrokerAddr) }
 
 // ExternalKafka is KAFKA_BROKERS in the tests' environment: the Kafka
 // cluster (Apache Kafka, `make kafka-up`) every deployment runs on instead

@@ -186,8 +186,8 @@ func TestHostileProducer(t *testing.T) {
 	m.accepted(first.CommandID, acct0, 100)
 	sharedID := pipeline.MustParseID(first.CommandID)
 
-	producer := pipelinetest.Client(t, []string{d.BrokerAddr}, kgo.ProducerBatchMaxBytes(4<<20), kgo.ProducerBatchCompression(kgo.ZstdCompression()))
-	plain := pipelinetest.Client(t, []string{d.BrokerAddr}, kgo.ProducerBatchMaxBytes(4<<20), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	producer := pipelinetest.Client(t, d.Brokers(), kgo.ProducerBatchMaxBytes(4<<20), kgo.ProducerBatchCompression(kgo.ZstdCompression()))
+	plain := pipelinetest.Client(t, d.Brokers(), kgo.ProducerBatchMaxBytes(4<<20), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	produceWith := func(cl *kgo.Client, r *kgo.Record) error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

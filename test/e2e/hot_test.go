@@ -125,7 +125,7 @@ func TestHotAggregate(t *testing.T) {
 	if got := header(oldest, pipeline.HeaderCommandID); got != open.CommandID {
 		t.Fatalf("the oldest command record of %s has id %s, want the opening %s", key, got, open.CommandID)
 	}
-	producer := pipelinetest.Client(t, []string{d.BrokerAddr})
+	producer := pipelinetest.Client(t, d.Brokers())
 	again := &kgo.Record{Topic: oldest.Topic, Partition: oldest.Partition, Key: oldest.Key, Value: oldest.Value, Headers: oldest.Headers}
 	if err := producer.ProduceSync(ctx, again).FirstErr(); err != nil {
 		t.Fatal(err)

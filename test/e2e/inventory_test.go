@@ -65,7 +65,7 @@ func TestInventorySaga(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	producer := pipelinetest.Client(t, []string{pl.BrokerAddr})
+	producer := pipelinetest.Client(t, pl.Brokers())
 	load := &InventoryLoad{
 		Tenants: tenants, URLs: func() []string { return []string{comps["ingest"].HTTP} },
 		HTTP: &http.Client{Timeout: 5 * time.Second}, Seed: 1,
@@ -94,7 +94,7 @@ func TestInventorySaga(t *testing.T) {
 	}
 	pipelinetest.Eventually(t, 90*time.Second, func() error { return InventoryDecided(ctx, pool, &load.M) })
 
-	st, vs := CheckInventoryEvents(ctx, pipelinetest.Client(t, []string{pl.BrokerAddr}), serdes.Events.Decode, &load.M)
+	st, vs := CheckInventoryEvents(ctx, pipelinetest.Client(t, pl.Brokers()), serdes.Events.Decode, &load.M)
 	if st != nil {
 		vs = append(vs, CheckInventoryReadModels(ctx, pool, st, &load.M)...)
 		t.Log(st.Summary(), fmt.Sprintf("; %d requests, %d retries, %d replays, %d orders placed again, %d produced to Kafka (%d twice)", load.M.Requests.Load(), load.M.Retries.Load(), load.M.Replays.Load(), len(load.M.Again), load.M.Produced.Load(), load.M.Twice.Load()))

@@ -57,7 +57,7 @@ func newProjRig(t *testing.T, ctx context.Context) *projRig {
 		t.Fatal(err)
 	}
 	r.serdes = registrySerdes(t, ctx, pl)
-	r.cl = pipelinetest.Client(t, []string{pl.BrokerAddr})
+	r.cl = pipelinetest.Client(t, pl.Brokers())
 	return r
 }
 
