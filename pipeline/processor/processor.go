@@ -128,8 +128,14 @@ func (p *Processor[S]) markReady() { p.once.Do(func() { close(p.ready) }) }
 // sent), or the producer was fenced (this instance was a zombie). The
 // processor drops its state and starts a new session, which fences any
 // transaction of the old one, rejoins the group and restores state, so
-// whatever the broker decided, the new session starts from it.
-type errSession struct{ err error }
+// whatever the broker decided, the new session starts from it — unless
+// another process has taken its transactional id meanwhile (fence.go).
+type errSession struct {
+	err error
+	// producer is the ended session's producer id and epoch, when it
+	// had one: what checkNotReplaced asks the coordinator about.
+	producer *producerEpoch
+}
 
 func (e *errSession) Error() string { return e.err.Error() }
 func (e *errSession) Unwrap() error { return e.err }
@@ -141,6 +147,9 @@ const giveUpAfter = 2 * time.Minute
 
 // Run processes until ctx ends. It finishes the batch in flight (its
 // transaction commits or aborts) and leaves the group before returning nil.
+// It returns an error when sessions keep failing (giveUpAfter) and when
+// another process has taken this instance's transactional id (an
+// ErrReplaced).
 func (p *Processor[S]) Run(ctx context.Context) error {
 	restoreCl, err := p.kafka.NewClient()
 	if err != nil {
@@ -153,8 +162,9 @@ func (p *Processor[S]) Run(ctx context.Context) error {
 
 	var failingSince time.Time
 	backoff := 250 * time.Millisecond
+	var prev *producerEpoch // the last failed session's producer
 	for {
-		committed, err := p.session(ctx, restoreCl)
+		committed, err := p.session(ctx, restoreCl, prev)
 		p.dropAll()
 		if ctx.Err() != nil {
 			return nil
@@ -163,6 +173,7 @@ func (p *Processor[S]) Run(ctx context.Context) error {
 		if !errors.As(err, &se) {
 			return err
 		}
+		prev = se.producer
 		if committed || failingSince.IsZero() {
 			failingSince, backoff = time.Now(), 250*time.Millisecond
 		} else if time.Since(failingSince) > giveUpAfter {
@@ -222,10 +233,18 @@ func (p *Processor[S]) consumerOpts(restoreCl *kgo.Client) ([]kgo.Opt, error) {
 }
 
 // session is one membership of the group with one transactional producer.
-// It reports whether it committed any transaction.
-func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client) (committed bool, err error) {
+// It reports whether it committed any transaction. prev is the producer of
+// the session before, when that one failed: the coordinator is asked
+// whether it still holds the transactional id before this session
+// initializes the id afresh, which fences whoever holds it
+// (checkNotReplaced) — at once before, after the backoff, so that another
+// process has as little time as can be to take the id in between.
+func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client, prev *producerEpoch) (committed bool, err error) {
 	if p.cfg.atLeastOnce {
 		return p.sessionAtLeastOnce(ctx, restoreCl)
+	}
+	if err := p.checkNotReplaced(ctx, restoreCl, prev); err != nil {
+		return false, err
 	}
 	opts, err := p.consumerOpts(restoreCl)
 	if err != nil {
@@ -257,6 +276,10 @@ func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client) (comm
 		ok, err := p.transact(ctx, sess, fetches.Records())
 		sess.AllowRebalance()
 		if err != nil {
+			var se *errSession
+			if errors.As(err, &se) {
+				se.producer = producerOf(ctx, sess.Client())
+			}
 			return committed, err
 		}
 		committed = committed || ok
@@ -289,7 +312,7 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.TransactionTimeout)
 	defer cancel()
 	if err := sess.Begin(); err != nil {
-		return false, &errSession{fmt.Errorf("begin transaction: %w", err)}
+		return false, &errSession{err: fmt.Errorf("begin transaction: %w", err)}
 	}
 	cl := sess.Client()
 	b := newBatch(p, txCtx, cl, kgo.AbortingFirstErrPromise(cl))
@@ -313,7 +336,7 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 		p.metrics.transactions.WithLabelValues("unknown").Inc()
 		// kgo: "No returned error is retryable": the commit may or may
 		// not have happened. Only a new session can tell.
-		return false, &errSession{fmt.Errorf("end transaction: %w", err)}
+		return false, &errSession{err: fmt.Errorf("end transaction: %w", err)}
 	}
 	if !committed {
 		p.metrics.transactions.WithLabelValues("aborted").Inc()

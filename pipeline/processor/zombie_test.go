@@ -3,6 +3,7 @@ package processor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/processor"
 )
 
 // zombie is a transaction left open on a partition's state and dedup
@@ -114,4 +116,50 @@ func TestRestoreWaitsForAZombiesTransaction(t *testing.T) {
 		}
 	}
 	p2.waitBalance(t, acc, 70)
+}
+
+// A second processor with the same instance id (so the same transactional
+// id) fences the first. The first learns from the coordinator that
+// another producer has initialized its transactional id and leaves
+// (ErrReplaced), rather than start a session that would fence the second,
+// which would fence it back, the two taking turns; the second serves on
+// and every command has one outcome.
+func TestReplacedProcessorLeaves(t *testing.T) {
+	if len(pipelinetest.ExternalKafka()) == 0 {
+		t.Skip("kfake re-initializes a transactional id from any earlier epoch (KIP-360), even after another producer took it, so a replaced processor cannot tell (docs/decisions.md); on Apache Kafka: make test-kafka KAFKA_TEST_PKGS=./pipeline/processor/, and TestZombieProcessorFencedByItsSuccessor (test/e2e)")
+	}
+	t.Parallel()
+	e := newEnv(t, 2)
+	first := e.start("same", nil)
+	ids := e.burst("first", 6, 3)
+	e.waitOutcomes(30*time.Second, ids...)
+
+	second := e.start("same", nil)
+	round := 0
+	pipelinetest.Eventually(t, 60*time.Second, func() error {
+		select {
+		case <-first.done:
+			return nil
+		default:
+		}
+		round++
+		ids = append(ids, e.burst(fmt.Sprintf("r%d", round), 6, 1)...)
+		return errors.New("the first processor still runs")
+	})
+	if !errors.Is(first.err, processor.ErrReplaced) {
+		t.Errorf("the first processor ended with %v, want ErrReplaced", first.err)
+	}
+	first.cancel, first.err = nil, nil // ended; nothing for the cleanup to stop
+
+	ids = append(ids, e.burst("after", 6, 1)...)
+	evs := e.waitOutcomes(60*time.Second, ids...)
+	checkEventLog(t, evs)
+	if n := second.metric(t, "onceflow_processor_session_restarts_total"); n != 0 {
+		t.Errorf("the second processor restarted %v sessions: the first fenced it back", n)
+	}
+	select {
+	case <-second.done:
+		t.Fatalf("the second processor ended: %v", second.err)
+	default:
+	}
 }

@@ -52,7 +52,7 @@ func newProcRig(t *testing.T, ctx context.Context) *procRig {
 		t.Fatal(err)
 	}
 	rig.serdes = registrySerdes(t, ctx, pl)
-	rig.cl = pipelinetest.Client(t, []string{pl.BrokerAddr})
+	rig.cl = pipelinetest.Client(t, pl.Brokers())
 	return rig
 }
 
@@ -61,9 +61,18 @@ func (r *procRig) topics() kafka.Topics { return kafka.Topics{Prefix: r.Prefix} 
 // start starts (or restarts) processor name and waits until it is ready.
 func (r *procRig) start(ctx context.Context, name string) *Component {
 	r.t.Helper()
-	c, err := r.StartComponent(ctx, "processor", name, map[string]string{
-		"ONCEFLOW_PROCESSOR_SESSION_TIMEOUT": procSessionTimeout.String(),
-	})
+	return r.startWith(ctx, name, nil)
+}
+
+// startWith is start with more environment (a shared instance id, a log
+// level).
+func (r *procRig) startWith(ctx context.Context, name string, extra map[string]string) *Component {
+	r.t.Helper()
+	env := map[string]string{"ONCEFLOW_PROCESSOR_SESSION_TIMEOUT": procSessionTimeout.String()}
+	for k, v := range extra {
+		env[k] = v
+	}
+	c, err := r.StartComponent(ctx, "processor", name, env)
 	if err != nil {
 		r.t.Fatal(err)
 	}
