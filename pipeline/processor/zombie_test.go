@@ -118,12 +118,18 @@ func TestRestoreWaitsForAZombiesTransaction(t *testing.T) {
 	p2.waitBalance(t, acc, 70)
 }
 
-// A second processor with the same instance id (so the same transactional
-// id) fences the first. The first learns from the coordinator that
-// another producer has initialized its transactional id and leaves
-// (ErrReplaced), rather than start a session that would fence the second,
-// which would fence it back, the two taking turns; the second serves on
-// and every command has one outcome.
+// Two processors with the same instance id (so the same transactional
+// id): the second's first InitProducerId fences the first, whose next
+// session asks the coordinator whether its producer still holds the id
+// and learns that another has initialized it since. One of the two leaves
+// with ErrReplaced rather than start a session that would fence the
+// other, which would fence it back, the two taking turns; the other
+// serves on, and every command has one outcome. Which one leaves is not
+// asserted, nor that the other never restarts: when the two check and
+// initialize at the same moment the coordinator can take a check for a
+// retry of the bump it made aborting the checker's transaction and accept
+// it, so a round of fencing can pass first (docs/decisions.md, a
+// processor replaced by another with its instance id leaves).
 func TestReplacedProcessorLeaves(t *testing.T) {
 	if len(pipelinetest.ExternalKafka()) == 0 {
 		t.Skip("kfake re-initializes a transactional id from any earlier epoch (KIP-360), even after another producer took it, so a replaced processor cannot tell (docs/decisions.md); on Apache Kafka: make test-kafka KAFKA_TEST_PKGS=./pipeline/processor/, and TestZombieProcessorFencedByItsSuccessor (test/e2e)")
@@ -134,32 +140,36 @@ func TestReplacedProcessorLeaves(t *testing.T) {
 	ids := e.burst("first", 6, 3)
 	e.waitOutcomes(30*time.Second, ids...)
 
-	second := e.start("same", nil)
+	second := e.launch("same", ledger.NewDecider(), nil)
+	var left, stays *running
 	round := 0
 	pipelinetest.Eventually(t, 60*time.Second, func() error {
 		select {
 		case <-first.done:
+			left, stays = first, second
+			return nil
+		case <-second.done:
+			left, stays = second, first
 			return nil
 		default:
 		}
 		round++
 		ids = append(ids, e.burst(fmt.Sprintf("r%d", round), 6, 1)...)
-		return errors.New("the first processor still runs")
+		return errors.New("both processors still run")
 	})
-	if !errors.Is(first.err, processor.ErrReplaced) {
-		t.Errorf("the first processor ended with %v, want ErrReplaced", first.err)
+	if !errors.Is(left.err, processor.ErrReplaced) {
+		t.Errorf("a processor ended with %v, want ErrReplaced", left.err)
 	}
-	first.cancel, first.err = nil, nil // ended; nothing for the cleanup to stop
+	left.cancel, left.err = nil, nil // ended; nothing for the cleanup to stop
 
 	ids = append(ids, e.burst("after", 6, 1)...)
 	evs := e.waitOutcomes(60*time.Second, ids...)
 	checkEventLog(t, evs)
-	if n := second.metric(t, "onceflow_processor_session_restarts_total"); n != 0 {
-		t.Errorf("the second processor restarted %v sessions: the first fenced it back", n)
-	}
 	select {
-	case <-second.done:
-		t.Fatalf("the second processor ended: %v", second.err)
+	case <-stays.done:
+		t.Fatalf("the other processor ended too: %v", stays.err)
 	default:
 	}
+	t.Logf("the %s processor left; the other restarted %v sessions", map[bool]string{true: "first", false: "second"}[left == first],
+		stays.metric(t, "onceflow_processor_session_restarts_total"))
 }
