@@ -13,16 +13,35 @@ import (
 const clockTicks = 100
 
 // cpuUse is the CPU a step used, in cores (CPU seconds per second): the
-// load generator (this process), the system's own processes, the Postgres
-// backends serving its database, and the whole machine (which includes
-// everything else that ran).
-type cpuUse struct{ Load, System, Postgres, Machine float64 }
+// load generator (this process), the system's own processes (System, and
+// each of them in Procs), the Postgres backends serving its database, the
+// cluster's background processes (WAL writer, checkpointer, background
+// writer, autovacuum: shared with every database of the server), and the
+// whole machine (which includes everything else that ran).
+type cpuUse struct {
+	Load, System, Postgres, PostgresBackground, Machine float64
+	Procs                                               []procUse
+}
+
+// procUse is one process's cores over a step.
+type procUse struct {
+	Name  string
+	Cores float64
+}
+
+// proc is one process of a target, named as the bill names it.
+type proc struct {
+	name string
+	pid  int
+}
 
 // cpuSnap is CPU seconds consumed so far.
 type cpuSnap struct {
-	load, system float64
-	postgres     map[int]float64 // backend pid -> CPU seconds
-	machine      float64
+	load       float64
+	procs      []float64       // by the target's procs
+	postgres   map[int]float64 // backend pid -> CPU seconds
+	background map[int]float64 // the cluster's background processes
+	machine    float64
 }
 
 // procCPU is a process's user+system CPU seconds (0 if it is gone).
@@ -63,50 +82,78 @@ func machineCPU() float64 {
 }
 
 // backends are the pids of the Postgres backends connected to the
-// target's database (nil if it cannot tell).
-func backends(ctx context.Context, adminURL, db string) []int {
+// target's database and of the cluster's background processes (those of
+// no database, and autovacuum workers in this one); nil if it cannot tell.
+func backends(ctx context.Context, adminURL, db string) (ours, background []int) {
 	if adminURL == "" || db == "" {
-		return nil
+		return nil, nil
 	}
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1`, db)
+	rows, err := conn.Query(ctx, `SELECT pid, backend_type = 'client backend' AND datname = $1
+		FROM pg_stat_activity
+		WHERE pid <> pg_backend_pid() AND (datname = $1 OR backend_type <> 'client backend' AND datname IS NULL)`, db)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	pids, _ := pgx.CollectRows(rows, pgx.RowTo[int32])
-	out := make([]int, len(pids))
-	for i, p := range pids {
-		out[i] = int(p)
+	defer rows.Close()
+	for rows.Next() {
+		var pid int32
+		var client bool
+		if rows.Scan(&pid, &client) != nil {
+			return nil, nil
+		}
+		if client {
+			ours = append(ours, int(pid))
+		} else {
+			background = append(background, int(pid))
+		}
 	}
-	return out
+	return ours, background
 }
 
 func (t *target) cpu(ctx context.Context) cpuSnap {
-	s := cpuSnap{load: procCPU(os.Getpid()), machine: machineCPU(), postgres: map[int]float64{}}
-	for _, pid := range t.pids {
-		s.system += procCPU(pid)
+	s := cpuSnap{load: procCPU(os.Getpid()), machine: machineCPU(), postgres: map[int]float64{}, background: map[int]float64{}}
+	for _, p := range t.procs {
+		s.procs = append(s.procs, procCPU(p.pid))
 	}
-	for _, pid := range backends(ctx, t.adminURL, t.db) {
+	ours, background := backends(ctx, t.adminURL, t.db)
+	for _, pid := range ours {
 		s.postgres[pid] = procCPU(pid)
+	}
+	for _, pid := range background {
+		s.background[pid] = procCPU(pid)
 	}
 	return s
 }
 
-// cpuBetween is the cores each part used between two snapshots secs apart.
-// Backends present at both count (a pool's connections stay open).
-func cpuBetween(a, b cpuSnap, secs float64) cpuUse {
+// cpuBetween is the cores each part used between two snapshots secs apart
+// by the processes of t. A Postgres process present at both counts its
+// difference (a pool's connections stay open); one that appeared between
+// them (a connection opened during the step, an autovacuum worker) counts
+// whole.
+func (t *target) cpuBetween(a, b cpuSnap, secs float64) cpuUse {
 	if secs <= 0 {
 		return cpuUse{}
 	}
-	var pg float64
-	for pid, v := range b.postgres {
-		if w, ok := a.postgres[pid]; ok {
-			pg += v - w
+	since := func(b, a map[int]float64) float64 {
+		var sum float64
+		for pid, v := range b {
+			sum += v - a[pid]
+		}
+		return sum
+	}
+	u := cpuUse{Load: (b.load - a.load) / secs, Postgres: since(b.postgres, a.postgres) / secs,
+		PostgresBackground: since(b.background, a.background) / secs, Machine: (b.machine - a.machine) / secs}
+	for i, p := range t.procs {
+		if i < len(a.procs) && i < len(b.procs) {
+			c := (b.procs[i] - a.procs[i]) / secs
+			u.Procs = append(u.Procs, procUse{Name: p.name, Cores: c})
+			u.System += c
 		}
 	}
-	return cpuUse{Load: (b.load - a.load) / secs, System: (b.system - a.system) / secs, Postgres: pg / secs, Machine: (b.machine - a.machine) / secs}
+	return u
 }

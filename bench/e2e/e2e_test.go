@@ -71,8 +71,24 @@ func TestSmoke(t *testing.T) {
 		if c := tr.Closed[0]; c.Achieved <= 0 || c.Errs != 0 || c.Clients != 4 {
 			t.Errorf("%s closed loop: %.1f/s with %d clients, %d errors (first: %s)", tr.Name, c.Achieved, c.Clients, c.Errs, c.FirstErr)
 		}
+		// The no-op server's 40 requests may take less than a clock tick.
+		if len(s.CPU.Procs) == 0 || tr.Name != "noop" && (s.CPU.System <= 0 || s.CPU.Postgres <= 0) {
+			t.Errorf("%s: the bill has no process's CPU: %+v", tr.Name, s.CPU)
+		}
 		if tr.Name != "dev" {
 			continue
+		}
+		// The project's own cluster loads pg_stat_statements; a server
+		// started otherwise (make test on another DATABASE_URL) has no
+		// statements to bill, and says so.
+		if s.StatementsErr == "" {
+			// Every operation runs statements: its POST's accept, its
+			// outcome read.
+			if _, _, calls := stmtTime(s.Statements); calls < int64(2*s.N) {
+				t.Errorf("dev: the bill has %d statements for %d operations, want at least 2 each: %+v", calls, s.N, s.Statements)
+			}
+		} else if !strings.Contains(s.StatementsErr, "pg_stat_statements") {
+			t.Errorf("dev: statements unknown for another reason than pg_stat_statements: %s", s.StatementsErr)
 		}
 		for _, st := range stageMetrics {
 			found := false
@@ -90,7 +106,7 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling"} {
+	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling", "onceflow dev, the bill", "statements that took the most"} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
 		}

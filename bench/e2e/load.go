@@ -228,7 +228,11 @@ type result struct {
 	Work     []stage   // each stage's batches over the step (deltas)
 	Seconds  float64   // the step's length, drained
 	CPU      cpuUse    // cores used over the step
-	Held     bool      // p99 of Visible <= the goal
+	// Statements are what the target's database ran over the step
+	// (pg_stat_statements), or StatementsErr why they are unknown.
+	Statements    []statement
+	StatementsErr string
+	Held          bool // p99 of Visible <= the goal
 }
 
 // latencies are a distribution's quantiles, in milliseconds.

@@ -341,10 +341,12 @@ func measure(ctx context.Context, c config, e env, name string, ceiling *api) ta
 	step := func(r func() result) result {
 		before, _ := scrape(ctx, t.Metrics)
 		cpu0 := t.cpu(ctx)
+		st0 := statementsSnapshot(ctx, t.dbURL)
 		started := time.Now()
 		res := r()
 		res.Seconds = time.Since(started).Seconds()
-		res.CPU = cpuBetween(cpu0, t.cpu(ctx), res.Seconds)
+		res.CPU = t.cpuBetween(cpu0, t.cpu(ctx), res.Seconds)
+		res.Statements, res.StatementsErr = statementsBetween(st0, statementsSnapshot(ctx, t.dbURL))
 		after, err := scrape(ctx, t.Metrics)
 		if err == nil && before != nil {
 			res.Stages = stagesBetween(stageMetrics, before, after)

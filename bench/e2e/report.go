@@ -88,6 +88,7 @@ func (r *report) markdown() string {
 	for _, t := range r.Targets {
 		if t.Err == "" {
 			t.steps(&b)
+			t.bill(&b, c.rates)
 		}
 	}
 	return b.String()

@@ -33,10 +33,11 @@ type target struct {
 	// before deposits); the no-op server runs nothing.
 	Ledger bool
 	stop   []func()
-	// pids are its processes; db its database on adminURL's server (for
-	// the CPU its Postgres backends use).
-	pids         []int
-	db, adminURL string
+	// procs are its processes; db its database on adminURL's server (for
+	// the CPU its Postgres backends use), dbURL that database's URL (for
+	// its statements' times).
+	procs               []proc
+	db, adminURL, dbURL string
 }
 
 func (t *target) Close() {
@@ -68,6 +69,12 @@ func newTarget(ctx context.Context, e env, name, label, db string) (*target, str
 		return nil, "", err
 	}
 	t.stop = append(t.stop, drop)
+	t.dbURL = dbURL
+	// Where pg_stat_statements is not loaded its view cannot be read, and
+	// each step's bill says so; the error is the same there.
+	if err := setupStatements(ctx, dbURL); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-e2e: pg_stat_statements:", err)
+	}
 	return t, dbURL, nil
 }
 
@@ -150,7 +157,7 @@ func (t *target) startBroker(ctx context.Context, e env, name, db string, set fu
 	if err != nil {
 		return nil, err
 	}
-	t.pids = append(t.pids, broker.Pid())
+	t.procs = append(t.procs, proc{"broker", broker.Pid()})
 	return pl, nil
 }
 
@@ -192,7 +199,7 @@ func startDev(ctx context.Context, e env) (_ *target, err error) {
 	if err := p.WaitReady(ctx); err != nil {
 		return nil, err
 	}
-	t.pids = []int{p.Pid()}
+	t.procs = []proc{{"onceflow dev", p.Pid()}}
 	t.Base, t.Metrics = "http://"+httpAddr, []string{p.Admin + "/metrics"}
 	if t.Keys, err = tenants(ctx, db, e.tenants); err != nil {
 		return nil, err
@@ -202,7 +209,7 @@ func startDev(ctx context.Context, e env) (_ *target, err error) {
 
 // startSplit starts the reference deployment as separate processes: the
 // embedded broker (`onceflow dev --broker-only`) and the ingest, relay,
-// processor and projector binaries.
+// processor, projector and worker binaries.
 func startSplit(ctx context.Context, e env) (_ *target, err error) {
 	t, db, err := newTarget(ctx, e, "split", "onceflow, 4 processes", "split")
 	if err != nil {
@@ -214,13 +221,13 @@ func startSplit(ctx context.Context, e env) (_ *target, err error) {
 		return nil, err
 	}
 	var procs []*e2e.Component
-	for _, kind := range []string{"ingest", "relay", "processor", "projector"} {
+	for _, kind := range []string{"ingest", "relay", "processor", "projector", "worker"} {
 		c, err := pl.StartComponent(ctx, kind, kind, nil)
 		if err != nil {
 			return nil, err
 		}
 		procs = append(procs, c)
-		t.pids = append(t.pids, c.Pid())
+		t.procs = append(t.procs, proc{kind, c.Pid()})
 		t.Metrics = append(t.Metrics, c.Admin+"/metrics")
 	}
 	// Stop gracefully in order before KillAll: ingest first.
@@ -263,7 +270,7 @@ func startWatermill(ctx context.Context, e env) (_ *target, err error) {
 	if err := p.WaitReady(ctx); err != nil {
 		return nil, err
 	}
-	t.pids = append(t.pids, p.Pid())
+	t.procs = append(t.procs, proc{"peer", p.Pid()})
 	t.Base = "http://" + httpAddr
 	// The peer authenticates nobody: a tenant is the bearer token.
 	for i := range e.tenants {
@@ -286,7 +293,7 @@ func startNoop(ctx context.Context, e env) (_ *target, err error) {
 	if err := p.WaitReady(ctx); err != nil {
 		return nil, err
 	}
-	t.pids = []int{p.Pid()}
+	t.procs = []proc{{"no-op server", p.Pid()}}
 	t.Base = p.Admin
 	for i := range e.tenants {
 		t.Keys = append(t.Keys, "bench-"+strconv.Itoa(i))

@@ -167,7 +167,9 @@ func (l Local) start(ctx context.Context, dir string, pg *user.User) error {
 	}
 	// Settings for a development cluster that many parallel test binaries
 	// share; durability stays on (fsync, synchronous_commit) because the
-	// benchmarks measure real commits.
+	// benchmarks measure real commits. pg_stat_statements is loaded, with
+	// planning counted, for make bench-e2e's bill of each statement's time
+	// per command (docs/benchmarks.md#the-bill-cpu-per-command).
 	opts := strings.Join([]string{
 		"-c listen_addresses=127.0.0.1",
 		"-p " + strconv.Itoa(l.Port),
@@ -175,6 +177,8 @@ func (l Local) start(ctx context.Context, dir string, pg *user.User) error {
 		"-c max_connections=400",
 		"-c shared_buffers=256MB",
 		"-c max_locks_per_transaction=256",
+		"-c shared_preload_libraries=pg_stat_statements",
+		"-c pg_stat_statements.track_planning=on",
 	}, " ")
 	l.Logf("postgres: starting on 127.0.0.1:%d (data %s)", l.Port, dir)
 	if err := run(ctx, pg, dir, filepath.Join(bin, "pg_ctl"),
