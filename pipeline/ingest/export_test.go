@@ -20,3 +20,11 @@ func (s *Server) Waiters() int {
 
 // ClientAddr is clientAddr, for its table test.
 func ClientAddr(r *http.Request, trusted []netip.Prefix) string { return clientAddr(r, trusted) }
+
+// Fresh returns how many commands the server knows pending because it
+// just accepted them (wakeups.fresh).
+func (s *Server) Fresh() int {
+	s.wake.mu.Lock()
+	defer s.wake.mu.Unlock()
+	return len(s.wake.fresh)
+}

@@ -48,6 +48,9 @@ type acceptResult struct {
 	outcome outcome
 	resp    storedResponse
 	err     error
+	// command is an accepted command's id and aggregate.
+	command   pipeline.ID
+	aggregate string
 }
 
 // storedResponse is what idempotency_keys keeps of the response.
@@ -263,6 +266,15 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 	}
 	c.metrics.batchSize.Observe(float64(len(batch)))
 	c.metrics.batchDuration.Observe(time.Since(start).Seconds())
+	if err == nil && c.wake != nil {
+		fresh := make(map[pipeline.ID]freshCommand, len(batch))
+		for i, it := range batch {
+			if results[i].outcome == outcomeAccepted {
+				fresh[results[i].command] = freshCommand{tenant: it.tenant, aggregate: results[i].aggregate}
+			}
+		}
+		c.wake.accepting(fresh)
+	}
 	var n int
 	for i, it := range batch {
 		if err != nil {
@@ -490,7 +502,7 @@ func readOutcomes(br pgx.BatchResults, in *inputs, first int, results []acceptRe
 		}
 		switch outcome {
 		case "accepted":
-			results[i] = acceptResult{outcome: outcomeAccepted, resp: in.responses[i]}
+			results[i] = acceptResult{outcome: outcomeAccepted, resp: in.responses[i], command: in.commands[i], aggregate: in.aggregates[i]}
 		case "replayed":
 			stored.Status = *status
 			results[i] = acceptResult{outcome: outcomeReplayed, resp: stored}
@@ -521,6 +533,7 @@ type inputs struct {
 	keyHashes, hashes, aggregateKeys, values, bodies                            [][]byte
 	shards, statuses                                                            []int32
 	responses                                                                   []storedResponse
+	commands                                                                    []pipeline.ID
 }
 
 func (c *committer) inputs(batch []*acceptItem) *inputs {
@@ -543,6 +556,7 @@ func (c *committer) inputs(batch []*acceptItem) *inputs {
 		in.hashes = append(in.hashes, it.hash)
 		in.routes = append(in.routes, it.route)
 		in.ids = append(in.ids, id.String())
+		in.commands = append(in.commands, id)
 		in.shards = append(in.shards, int32(pipeline.OutboxShard(aggregateID, c.cfg.Shards)))
 		in.aggregateKeys = append(in.aggregateKeys, []byte(aggregateID))
 		in.values = append(in.values, it.value)

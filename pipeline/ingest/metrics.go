@@ -16,6 +16,7 @@ type metrics struct {
 	authFailures *prometheus.CounterVec
 	waits        prometheus.Gauge
 	waitsRefused *prometheus.CounterVec
+	commandReads prometheus.Counter
 
 	batchSize     prometheus.Histogram
 	batchDuration prometheus.Histogram
@@ -78,6 +79,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "onceflow_api_command_waits_refused_total",
 			Help: "Long-polls answered at once because too many were in flight, by the bound that refused them: total or tenant.",
 		}, []string{"limit"}),
+		commandReads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceflow_api_command_reads_total",
+			Help: "Reads of a command's row for GET /v1/commands/{id}: one per answer, and one per wake-up of a wait that found it still pending.",
+		}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceflow_api_accept_batch_size",
 			Help:    "Requests per accept transaction (group commit).",
@@ -90,6 +95,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.hits, m.conflicts, m.accepted, m.batchSize, m.batchDuration, m.age,
-		m.keyLookups, m.authFailures, m.waits, m.waitsRefused, m.inbound, m.inboundDuration)
+		m.keyLookups, m.authFailures, m.waits, m.waitsRefused, m.commandReads, m.inbound, m.inboundDuration)
 	return m
 }

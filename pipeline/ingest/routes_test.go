@@ -286,6 +286,98 @@ func TestCommandWait(t *testing.T) {
 	}
 }
 
+// A client's first ?wait= right after its 202 does not read the row: the
+// process that accepted the command knows it pending, and the outcome's
+// notification wakes the wait, whose one read answers. A second wait, on
+// a command whose outcome is known, reads at once.
+func TestCommandWaitAfterItsAcceptReadsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := ledgerPool(t)
+	s := startServer(t, pool, ingest.Config{WaitPoll: time.Minute})
+	key := tenant(t, pool, "acme")
+	id := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "o", body: `{"account_id":"a","currency":"EUR"}`}))
+	done := make(chan response, 1)
+	go func() {
+		done <- s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + id + "?wait=30s", apiKey: key})
+	}()
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if s.Waiters() != 1 {
+			return errors.New("the request has not registered yet")
+		}
+		return nil
+	})
+	if _, err := pool.Exec(ctx, `UPDATE command_status SET status = 'accepted' WHERE command_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.Notify(ctx, pool, postgres.OutcomesChannel, postgres.OutcomePayloads([]pipeline.ID{pipeline.MustParseID(id)})...); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		var body map[string]any
+		json.Unmarshal(r.Body, &body)
+		if r.Status != 200 || body["status"] != "accepted" || body["command_type"] != "OpenAccount" || body["aggregate_id"] != "acme/a" {
+			t.Fatalf("woken: %s", r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting request did not answer after its command's notification")
+	}
+	if got := s.counter(t, "onceflow_api_command_reads_total", nil); got != 1 {
+		t.Errorf("the wait read the row %v times, want 1 (after the notification only)", got)
+	}
+	if r := s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + id + "?wait=30s", apiKey: key}); r.Status != 200 || !strings.Contains(string(r.Body), `"accepted"`) {
+		t.Fatalf("a second wait: %s", r)
+	}
+	if got := s.counter(t, "onceflow_api_command_reads_total", nil); got != 2 {
+		t.Errorf("after a second wait: %v reads, want 2", got)
+	}
+}
+
+// An outcome notified before the client's first ?wait= arrives is read at
+// once: the notification ends what the process knew of the command it
+// accepted, so the wait does not sleep through WaitPoll on it. A key
+// revoked after the 202 is refused by the wait.
+func TestCommandWaitAfterItsOutcomeWasNotified(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := ledgerPool(t)
+	s := startServer(t, pool, ingest.Config{WaitPoll: time.Minute})
+	key := tenant(t, pool, "acme")
+	id := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "o", body: `{"account_id":"a","currency":"EUR"}`}))
+	if s.Fresh() != 1 {
+		t.Fatalf("the server knows %d commands it just accepted, want 1", s.Fresh())
+	}
+	if _, err := pool.Exec(ctx, `UPDATE command_status SET status = 'rejected', reason = 'account_exists', detail = 'x' WHERE command_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.Notify(ctx, pool, postgres.OutcomesChannel, postgres.OutcomePayloads([]pipeline.ID{pipeline.MustParseID(id)})...); err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if s.Fresh() != 0 {
+			return errors.New("the notification has not arrived yet")
+		}
+		return nil
+	})
+	start := time.Now()
+	r := s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + id + "?wait=30s", apiKey: key})
+	if r.Status != 200 || !strings.Contains(string(r.Body), `"rejected"`) {
+		t.Fatalf("a wait after the outcome: %s", r)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("a wait after the outcome's notification answered after %s: it slept on a stale pending", took)
+	}
+
+	other := acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "p", body: `{"account_id":"b","currency":"EUR"}`}))
+	if err := ingest.RevokeAPIKey(ctx, pool, key); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.do(t, req{method: http.MethodGet, path: "/v1/commands/" + other + "?wait=1s", apiKey: key}); r.Status != http.StatusUnauthorized {
+		t.Errorf("a wait with a key revoked after the 202: got %s, want 401", r)
+	}
+}
+
 // A ?wait= answers when the projector notifies its command's outcome
 // (postgres.OutcomesChannel), not at its next read: here the reads
 // without a notification are a minute apart, so only the notification can

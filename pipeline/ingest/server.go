@@ -77,7 +77,7 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 		lookupSlots: make(chan struct{}, cfg.MaxKeyLookups),
 		waits:       waits{max: cfg.MaxWaits, maxPerTenant: cfg.MaxWaitsPerTenant},
 		committer:   newCommitter(pool, cfg, logger, m),
-		wake:        newWakeups(pool, logger),
+		wake:        newWakeups(pool, logger, cfg.WaitPoll),
 		mux:         http.NewServeMux(),
 		byType:      map[string]*Route{},
 	}
@@ -348,6 +348,29 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 		}
 	}
 	deadline := time.Now().Add(wait)
+	if wait > 0 {
+		// A command this process accepted moments ago, whose outcome no
+		// notification has named since, is pending: its first wait need
+		// not read the row, the notification that ends it wakes the wait
+		// registered here, and the read after it answers (every answer
+		// comes from a read, which also checks the key again). That is one
+		// read per outcome instead of two when the client asks right after
+		// its 202, as clients do. A missed notification costs WaitPoll, as
+		// it does any wait.
+		woken, forget := s.wake.wait(id)
+		if s.wake.takeFresh(id, caller.tenant, aggregate) {
+			select {
+			case <-r.Context().Done():
+				forget()
+				return nil // the client is gone
+			case <-woken:
+			case <-time.After(min(s.cfg.WaitPoll, wait)):
+				forget()
+			}
+		} else {
+			forget()
+		}
+	}
 	for {
 		woken, forget := s.wake.wait(id)
 		c, err := s.loadCommand(r.Context(), id, caller, aggregate)
@@ -399,6 +422,7 @@ func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller,
 	}
 	defer conn.Release()
 	defer endRead(conn.Conn())
+	s.metrics.commandReads.Inc()
 	c := commandStatus{CommandID: id.String()}
 	var tenant string
 	found := false

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -25,10 +26,33 @@ type wakeups struct {
 
 	mu      sync.Mutex
 	waiters map[pipeline.ID]map[chan struct{}]struct{}
+	// fresh are the commands this process accepted within freshFor whose
+	// outcome no notification has named since (freshQueue: in the order
+	// they were accepted, for expiry).
+	fresh      map[pipeline.ID]freshCommand
+	freshQueue []freshEntry
+	freshFor   time.Duration
 }
 
-func newWakeups(pool *pgxpool.Pool, logger *slog.Logger) *wakeups {
-	return &wakeups{pool: pool, logger: logger, committed: make(chan struct{}, 1), waiters: map[pipeline.ID]map[chan struct{}]struct{}{}}
+// freshCommand is what ingest knows of a command it just accepted: the
+// row it wrote is pending, for this tenant and aggregate.
+type freshCommand struct {
+	tenant, aggregate string
+	at                time.Time
+}
+
+type freshEntry struct {
+	id pipeline.ID
+	at time.Time
+}
+
+// maxFresh bounds the fresh commands kept (a burst beyond it only costs
+// the oldest ones' waits a read each).
+const maxFresh = 1 << 16
+
+func newWakeups(pool *pgxpool.Pool, logger *slog.Logger, freshFor time.Duration) *wakeups {
+	return &wakeups{pool: pool, logger: logger, committed: make(chan struct{}, 1), waiters: map[pipeline.ID]map[chan struct{}]struct{}{},
+		fresh: map[pipeline.ID]freshCommand{}, freshFor: freshFor}
 }
 
 // run notifies the relays of commits and listens for outcomes until ctx
@@ -84,14 +108,69 @@ func (w *wakeups) outcomes(payload string) {
 			wakeAll(chs)
 			delete(w.waiters, id)
 		}
+		clear(w.fresh)
+		w.freshQueue = w.freshQueue[:0]
 		return
 	}
 	for _, id := range ids {
+		delete(w.fresh, id)
 		if chs, ok := w.waiters[id]; ok {
 			wakeAll(chs)
 			delete(w.waiters, id)
 		}
 	}
+}
+
+// accepting records commands whose rows this process committed as
+// pending; it is called before their 202s are sent, so the client's first
+// ?wait= finds them (takeFresh).
+func (w *wakeups) accepting(cmds map[pipeline.ID]freshCommand) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.expire(now)
+	for id, c := range cmds {
+		if len(w.freshQueue) >= maxFresh {
+			w.forgetFresh(w.freshQueue[0])
+			w.freshQueue = w.freshQueue[1:]
+		}
+		c.at = now
+		w.fresh[id] = c
+		w.freshQueue = append(w.freshQueue, freshEntry{id, now})
+	}
+}
+
+// expire forgets the fresh commands accepted more than freshFor ago.
+func (w *wakeups) expire(now time.Time) {
+	for len(w.freshQueue) > 0 && now.Sub(w.freshQueue[0].at) > w.freshFor {
+		w.forgetFresh(w.freshQueue[0])
+		w.freshQueue = w.freshQueue[1:]
+	}
+}
+
+// forgetFresh forgets e's command unless it was accepted again since (an
+// id is minted for each command, so only a test repeats one).
+func (w *wakeups) forgetFresh(e freshEntry) {
+	if c, ok := w.fresh[e.id]; ok && c.at.Equal(e.at) {
+		delete(w.fresh, e.id)
+	}
+}
+
+// takeFresh reports, once, whether id is a command of tenant (and of
+// aggregate, when one is named) that this process accepted within
+// freshFor and whose outcome no notification has named since: its row is
+// then known to be pending, and a wait registered before this call
+// (wait) is woken by the notification that ends it, so the wait need not
+// read the row first.
+func (w *wakeups) takeFresh(id pipeline.ID, tenant string, aggregate *string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c, ok := w.fresh[id]
+	if !ok {
+		return false
+	}
+	delete(w.fresh, id)
+	return c.tenant == tenant && (aggregate == nil || *aggregate == c.aggregate) && time.Since(c.at) <= w.freshFor
 }
 
 func wakeAll(chs map[chan struct{}]struct{}) {
