@@ -157,12 +157,31 @@ func (t targetReport) bill(b *strings.Builder, rates []float64) {
 		names = append(names, p.Name)
 	}
 	fmt.Fprintf(b, "\n%s, the bill: CPU µs per operation (a command: its POST and its outcome read) over each step, from /proc; "+
-		"Postgres's statements from pg_stat_statements (executing and planning, µs per operation):\n\n| step | operations | load gen |", t.Label)
+		"Postgres's statements from pg_stat_statements (executing and planning, µs per operation; idle: µs per second with no load, what no batching spreads):\n\n| step | operations | load gen |", t.Label)
 	for _, n := range names {
 		fmt.Fprintf(b, " %s |", n)
 	}
 	b.WriteString(" Postgres backends | Postgres background | **total** | machine | statements µs (planning) | statement calls |\n|---|---|---|")
 	b.WriteString(strings.Repeat("---|", len(names)) + "---|---|---|---|---|---|\n")
+	if idle := t.Idle; idle.Seconds > 0 {
+		// µs of CPU per second: cores × 10⁶.
+		u := idle.CPU
+		fmt.Fprintf(b, "| idle, µs per second | – | %.0f |", u.Load*1e6)
+		for i := range names {
+			v := 0.0
+			if i < len(u.Procs) {
+				v = u.Procs[i].Cores
+			}
+			fmt.Fprintf(b, " %.0f |", v*1e6)
+		}
+		fmt.Fprintf(b, " %.0f | %.0f | **%.0f** | %.0f |", u.Postgres*1e6, u.PostgresBackground*1e6, u.total()*1e6, u.Machine*1e6)
+		if idle.StatementsErr != "" {
+			b.WriteString(" – | – |\n")
+		} else {
+			ms, plan, calls := stmtTime(idle.Statements)
+			fmt.Fprintf(b, " %.0f (%.0f) | %.1f |\n", ms*1000/idle.Seconds, plan*1000/idle.Seconds, float64(calls)/idle.Seconds)
+		}
+	}
 	for _, s := range steps {
 		u := s.res.CPU
 		fmt.Fprintf(b, "| %s | %d | %.0f |", s.kind, s.res.N, perOp(u.Load, s.res))

@@ -42,7 +42,7 @@ func TestSmoke(t *testing.T) {
 	var out bytes.Buffer
 	rep, err := runReport(ctx, []string{
 		"-targets", "dev,watermill,noop", "-rates", "20", "-step", "2s", "-warmup", "0s",
-		"-closed", "1s", "-clients", "4", "-search", "0", "-tenants", "2", "-accounts", "4",
+		"-closed", "1s", "-idle", "1s", "-clients", "4", "-search", "0", "-tenants", "2", "-accounts", "4",
 		"-md", md, "-png", png,
 	}, os.Getenv, &out)
 	if err != nil {
@@ -70,6 +70,9 @@ func TestSmoke(t *testing.T) {
 		}
 		if c := tr.Closed[0]; c.Achieved <= 0 || c.Errs != 0 || c.Clients != 4 {
 			t.Errorf("%s closed loop: %.1f/s with %d clients, %d errors (first: %s)", tr.Name, c.Achieved, c.Clients, c.Errs, c.FirstErr)
+		}
+		if tr.Idle.Seconds < 1 || tr.Idle.N != 0 {
+			t.Errorf("%s: the idle step: %.1f s, %d operations; want 1 s and none", tr.Name, tr.Idle.Seconds, tr.Idle.N)
 		}
 		// The no-op server's 40 requests may take less than a clock tick.
 		if len(s.CPU.Procs) == 0 || tr.Name != "noop" && (s.CPU.System <= 0 || s.CPU.Postgres <= 0) {
@@ -106,7 +109,7 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling", "onceflow dev, the bill", "statements that took the most"} {
+	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling", "onceflow dev, the bill", "| idle, µs per second |", "statements that took the most"} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
 		}

@@ -89,6 +89,7 @@ type config struct {
 	step       time.Duration
 	warmup     time.Duration
 	closed     time.Duration
+	idle       time.Duration
 	clients    []int
 	goal       time.Duration
 	search     int
@@ -110,6 +111,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	warmup := fs.Duration("warmup", 3*time.Second, "open loop at the lowest rate before measuring, not reported")
 	closed := fs.Duration("closed", 10*time.Second, "length of each closed-loop run")
 	clients := fs.String("clients", "64,256", "closed-loop client counts to try")
+	idle := fs.Duration("idle", 5*time.Second, "length of the step with no load at all, whose CPU the bill shows per second (0: none)")
 	goal := fs.Duration("goal", 100*time.Millisecond, "p99 an open-loop rate must hold; the search finds the highest that does")
 	search := fs.Int("search", 3, "bisection steps of the search for the highest rate holding -goal (0: none)")
 	tenants := fs.Int("tenants", 16, "tenants the load is spread over (ingest holds at most 32 waits per tenant)")
@@ -121,7 +123,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	c := config{step: *step, warmup: *warmup, closed: *closed, goal: *goal, search: *search,
+	c := config{step: *step, warmup: *warmup, closed: *closed, idle: *idle, goal: *goal, search: *search,
 		tenants: *tenants, accounts: *accounts, md: *md, png: *png, cpuprofile: *cpuprofile, bin: *bin}
 	if c.cpuprofile != "" {
 		// Absolute, so the profile lands where it was asked for whatever
@@ -186,6 +188,7 @@ type targetReport struct {
 	Load        string   // load average when it started
 	Pressure    string   // CPU pressure (some, avg60) when it started
 	Ceiling     result   // the no-op server's closed loop just before it
+	Idle        result   // no load at all, for -idle
 	Err         string   // it could not be measured
 }
 
@@ -355,6 +358,18 @@ func measure(ctx context.Context, c config, e env, name string, ceiling *api) ta
 		res.Held = res.Errs == 0 && res.N > 0 && res.Visible.P99 <= ms(c.goal)
 		time.Sleep(time.Second) // let the last step's stragglers settle
 		return res
+	}
+	if c.idle > 0 {
+		// What the system costs with nothing to do (pollers, heartbeats,
+		// leases): the part of the bill no batching can spread.
+		tr.Idle = step(func() result {
+			select {
+			case <-ctx.Done():
+			case <-time.After(c.idle):
+			}
+			return result{}
+		})
+		logf("idle: %.3f cores (system), %.3f (its Postgres)", tr.Idle.CPU.System, tr.Idle.CPU.Postgres)
 	}
 	for _, n := range c.clients {
 		res := step(func() result { return closedLoop(ctx, n, c.closed, a.deposit) })
