@@ -3,7 +3,7 @@
 // HTTP server that does no work (docs/benchmarks.md#end-to-end-make-bench-e2e).
 //
 // It starts each system under test as processes of its own (`onceflow
-// dev`; with -split the broker, ingest, relay, processor and projector
+// dev`; with -split the broker, ingest, relay, processor, projector and worker
 // binaries; the Watermill peer of bench/watermill; the no-op server), one
 // after the other, and drives each over HTTP with the same load generator:
 // a deposit (POST /v1/accounts/{id}/deposits), then its outcome read back
@@ -104,8 +104,8 @@ type config struct {
 func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("bench-e2e", flag.ContinueOnError)
 	fs.SetOutput(out)
-	targets := fs.String("targets", "dev,watermill,noop", "systems to measure, in order: dev (onceflow dev), split (the four binaries), watermill (the peer), noop (HTTP only)")
-	split := fs.Bool("split", false, "also measure the four binaries as separate processes (adds split after dev)")
+	targets := fs.String("targets", "dev,watermill,noop", "systems to measure, in order: dev (onceflow dev), split (the five binaries), watermill (the peer), noop (HTTP only)")
+	split := fs.Bool("split", false, "also measure the five binaries as separate processes (adds split after dev)")
 	rates := fs.String("rates", "200,1000,2000", "open-loop rates, operations per second")
 	step := fs.Duration("step", 10*time.Second, "length of each open-loop step")
 	warmup := fs.Duration("warmup", 3*time.Second, "open loop at the lowest rate before measuring, not reported")

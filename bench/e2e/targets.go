@@ -211,7 +211,7 @@ func startDev(ctx context.Context, e env) (_ *target, err error) {
 // embedded broker (`onceflow dev --broker-only`) and the ingest, relay,
 // processor, projector and worker binaries.
 func startSplit(ctx context.Context, e env) (_ *target, err error) {
-	t, db, err := newTarget(ctx, e, "split", "onceflow, 4 processes", "split")
+	t, db, err := newTarget(ctx, e, "split", "onceflow, 5 processes", "split")
 	if err != nil {
 		return nil, err
 	}
