@@ -109,7 +109,15 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling", "onceflow dev, the bill", "| idle, µs per second |", "statements that took the most"} {
+	// The statements, or why there are none.
+	if dev, _ := rep.target("dev"); dev.Steps[0].StatementsErr == "" {
+		if !strings.Contains(string(text), "statements that took the most") {
+			t.Errorf("report lacks dev's statements:\n%s", text)
+		}
+	} else if !strings.Contains(string(text), "No statements: ") {
+		t.Errorf("report lacks why dev's statements are missing:\n%s", text)
+	}
+	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling", "onceflow dev, the bill", "| idle, µs per second |"} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
 		}
