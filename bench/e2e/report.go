@@ -245,6 +245,10 @@ func (r *report) ratios(b *strings.Builder) {
 			b.WriteString("\n")
 		}
 		if hasNoop {
+			nb := noop.bestClosed()
+			fmt.Fprintf(b, "- %s's bill in its best closed loop (%.0f/s): %.0f µs of CPU per command (its processes %.0f, its Postgres %.0f, the load generator %.0f), against %.0f µs for HTTP alone (the no-op server's best closed loop, load generator included).\n",
+				t.Label, best.Achieved, perOp(best.CPU.total(), best), perOp(best.CPU.System, best), perOp(best.CPU.Postgres+best.CPU.PostgresBackground, best), perOp(best.CPU.Load, best),
+				perOp(nb.CPU.total(), nb))
 			fmt.Fprintf(b, "- %s against the HTTP-only ceiling: %.2f× its closed-loop throughput (%.0f/s of %.0f/s in its own run)",
 				t.Label, best.Achieved/noop.bestClosed().Achieved, best.Achieved, noop.bestClosed().Achieved)
 			if t.Ceiling.N > 0 {
