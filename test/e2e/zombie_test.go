@@ -124,7 +124,12 @@ func TestZombieProcessorFencedByItsSuccessor(t *testing.T) {
 			t.Errorf("event %s of the zombie's fenced transaction is visible read_committed", e.where())
 		}
 	}
-	if n, _ := successor.Metric(ctx, "onceflow_processor_session_restarts_total"); n != 0 {
+	// The coordinator may take the zombie's check for a retry of the
+	// successor's own epoch bump and accept it once (KIP-360), so the
+	// successor may be fenced back once before the zombie's next check
+	// refuses it (TestReplacedProcessorLeaves); twice would be the two
+	// taking turns.
+	if n, _ := successor.Metric(ctx, "onceflow_processor_session_restarts_total"); n > 1 {
 		t.Errorf("the successor restarted %v sessions: the zombie fenced it back", n)
 	}
 }
