@@ -75,7 +75,11 @@
 // each worker its rows. The reads walk the (shard, xid, id) index through
 // onceflow_outbox_heads (all idle shards) and onceflow_outbox_next (one
 // shard), whatever the planner thinks of the queue table's statistics, so
-// dead tuples between autovacuum runs do not slow them.
+// dead tuples between autovacuum runs do not slow them. A wake-up that
+// finds a worker busy is kept for it: the rows it announces may have been
+// committed after that worker's last read-ahead, so the worker reads its
+// head once more before it waits (without this they waited for the next
+// poll).
 //
 // Rows are deleted only after the broker acknowledged the commit. A crash
 // (or a lost lease) between the commit and the delete leaves the rows; the

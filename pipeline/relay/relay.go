@@ -162,16 +162,18 @@ func (r *Relay) dispatch(ctx context.Context) error {
 	t := time.NewTimer(jitter(r.cfg.PollInterval))
 	defer t.Stop()
 	for {
+		wakeUp := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-r.wake:
+			wakeUp = true
 		case <-t.C:
 		}
 		t.Reset(jitter(r.cfg.PollInterval))
 		var claimed []*worker
 		for _, w := range r.heldShards() {
-			if w.idle.CompareAndSwap(true, false) {
+			if w.turn.claim(wakeUp) {
 				claimed = append(claimed, w)
 			}
 		}
@@ -191,7 +193,7 @@ func (r *Relay) handOut(ctx context.Context, claimed []*worker) error {
 	defer func() {
 		for _, w := range claimed {
 			if !given[w.shard] {
-				w.idle.Store(true)
+				w.turn.free()
 			}
 		}
 	}()

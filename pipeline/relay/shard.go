@@ -22,7 +22,7 @@ type worker struct {
 	shard int
 	token int64
 
-	idle      atomic.Bool      // waiting for work: the dispatcher may claim it
+	turn      turn             // the handshake with the dispatcher
 	work      chan []outboxRow // rows the dispatcher read for it
 	stopc     chan struct{}    // closed: stop after the batch in flight
 	stopOnce  sync.Once
@@ -36,6 +36,42 @@ type worker struct {
 }
 
 func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopc) }) }
+
+// turn is a worker's handshake with the dispatcher. The dispatcher claims
+// idle workers only; a wake-up that finds a worker busy is kept for it,
+// since the rows that wake-up announces may have been committed after the
+// busy worker's last read (its delete's read-ahead) and would otherwise
+// wait for the next poll.
+type turn struct {
+	idle  atomic.Bool // waiting for work: the dispatcher may claim it
+	woken atomic.Bool // a wake-up came while it was busy
+}
+
+// claim is the dispatcher's: it takes the worker if it is idle. On a
+// wake-up it first leaves word for a busy worker, then tries to claim it,
+// so a worker that goes idle in between finds the word (rest).
+func (t *turn) claim(wakeUp bool) bool {
+	if wakeUp {
+		t.woken.Store(true)
+	}
+	if t.idle.CompareAndSwap(true, false) {
+		t.woken.Store(false) // the dispatcher reads the shard itself
+		return true
+	}
+	return false
+}
+
+// rest is the worker's, when it has nothing to ship: it becomes idle and
+// reports whether a wake-up came while it was busy. If so, and the
+// dispatcher has not claimed it since, it is busy again and must read its
+// shard from the head itself.
+func (t *turn) rest() (readAgain bool) {
+	t.idle.Store(true)
+	return t.woken.Swap(false) && t.idle.CompareAndSwap(true, false)
+}
+
+// free makes a claimed worker that was given nothing idle again.
+func (t *turn) free() { t.idle.Store(true) }
 
 func (w *worker) release() {
 	w.releasing.Store(true)
@@ -150,7 +186,10 @@ func (r *Relay) runWorker(ctx context.Context, w *worker) {
 			return
 		}
 		if !pending && next == nil {
-			w.idle.Store(true)
+			if w.turn.rest() {
+				pending = true
+				continue
+			}
 			select {
 			case <-ctx.Done():
 				return

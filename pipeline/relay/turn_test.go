@@ -1,0 +1,62 @@
+package relay
+
+import (
+	"sync"
+	"testing"
+)
+
+// A wake-up that comes while a worker ships is kept: when the worker runs
+// out of rows it reads its shard again instead of waiting for the next
+// poll. (Before, the dispatcher dropped it, and a row committed after the
+// worker's last read-ahead waited a PollInterval: TestWakesOnNotification
+// failed that way in a soak at load 66, its next row 10 s late with a
+// one-minute poll.)
+func TestWakeWhileBusyIsKept(t *testing.T) {
+	var w turn // busy: not idle
+	if w.claim(true) {
+		t.Fatal("the dispatcher claimed a busy worker")
+	}
+	if !w.rest() {
+		t.Fatal("the worker went idle past a wake-up that came while it was busy")
+	}
+	if w.claim(false) {
+		t.Fatal("a worker reading again was claimed by the dispatcher")
+	}
+	// Having read again, it rests with nothing new: it waits for the dispatcher.
+	if w.rest() {
+		t.Fatal("a wake-up counted twice")
+	}
+	if !w.claim(false) {
+		t.Fatal("the dispatcher could not claim an idle worker")
+	}
+	w.free()
+	// A poll that finds it busy leaves no word: only a wake-up announces rows.
+	w.claim(false)
+	w.idle.Store(false)
+	if w.claim(false) || w.rest() {
+		t.Fatal("a poll that found the worker busy made it read again")
+	}
+}
+
+// Whatever the interleaving of a wake-up with a busy worker going idle,
+// exactly one side reads the shard after the wake-up: the dispatcher claims
+// the worker, or the worker reads again; never neither (a lost wake-up),
+// never both (two reads of one shard at once).
+func TestWakeTakenByExactlyOneSide(t *testing.T) {
+	for i := range 20000 {
+		var (
+			w                  turn
+			claimed, readAgain bool
+			wg                 sync.WaitGroup
+			start              = make(chan struct{})
+		)
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; claimed = w.claim(true) }()
+		go func() { defer wg.Done(); <-start; readAgain = w.rest() }()
+		close(start)
+		wg.Wait()
+		if claimed == readAgain {
+			t.Fatalf("round %d: dispatcher claimed %v, worker reads again %v: want exactly one", i, claimed, readAgain)
+		}
+	}
+}
