@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -330,14 +331,19 @@ func workload(t *testing.T, ctx context.Context, c func() *ledgerapp.Client, m *
 				case r < 2: // a concurrent retry with the same key
 					var wg2 sync.WaitGroup
 					results := make([]apiclient.Accepted, 2)
+					sendErrs := make([]error, 2)
 					for j := range results {
 						wg2.Add(1)
 						go func() {
 							defer wg2.Done()
-							results[j], _, err = send(ctx, c(), key, post)
+							results[j], _, sendErrs[j] = send(ctx, c(), key, post)
 						}()
 					}
 					wg2.Wait()
+					if err := errors.Join(sendErrs...); err != nil {
+						errs <- fmt.Errorf("concurrent retries of %s: %w", key, err)
+						return
+					}
 					if results[0].CommandID != results[1].CommandID {
 						errs <- fmt.Errorf("same key %s gave commands %s and %s", key, results[0].CommandID, results[1].CommandID)
 						return
