@@ -105,6 +105,14 @@ chaos: ## crash-and-duplicate harness with the bank invariant: make chaos DURATI
 	$(GO) test -count=1 -v -timeout 0 -run TestChaos ./test/chaos -args \
 	  -chaos.duration=$(or $(DURATION),2m) $(if $(SEED),-chaos.seed=$(SEED)) $(if $(FAULTS),-chaos.faults=$(FAULTS))
 
+# The same harness on three nodes of Apache Kafka of its own (replication
+# factor 3, min.insync.replicas 2), the broker's faults the real ones; CI
+# runs it for 2 minutes (test/chaos/doc.go).
+.PHONY: chaos-kafka
+chaos-kafka: ## the chaos harness on three Apache Kafka nodes with real faults: make chaos-kafka DURATION=10m [SEED=n] [FAULTS=coordinator,leader,nodepause,rolling,...]
+	$(GO) test -count=1 -v -timeout 0 -run 'TestChaos$$' ./test/chaos -args -chaos.kafka \
+	  -chaos.duration=$(or $(DURATION),2m) -chaos.seeds=$(or $(SEED),1) $(if $(FAULTS),-chaos.faults=$(FAULTS))
+
 .PHONY: soak
 soak: build ## run the tests that once lost a command many times under -race and load: make soak SOAK=300 [SOAK_LOAD=copies|hog|none] (docs/soak.md)
 	@$(PG_URL) && DATABASE_URL="$$url" scripts/soak.sh

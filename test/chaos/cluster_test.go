@@ -11,8 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/test/e2e"
+	"github.com/onceflow/onceflow/test/kafkacluster"
 )
 
 // cluster is the deployment under test: its own Postgres, the broker and
@@ -27,7 +29,10 @@ type cluster struct {
 	mu     sync.Mutex
 	comps  map[string]*e2e.Component // by instance name
 	kinds  map[string]string         // instance -> kind
-	broker *e2e.Proc
+	broker *e2e.Proc                 // the embedded broker; on Apache Kafka the registry
+	// kafka is the run's three nodes of Apache Kafka (-chaos.kafka), nil
+	// on the embedded broker.
+	kafka *kafkacluster.Cluster
 }
 
 // sessionTimeout is the processors' group session timeout in the chaos
@@ -82,6 +87,24 @@ func startClusterOf(t *testing.T, ctx context.Context, bin, app string) *cluster
 	c.pl = e2e.NewPipeline(bin, dir, url)
 	if app != "" {
 		c.pl.App, c.pl.Prefix = app, "" // the domain's own names
+	}
+	if *kafkaFlag {
+		if c.kafka, err = startKafka(ctx, dir); err != nil {
+			t.Fatalf("apache kafka: %v", err)
+		}
+		// Stopped after the components (cleanups run last first).
+		t.Cleanup(func() {
+			if t.Failed() {
+				for _, n := range c.kafka.Nodes() {
+					t.Logf("node %d: %s", n.ID, n.Tail(30))
+				}
+			}
+			c.kafka.Stop(10 * time.Second)
+		})
+		c.pl.BrokerAddr, c.pl.External = c.kafka.Bootstrap(), true
+		if err := provisionTopics(ctx, c.kafka, kafka.Topics{Prefix: c.pl.Prefix}); err != nil {
+			t.Fatalf("apache kafka: %v", err)
+		}
 	}
 	t.Cleanup(func() {
 		if t.Failed() {

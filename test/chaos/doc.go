@@ -79,6 +79,21 @@
 // test` runs seed 1 for 30 s (-chaos.inventory.duration; -chaos.duration
 // sets both shapes).
 //
+// With -chaos.kafka (make chaos-kafka) the bank's run is on three nodes
+// of Apache Kafka of its own (test/kafkacluster: replication factor 3,
+// min.insync.replicas 2, the transaction state too) instead of the
+// embedded broker, and the broker's restart gives way to Apache Kafka's
+// own faults: kill -9 of the node that coordinates a processor's
+// transactional id, at a moment the coordinator shows its transaction
+// committing (PrepareCommit) or else open; kill -9 of the leader of a
+// commands or events partition; a node paused with SIGSTOP past its
+// broker session timeout, then resumed; a rolling restart of the three
+// (each stopped with SIGTERM and started again, the controller last). A
+// killed node is started again on its storage, and after each of these
+// faults the run waits until every partition is in sync again, so that no
+// two faults take two replicas of a partition down. The invariant is the
+// same.
+//
 // It ends with a summary table: commands sent (and how many went to the
 // hot accounts), hostile records by kind, faults by kind, duplicates
 // absorbed at each boundary, losses and double effects (both must be 0),
@@ -88,5 +103,6 @@
 //
 //	make chaos DURATION=10m SEED=42
 //	make chaos DURATION=2m SEED=7 FAULTS=broker,zombie   # only these kinds
+//	make chaos-kafka DURATION=10m SEED=3                  # on three nodes of Apache Kafka
 //	go test ./test/chaos -run TestChaos -args -chaos.duration=2m -chaos.seed=7
 package chaos

@@ -1,9 +1,11 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,6 +28,9 @@ type faults struct {
 	c   *cluster
 	rng *rand.Rand
 
+	// firstRound is closed once every kind has been injected once.
+	firstRound chan struct{}
+
 	mu     sync.Mutex
 	counts map[string]int
 	log    []string
@@ -33,7 +38,7 @@ type faults struct {
 }
 
 func newFaults(c *cluster, seed uint64) *faults {
-	return &faults{c: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), counts: map[string]int{}}
+	return &faults{c: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), counts: map[string]int{}, firstRound: make(chan struct{})}
 }
 
 func (f *faults) note(kind, detail string, start time.Time) {
@@ -55,18 +60,28 @@ type faultKind struct {
 }
 
 // faultKinds returns the kinds a run injects, with their weights: all of
-// them, or those -chaos.faults names (to chase one kind's failure).
-func faultKinds(only string) []faultKind {
+// them, or those -chaos.faults names (to chase one kind's failure). On
+// Apache Kafka (onKafka) the embedded broker's restart gives way to the
+// real nodes' faults.
+func faultKinds(only string, onKafka bool) []faultKind {
 	all := []faultKind{{faultKill, 50}, {faultBroker, 10}, {faultPostgres, 10}, {faultZombie, 15}, {faultRelay, 15}, {faultWorker, 10}}
+	short := map[string]string{"kill": faultKill, "broker": faultBroker, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker}
+	names := "kill, broker, postgres, zombie, relay, worker"
+	if onKafka {
+		all = []faultKind{{faultKill, 40}, {faultCoordinator, 8}, {faultLeader, 8}, {faultNodePause, 6}, {faultRolling, 3},
+			{faultPostgres, 8}, {faultZombie, 12}, {faultRelay, 12}, {faultWorker, 8}}
+		short = map[string]string{"kill": faultKill, "coordinator": faultCoordinator, "leader": faultLeader, "nodepause": faultNodePause,
+			"rolling": faultRolling, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker}
+		names = "kill, coordinator, leader, nodepause, rolling, postgres, zombie, relay, worker"
+	}
 	if only == "" {
 		return all
 	}
-	short := map[string]string{"kill": faultKill, "broker": faultBroker, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker}
 	var out []faultKind
 	for _, name := range strings.Split(only, ",") {
 		long, ok := short[strings.TrimSpace(name)]
 		if !ok {
-			panic(fmt.Sprintf("-chaos.faults: unknown fault kind %q (kill, broker, postgres, zombie, relay, worker)", name))
+			panic(fmt.Sprintf("-chaos.faults: unknown fault kind %q (%s)", name, names))
 		}
 		for _, k := range all {
 			if k.name == long {
@@ -105,12 +120,17 @@ func verdict[V any](t *testing.T, f *faults, seed uint64, derr error, vs []V) bo
 }
 
 func (f *faults) run(ctx context.Context) {
-	kinds := faultKinds(*faultsFlag)
+	kinds := faultKinds(*faultsFlag, f.c.kafka != nil)
 	total := 0
 	for _, k := range kinds {
 		total += k.weight
 	}
 	order := f.rng.Perm(len(kinds))
+	// A rolling restart, the longest fault by far, comes last in the
+	// first round, so that a short run meets the others first.
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(b2i(kinds[a].name == faultRolling), b2i(kinds[b].name == faultRolling))
+	})
 	for n := 0; ; {
 		wait := time.Duration(1500+f.rng.IntN(3000)) * time.Millisecond
 		select {
@@ -142,7 +162,20 @@ func (f *faults) run(ctx context.Context) {
 			zombie = fmt.Sprintf("worker-%d", 1+f.rng.IntN(2))
 		}
 		down := time.Duration(200+f.rng.IntN(1800)) * time.Millisecond
-		f.inject(ctx, kind, victim, zombie, down)
+		pick := f.rng.IntN(1 << 20)
+		switch kind {
+		case faultCoordinator, faultLeader, faultNodePause, faultRolling:
+			// A fault's own steps run to completion even if the run is
+			// ending; a rolling restart of three nodes takes minutes.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+			f.injectKafka(fctx, kind, fmt.Sprintf("processor-%d", 1+pick%2), pick)
+			cancel()
+		default:
+			f.inject(ctx, kind, victim, zombie, down)
+		}
+		if n == len(order) {
+			close(f.firstRound)
+		}
 	}
 }
 
@@ -207,6 +240,13 @@ func (f *faults) restart(ctx context.Context, name string) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // summary returns the counts by kind, sorted.
