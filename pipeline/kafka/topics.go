@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -127,7 +128,9 @@ func (t Topics) Specs() []TopicSpec {
 // that exist are not created again, so a principal that may describe them
 // but not create them — every component's but the operator's
 // (docs/security.md#kafka-acls) — provisions a deployment whose topics
-// `onceflow topics create` made.
+// `onceflow topics create` made. On a cluster of several nodes, a topic
+// just created may be unknown for a moment to the node its check asks:
+// Provision then checks again, for at most 30 s.
 func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
 	t = t.withDefaults()
 	specs := t.Specs()
@@ -167,7 +170,38 @@ func Provision(ctx context.Context, adm *kadm.Client, t Topics) error {
 	if err := waitListed(ctx, adm, created); err != nil {
 		return err
 	}
-	return Check(ctx, adm, t)
+	return checkCreated(ctx, adm, t, created)
+}
+
+// settleTimeout bounds how long Provision checks again topics it created
+// that a broker does not know yet.
+const settleTimeout = 30 * time.Second
+
+// checkCreated runs Check, and again while it finds a topic unknown after
+// Provision created some (UNKNOWN_TOPIC_OR_PARTITION), for at most
+// settleTimeout. On several nodes each broker learns of a new topic from
+// the controller on its own time: the metadata may list the topics (one
+// broker answers it) while DescribeConfigs goes to another that does not
+// know them yet (three nodes of Apache Kafka 4.3.2: ledger.commands.dlq
+// unknown right after its creation).
+func checkCreated(ctx context.Context, adm *kadm.Client, t Topics, created []string) error {
+	err := Check(ctx, adm, t)
+	if len(created) == 0 {
+		return err
+	}
+	deadline := time.Now().Add(settleTimeout)
+	for errors.Is(err, kerr.UnknownTopicOrPartition) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topics created (%s) still unknown to a broker after %s: %w", strings.Join(created, ", "), settleTimeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topics created (%s) unknown to a broker: %w (%w)", strings.Join(created, ", "), err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+		err = Check(ctx, adm, t)
+	}
+	return err
 }
 
 // waitListed waits until the metadata lists names. Apache Kafka answers
@@ -202,6 +236,17 @@ func waitListed(ctx context.Context, adm *kadm.Client, names []string) error {
 	}
 }
 
+// missingTopicError is Check's error for a topic the metadata does not
+// list: UNKNOWN_TOPIC_OR_PARTITION, which Provision checks again after
+// creating topics.
+type missingTopicError string
+
+func (e missingTopicError) Error() string {
+	return fmt.Sprintf("topic %s does not exist (run `onceflow topics create`)", string(e))
+}
+
+func (e missingTopicError) Is(target error) bool { return target == kerr.UnknownTopicOrPartition }
+
 // Check verifies that the topics exist with the cleanup policies of
 // docs/architecture.md#topics-keys-and-headers and that commands and state have
 // the same partition count (the processor restores a commands partition's state
@@ -223,7 +268,7 @@ func Check(ctx context.Context, adm *kadm.Client, t Topics) error {
 	for _, name := range names {
 		d, ok := details[name]
 		if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
-			errs = append(errs, fmt.Errorf("topic %s does not exist (run `onceflow topics create`)", name))
+			errs = append(errs, missingTopicError(name))
 		} else if d.Err != nil {
 			errs = append(errs, fmt.Errorf("topic %s: %w", name, d.Err))
 		}
