@@ -35,7 +35,15 @@
 // its key, with 500s, 503s and 429s with Retry-After before applying it,
 // and with hangs past the worker's timeout and 502s after applying it.
 //
-// After the faults stop and the pipeline drains, the checker verifies:
+// After the faults stop, the run waits for the pipeline to drain: the
+// outbox empty and every command the harness knows of with its outcome,
+// the workload's and the credit (then any refund) of each accepted
+// transfer, which the processor sends through the commands topic and
+// nothing else shows in flight. A drain that runs out of time
+// (-chaos.drain, 3 minutes) fails the run naming each command still
+// waited for, where the commands topic holds it (read_committed,
+// read_uncommitted only, or not at all) and each consumer group's lag.
+// Then the checker verifies:
 //
 //   - every command answered 2xx (or produced to Kafka) has exactly one
 //     outcome in command_status;
