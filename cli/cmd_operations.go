@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
@@ -148,7 +150,7 @@ func runTrace(ctx context.Context, domains []*onceflow.Domain, args []string, ge
 		return fmt.Errorf("trace %q: %w", fs.Arg(0), err)
 	}
 	if a := dep.Handler(t.Command.CommandType); a != nil && !noKafka {
-		if err := locate(ctx, cfg, t, a.Topics.Commands(), a.Domain.EventsTopic()); err != nil {
+		if err := locate(ctx, cfg, dep, pool, t, a.Topics.Commands(), a.Domain.EventsTopic()); err != nil {
 			t.Notes = append(t.Notes, "Kafka: "+err.Error())
 		}
 	}
@@ -174,8 +176,10 @@ func runTrace(ctx context.Context, domains []*onceflow.Domain, args []string, ge
 
 // locate finds where the command and its events are on Kafka: the
 // outbox row is gone once shipped, so the topics are read from the
-// command's time on.
-func locate(ctx context.Context, cfg onceflow.Config, t *trace.Trace, commands, events string) error {
+// command's time on. Then which consumers of the events topic have read
+// past each event: the consumers `onceflow lag` shows (every group of the
+// cluster, a projector by its offsets in Postgres).
+func locate(ctx context.Context, cfg onceflow.Config, dep *onceflow.Deployment, pool *pgxpool.Pool, t *trace.Trace, commands, events string) error {
 	cl, err := cfg.Kafka.NewClient()
 	if err != nil {
 		return err
@@ -205,7 +209,14 @@ func locate(ctx context.Context, cfg onceflow.Config, t *trace.Trace, commands, 
 			t.Events[i].Position = &p
 		}
 	}
-	return nil
+	if len(found) == 0 {
+		return nil
+	}
+	sources, err := dep.LagSources(ctx, cl, pool)
+	if err != nil {
+		return fmt.Errorf("the consumers of %s: %w", events, err)
+	}
+	return trace.Consumers(ctx, cl, events, sources, t)
 }
 
 // plain is s for a terminal: control characters (a provider's event id

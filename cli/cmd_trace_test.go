@@ -172,8 +172,8 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 			t.Errorf("step %+v has no time", s)
 		}
 	}
-	if got := strings.Join(stages, " "); got != "key command shipped event inbox job webhook status" {
-		t.Errorf("timeline %q, want key command shipped event inbox job webhook status", got)
+	if got := strings.Join(stages, " "); got != "key command shipped event consumers inbox job webhook status" {
+		t.Errorf("timeline %q, want key command shipped event consumers inbox job webhook status", got)
 	}
 	// The delivery's job is the one the receiver saw, once, under its key.
 	d, jb := e.Deliveries[0], e.Jobs
@@ -189,8 +189,41 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 			t.Errorf("trace %s: %+v", q, got)
 		}
 	}
+	// Lineage: two consumer groups of ledger.events, billing having read
+	// and committed the deposit's event, shipping only the account's
+	// opening (the record before it on the partition), are shown as
+	// having read past it and not; the projector, by its offsets in
+	// Postgres, has.
+	var opened string
+	if ev, _, _ := traceOf("-json", "trace-open"); len(ev.Events) == 1 {
+		opened = ev.Events[0].EventID
+	}
+	if opened == "" {
+		t.Fatal("trace-open: no event")
+	}
+	readUntil(t, brokers, "billing", e.Position.Topic, e.EventID)
+	readUntil(t, brokers, "shipping", e.Position.Topic, opened)
+	tr, _, _ = traceOf("-json", "trace-dep")
+	got := map[string]trace.Consumer{}
+	for _, c := range tr.Events[0].Consumers {
+		got[c.Group] = c
+	}
+	if c := got["billing"]; !c.Seen || c.OffsetsIn != "kafka" || c.Committed != tr.Events[0].Position.Offset+1 {
+		t.Errorf("billing %+v, want seen with committed offset %d", c, tr.Events[0].Position.Offset+1)
+	}
+	if c := got["shipping"]; c.Group == "" || c.Seen || c.Committed < 0 || c.Committed > tr.Events[0].Position.Offset {
+		t.Errorf("shipping %+v, want not seen, committed at or before %d", c, tr.Events[0].Position.Offset)
+	}
+	if c := got["onceflow-projector"]; !c.Seen || c.OffsetsIn != "postgres" {
+		t.Errorf("the projector %+v, want seen, its offsets in postgres", c)
+	}
+	for g := range got {
+		if strings.HasPrefix(g, "onceflow-processor") {
+			t.Errorf("%s reads the commands topic, not the events: %+v", g, got)
+		}
+	}
 	_, _, text := traceOf("trace-dep")
-	for _, want := range []string{"idempotency-key \"trace-dep\"", "shipped", fmt.Sprintf("partition %d offset %d", tr.Shipped.Partition, tr.Shipped.Offset), "onceflow-projector applied", "accepted"} {
+	for _, want := range []string{"idempotency-key \"trace-dep\"", "shipped", "read past it: billing, onceflow-projector; not yet: shipping (at offset", fmt.Sprintf("partition %d offset %d", tr.Shipped.Partition, tr.Shipped.Offset), "onceflow-projector applied", "accepted"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("trace output has no %q:\n%s", want, text)
 		}
@@ -198,5 +231,36 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(ctx, []string{"trace", "no-such-key"}, func(k string) string { return env[k] }, &out); err == nil || !errors.Is(err, trace.ErrNotFound) {
 		t.Errorf("an unknown key: %v", err)
+	}
+}
+
+// readUntil reads topic as the consumer group group until the record with
+// the event id, and commits it: the group has then read past it, and no
+// further.
+func readUntil(t *testing.T, brokers []string, group, topic, eventID string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.DisableAutoCommit(), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := fs.Err0(); err != nil {
+			t.Fatalf("%s reading %s: %v", group, topic, err)
+		}
+		for _, r := range fs.Records() {
+			for _, h := range r.Headers {
+				if h.Key == "event-id" && string(h.Value) == eventID {
+					if err := cl.CommitRecords(ctx, r); err != nil {
+						t.Fatalf("%s commits: %v", group, err)
+					}
+					return
+				}
+			}
+		}
 	}
 }

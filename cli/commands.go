@@ -48,7 +48,7 @@ func init() {
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsList})
 	register(&command{name: "reconcile", summary: "find stuck or ambiguous work (commands pending too long, outbox_dead, DLQ, unapplied inbound events, jobs out of attempts), ask their authority, correct through commands, audit, report",
 		settings: use(kafkaSettings, registrySettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix, outboxShards}), run: runReconcile})
-	register(&command{name: "trace", summary: "print one command's whole path from an Idempotency-Key, provider/event-id, command id or event id: key, outbox, where it was shipped, status, events, inbox rows, corrections", args: "IDEMPOTENCY-KEY | PROVIDER/EVENT-ID | COMMAND-ID | EVENT-ID",
+	register(&command{name: "trace", summary: "print one command's whole path from an Idempotency-Key, provider/event-id, command id or event id: key, outbox, where it was shipped, status, events and which consumer groups have read past them, inbox rows, corrections", args: "IDEMPOTENCY-KEY | PROVIDER/EVENT-ID | COMMAND-ID | EVENT-ID",
 		settings: use(kafkaSettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix}), run: runTrace})
 	register(&command{name: "webhooks list", summary: "print a tenant's webhook subscriptions (status, event types, circuit breaker)",
 		settings: use([]*setting{databaseURL}), run: runWebhooksList})

@@ -219,6 +219,13 @@ func (m *LagMeter) Lag(ctx context.Context, sources []LagSource) ([]PartitionLag
 	return out, nil
 }
 
+// Committed returns each source's next offsets by topic and partition,
+// in the order of sources, as Lag reads them: its own (Offsets) or its
+// Kafka group's. A group that is gone or hidden has none (nil).
+func Committed(ctx context.Context, cl *kgo.Client, sources []LagSource) ([]map[string]map[int32]int64, error) {
+	return NewLagMeter(cl).committed(ctx, sources)
+}
+
 // committed returns each source's committed offsets by topic and
 // partition: its own (Offsets), or its Kafka group's, fetched in one
 // listing per coordinator. A group that is gone or hidden has none.

@@ -2,9 +2,15 @@ package trace_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/trace"
@@ -66,5 +72,71 @@ func BenchmarkFind(b *testing.B) {
 	b.ReportMetric(ms(byKey), "by_key_ms")
 	b.ReportMetric(ms(byID), "by_command_id_ms")
 	b.ReportMetric(ms(base), "baseline_status_ms")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkConsumers measures trace.Consumers (`onceflow trace`'s answer
+// to "which consumers have read past each event") for a command's two
+// events among 100 consumer groups with offsets committed on an events
+// topic of 8 partitions, 20 of them on another topic, on the embedded
+// broker, next to the baseline of the same run: trace.Locate of the same
+// events, the Kafka part every trace already pays (10,000 records, from
+// the command's time on).
+func BenchmarkConsumers(b *testing.B) {
+	ctx := context.Background()
+	brokers := pipelinetest.Broker(b).Addrs()
+	topics := pipelinetest.Topics(b, brokers, 8)
+	events := topics.Events()
+	cl := pipelinetest.Client(b, brokers)
+	since := time.Now()
+	var recs []*kgo.Record
+	for i := range 10_000 {
+		recs = append(recs, &kgo.Record{Topic: events, Partition: int32(i % 8), Value: []byte("x"),
+			Headers: []kgo.RecordHeader{{Key: pipeline.HeaderEventID, Value: fmt.Appendf(nil, "ev-%d", i)}}})
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		b.Fatal(err)
+	}
+	adm := kadm.NewClient(cl)
+	for g := range 100 {
+		offs := kadm.Offsets{}
+		topic := events
+		if g%5 == 0 {
+			topic = topics.Commands()
+		}
+		for p := range int32(8) {
+			offs.AddOffset(topic, p, int64(g*12), -1)
+		}
+		if err := adm.CommitAllOffsets(ctx, fmt.Sprintf("group-%03d", g), offs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	want := []string{"ev-4000", "ev-9001"}
+	var located, seen time.Duration
+	for range b.N {
+		start := time.Now()
+		found, err := trace.Locate(ctx, cl, events, since, pipeline.HeaderEventID, want)
+		if err != nil || len(found) != 2 {
+			b.Fatalf("locate: %v, %v", found, err)
+		}
+		located += time.Since(start)
+		t := &trace.Trace{Events: []trace.Event{{EventID: want[0]}, {EventID: want[1]}}}
+		for i := range t.Events {
+			p := found[want[i]]
+			t.Events[i].Position = &p
+		}
+		start = time.Now()
+		sources, err := kafka.Groups(ctx, cl)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := trace.Consumers(ctx, cl, events, sources, t); err != nil || len(t.Events[0].Consumers) != 80 {
+			b.Fatalf("consumers: %d, %v", len(t.Events[0].Consumers), err)
+		}
+		seen += time.Since(start)
+	}
+	ms := func(d time.Duration) float64 { return float64((d / time.Duration(b.N)).Microseconds()) / 1000 }
+	b.ReportMetric(ms(seen), "consumers_ms")
+	b.ReportMetric(ms(located), "baseline_locate_ms")
 	b.ReportMetric(0, "ns/op")
 }

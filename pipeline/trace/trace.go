@@ -3,8 +3,10 @@
 // a command id or an event id to the key record, the inbound event, the
 // outbox row or where the relay shipped the command (topic, partition,
 // offset), its status, its events and where they are on the events
-// topic, the projectors' inbox rows, the jobs and webhook deliveries the
-// events caused, and any reconciliation of it, with their times.
+// topic, which consumers of that topic have read past each event
+// (Consumers), the projectors' inbox rows, the jobs and webhook
+// deliveries the events caused, and any reconciliation of it, with their
+// times.
 //
 // What the database still holds is read in one read-only transaction;
 // where a command and its events are on Kafka is found by reading the
@@ -18,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -43,7 +46,10 @@ type Trace struct {
 	Shipped     *Position     `json:"shipped,omitempty"`     // where it is on the commands topic
 	Events      []Event       `json:"events"`
 	Corrections []Correction  `json:"corrections,omitempty"`
-	Notes       []string      `json:"notes,omitempty"` // what could not be found, and why
+	// ConsumersAt is when the consumers' offsets were read (Consumers),
+	// nil when they were not.
+	ConsumersAt *time.Time `json:"consumers_at,omitempty"`
+	Notes       []string   `json:"notes,omitempty"` // what could not be found, and why
 }
 
 // KeyRecord is the command's idempotency_keys row.
@@ -120,6 +126,22 @@ type Event struct {
 	// River jobs (a delivery's among them), while River keeps them.
 	Deliveries []Delivery `json:"webhook_deliveries"`
 	Jobs       []Job      `json:"jobs"`
+	// Consumers are the consumers of the events topic and whether each
+	// has read past the event (Consumers), when its position is known.
+	Consumers []Consumer `json:"consumers,omitempty"`
+}
+
+// Consumer is one consumer of the events topic (a consumer group, or a
+// projector whose offsets are in Postgres) and where it is on an event's
+// partition.
+type Consumer struct {
+	Group     string `json:"group"`
+	OffsetsIn string `json:"offsets_in"` // kafka.OffsetsInKafka or kafka.OffsetsInPostgres
+	// Committed is its next offset on the event's partition, -1 if it has
+	// none there.
+	Committed int64 `json:"committed_offset"`
+	// Seen: it has read past the event (Committed is above its offset).
+	Seen bool `json:"seen"`
 }
 
 // Delivery is one webhook delivery of an event (webhook_deliveries).
@@ -496,6 +518,50 @@ func Locate(ctx context.Context, cl *kgo.Client, topic string, since time.Time, 
 	return found, errors.Join(errs...)
 }
 
+// Consumers finds, for each event of t with a position on topic, which of
+// sources — the consumers to ask, such as every consumer group of the
+// cluster and the projectors whose offsets are in Postgres — have read
+// past it, from their committed offsets (kafka.Committed). A committed
+// offset is the next record the consumer reads, so a consumer has read
+// past an event at offset o once its offset on o's partition is above o;
+// that it has read the event is all it tells: what the consumer did with
+// it is the consumer's own (a projector's inbox row says it applied it). A
+// source with no offset on topic and not declared a reader of it does not
+// read the topic and is left out; one that reads it but has no offset on
+// the event's partition has not read the event.
+func Consumers(ctx context.Context, cl *kgo.Client, topic string, sources []kafka.LagSource, t *Trace) error {
+	committed, err := kafka.Committed(ctx, cl, sources)
+	if err != nil {
+		return fmt.Errorf("consumers of %s: %w", topic, err)
+	}
+	at := time.Now()
+	t.ConsumersAt = &at
+	for i := range t.Events {
+		e := &t.Events[i]
+		if e.Position == nil || e.Position.Topic != topic {
+			continue
+		}
+		e.Consumers = []Consumer{}
+		for j, src := range sources {
+			offs, reads := committed[j][topic]
+			if !reads && !slices.Contains(src.Topics, topic) {
+				continue
+			}
+			c := Consumer{Group: src.Group, OffsetsIn: kafka.OffsetsInKafka, Committed: -1}
+			if src.Offsets != nil {
+				c.OffsetsIn = kafka.OffsetsInPostgres
+			}
+			if o, ok := offs[e.Position.Partition]; ok {
+				c.Committed = o
+			}
+			c.Seen = c.Committed > e.Position.Offset
+			e.Consumers = append(e.Consumers, c)
+		}
+		sort.SliceStable(e.Consumers, func(a, b int) bool { return e.Consumers[a].Group < e.Consumers[b].Group })
+	}
+	return nil
+}
+
 // Step is one line of a trace's timeline.
 type Step struct {
 	At    time.Time `json:"at"`
@@ -504,7 +570,7 @@ type Step struct {
 }
 
 // Timeline is the trace as steps in the order of the path (key, provider
-// event, command, outbox, shipped, events with their inbox rows, jobs and
+// event, command, outbox, shipped, events with their consumers, inbox rows, jobs and
 // webhook deliveries, status, corrections), each with its time. Not sorted by time: the stages of one
 // command often share a millisecond, and records carry the command's time.
 func (t *Trace) Timeline() []Step {
@@ -537,6 +603,9 @@ func (t *Trace) Timeline() []Step {
 			where = fmt.Sprintf("on %s partition %d offset %d", p.Topic, p.Partition, p.Offset)
 		}
 		add(e.OccurredAt, "event", "%s %s version %d, %s", e.EventType, e.EventID, e.Version, where)
+		if e.Consumers != nil && t.ConsumersAt != nil {
+			add(*t.ConsumersAt, "consumers", "%s", consumersLine(e.Consumers))
+		}
 		for _, in := range e.Inbox {
 			add(in.ReceivedAt, "inbox", "%s applied %s", in.Consumer, e.EventID)
 		}
@@ -571,4 +640,28 @@ func (t *Trace) Timeline() []Step {
 		add(k.CorrectedAt, "reconcile", "%s %s: %s as %s (%s)", k.Kind, k.Subject, k.Action, k.CommandID, k.Reason)
 	}
 	return s
+}
+
+// consumersLine says which consumers have read past an event and which
+// have not, with where those are on its partition.
+func consumersLine(cs []Consumer) string {
+	var seen, not []string
+	for _, c := range cs {
+		if c.Seen {
+			seen = append(seen, c.Group)
+			continue
+		}
+		where := "no offset on its partition"
+		if c.Committed >= 0 {
+			where = fmt.Sprintf("at offset %d", c.Committed)
+		}
+		not = append(not, fmt.Sprintf("%s (%s)", c.Group, where))
+	}
+	none := func(s []string) string {
+		if len(s) == 0 {
+			return "none"
+		}
+		return strings.Join(s, ", ")
+	}
+	return "read past it: " + none(seen) + "; not yet: " + none(not)
 }
