@@ -81,11 +81,15 @@ func NewProjection(name string, cfg Config, router Router, reg prometheus.Regist
 		}, []string{"kind"}),
 	}
 	if reg != nil {
-		for _, c := range []*prometheus.CounterVec{p.enqueued, p.dups} {
-			if err := reg.Register(c); err != nil {
-				if _, ok := err.(prometheus.AlreadyRegisteredError); !ok {
+		// Every projection of a registry counts in the same counters (a
+		// domain's job kinds beside the webhooks').
+		for _, c := range []**prometheus.CounterVec{&p.enqueued, &p.dups} {
+			if err := reg.Register(*c); err != nil {
+				are, ok := err.(prometheus.AlreadyRegisteredError)
+				if !ok {
 					return nil, err
 				}
+				*c = are.ExistingCollector.(*prometheus.CounterVec)
 			}
 		}
 	}

@@ -46,13 +46,26 @@ func (p *retryPolicy) forget(t token) {
 
 // NextRetry implements river.ClientRetryPolicy.
 func (p *retryPolicy) NextRetry(job *rivertype.JobRow) time.Time {
+	return p.next(job, p.base, p.max)
+}
+
+// NextRetry is when job's failed attempt is retried by a job kind with a
+// backoff of its own (a River worker's NextRetry, which River asks before
+// the worker's policy): after what the attempt asked for
+// (pipeline.RetryAfter), else a random wait up to base × 2^(attempt-1),
+// at most max.
+func (w *Worker) NextRetry(job *rivertype.JobRow, base, max time.Duration) time.Time {
+	return w.retry.next(job, base, max)
+}
+
+func (p *retryPolicy) next(job *rivertype.JobRow, base, max time.Duration) time.Time {
 	t := token{job.ID, job.Attempt}
 	p.mu.Lock()
 	d, ok := p.asked[t]
 	delete(p.asked, t)
 	p.mu.Unlock()
 	if !ok {
-		d = pipeline.Backoff(p.base, p.max, job.Attempt)
+		d = pipeline.Backoff(base, max, job.Attempt)
 	}
 	return time.Now().Add(d)
 }
