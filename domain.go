@@ -81,6 +81,11 @@ type Domain struct {
 	// happened under an Idempotency-Key or a provider event. Two domains
 	// of a deployment may not both set one kind. None: reported only.
 	Authorities map[string]reconcile.Authority
+	// Jobs are the domain's job kinds (Job): effects beyond the database
+	// its events cause, enqueued in its projector's transaction and run
+	// by the worker (docs/jobs.md#writing-a-job). Kind names are unique
+	// in a deployment.
+	Jobs []JobKind
 }
 
 // Route is one HTTP route that accepts a command (ingest.Route).
@@ -216,7 +221,7 @@ func newDeployment(domains []*Domain, prefix string, topics kafka.Topics) (*Depl
 		return nil, fmt.Errorf("ONCEFLOW_TOPIC_PREFIX %q names the topics of one domain; this deployment runs %d (each uses its name)", prefix, len(domains))
 	}
 	dep := &Deployment{}
-	seenPrefix, seenType, seenRoute := map[string]string{}, map[string]string{}, map[string]string{}
+	seenPrefix, seenType, seenRoute, seenKind := map[string]string{}, map[string]string{}, map[string]string{}, map[string]string{}
 	for _, d := range domains {
 		if d == nil || !nameRE.MatchString(d.Name) {
 			return nil, fmt.Errorf("domain name %q: want lowercase letters, digits, '-' and '_', starting with a letter", nameOf(d))
@@ -260,6 +265,19 @@ func newDeployment(domains []*Domain, prefix string, topics kafka.Topics) (*Depl
 				seenType[ct] = d.Name + "/" + spec.name
 			}
 			rd.aggregates = append(rd.aggregates, at)
+		}
+		for _, k := range d.Jobs {
+			if k == nil {
+				return nil, fmt.Errorf("domain %s: a nil job kind", d.Name)
+			}
+			spec := k.jobKind()
+			if err := spec.validate(d.Name); err != nil {
+				return nil, err
+			}
+			if other, dup := seenKind[spec.kind]; dup {
+				return nil, fmt.Errorf("job kind %s is declared by %s and by %s", spec.kind, other, d.Name)
+			}
+			seenKind[spec.kind] = d.Name
 		}
 		for _, r := range d.Routes {
 			if other, dup := seenRoute[r.Pattern]; dup {

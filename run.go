@@ -334,7 +334,7 @@ func (p *process) startWorker(context.Context) error {
 	if !p.rc.Components.Worker {
 		return nil
 	}
-	w, err := newWorker(p.rc.Config, p.rc.Worker, p.rc.Webhooks, p.pool, p.metrics)
+	w, err := newWorker(p.rc.Config, p.rc.Worker, p.rc.Webhooks, p.pool, p.dep, p.metrics)
 	if err != nil {
 		return err
 	}

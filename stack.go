@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -489,7 +490,11 @@ func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, pool *pgx
 	if err != nil {
 		return nil, err
 	}
-	return projector.New(pcfg, cfg.Kafka, pool, s[d.EventsTopic()], append(d.ReadModels(), hooks), cfg.Logger, reg)
+	own, err := jobProjections(d, wcfg, reg)
+	if err != nil {
+		return nil, err
+	}
+	return projector.New(pcfg, cfg.Kafka, pool, s[d.EventsTopic()], append(append(d.ReadModels(), hooks), own...), cfg.Logger, reg)
 }
 
 // newNATSink builds d's NATS sink: d's events topic to the stream
@@ -502,13 +507,20 @@ func newNATSink(cfg Config, ncfg natsink.Config, d *DeployedDomain, reg promethe
 }
 
 // newWorker builds the worker: River's client over pool running the job
-// kinds onceflow has (webhook deliveries). Its River client id is River's
-// default (host name and start time): River elects its leader by it, so
-// two workers must never share one.
-func newWorker(cfg Config, wcfg jobs.Config, hcfg webhooks.Config, pool *pgxpool.Pool, reg prometheus.Registerer) (*jobs.Worker, error) {
-	register, err := webhooks.Register(hcfg, cfg.Logger, reg)
+// kinds onceflow has (webhook deliveries) and the deployment's domains'
+// own (Domain.Jobs). Its River client id is River's default (host name
+// and start time): River elects its leader by it, so two workers must
+// never share one.
+func newWorker(cfg Config, wcfg jobs.Config, hcfg webhooks.Config, pool *pgxpool.Pool, dep *Deployment, reg prometheus.Registerer) (*jobs.Worker, error) {
+	hooks, err := webhooks.Register(hcfg, cfg.Logger, reg)
 	if err != nil {
 		return nil, err
+	}
+	register := func(w *jobs.Worker, ws *river.Workers) error {
+		if err := hooks(w, ws); err != nil {
+			return err
+		}
+		return dep.registerJobs(w, ws)
 	}
 	return jobs.New(wcfg, pool, register, cfg.Logger, reg)
 }

@@ -6,12 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
@@ -223,6 +225,40 @@ func runJobsList(ctx context.Context, domains []*onceflow.Domain, args []string,
 		return err
 	}
 	return tw.Flush()
+}
+
+func runJobsRetry(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	c, fs, err := parse("jobs retry", domains, args, getenv, stdout, nil)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("usage: onceflow jobs retry JOB-ID... (the ids onceflow jobs list -state discarded shows)")
+	}
+	var ids []int64
+	for _, a := range fs.Args() {
+		id, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || id < 1 {
+			return fmt.Errorf("job id %q: want a positive number (onceflow jobs list)", a)
+		}
+		ids = append(ids, id)
+	}
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var errs []error
+	n := 0
+	for _, id := range ids {
+		if err := jobs.Retry(ctx, pool, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	fmt.Fprintf(stdout, "retrying %d jobs (same keys as before)\n", n)
+	return errors.Join(errs...)
 }
 
 func dash(s string) string {

@@ -58,4 +58,6 @@ func init() {
 		settings: use([]*setting{databaseURL}), run: runWebhooksRedeliver})
 	register(&command{name: "jobs list", summary: "print River's jobs (state, attempts, last error), newest first",
 		settings: use([]*setting{databaseURL}), run: runJobsList})
+	register(&command{name: "jobs retry", summary: "run dead jobs (discarded: out of attempts; cancelled: a permanent error) again, with their keys: one more attempt each",
+		args: "JOB-ID...", settings: use([]*setting{databaseURL}), run: runJobsRetry})
 }
