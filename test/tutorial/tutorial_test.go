@@ -124,6 +124,16 @@ func TestTutorial(t *testing.T) {
 	goCmd(t, ctx, dir, "test", "-count=1", "./...")
 	// Step 8: the binary, then `dev` on ports and a database of the test's.
 	goCmd(t, ctx, dir, "build", "-o", "rooms-bin", ".")
+	// Step 9: the stand-in for the confirmation service, and dev told
+	// where it is.
+	goCmd(t, ctx, dir, "build", "-o", "confirmer-bin", "./confirmer")
+	confirmAddr := fmt.Sprintf("127.0.0.1:%d", e2e.FreePort())
+	confirmer, err := e2e.Start(filepath.Join(dir, "confirmer-bin"), "confirmer", nil,
+		map[string]string{"CONFIRMER_ADDR": confirmAddr}, filepath.Join(dir, "confirmer.log"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer confirmer.Kill()
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", e2e.FreePort())
 	admin := fmt.Sprintf("127.0.0.1:%d", e2e.FreePort())
 	logPath := filepath.Join(dir, "dev.log")
@@ -136,6 +146,7 @@ func TestTutorial(t *testing.T) {
 			"HTTP_ADDR":                httpAddr,
 			"ADMIN_ADDR":               admin,
 			"ONCEFLOW_DATA_DIR":        filepath.Join(dir, ".data"),
+			"ROOMS_CONFIRM_URL":        "http://" + confirmAddr,
 		}, logPath, "http://"+admin)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +165,7 @@ func TestTutorial(t *testing.T) {
 			continue
 		}
 		ran++
-		script := strings.ReplaceAll(b.body, "localhost:8080", httpAddr)
+		script := strings.NewReplacer("localhost:8080", httpAddr, "localhost:9999", confirmAddr).Replace(b.body)
 		var want *block
 		if i+1 < len(blocks) && hasAttr(blocks[i+1], "output") {
 			want = &blocks[i+1]

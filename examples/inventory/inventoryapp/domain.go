@@ -43,8 +43,16 @@ func mustSub(f fs.FS, dir string) fs.FS {
 // Name is the domain's name: its topic prefix and its migrations' name.
 const Name = "inventory"
 
-// Domain returns the inventory domain.
-func Domain() *onceflow.Domain {
+// Domain returns the inventory domain without a carrier.
+func Domain() *onceflow.Domain { return DomainWith(Carrier{}) }
+
+// DomainWith returns the inventory domain booking each confirmed order's
+// shipment with c (CarrierJob), when c has a URL.
+func DomainWith(c Carrier) *onceflow.Domain {
+	var kinds []onceflow.JobKind
+	if c.URL != "" {
+		kinds = append(kinds, CarrierJob(c))
+	}
 	return &onceflow.Domain{
 		Name:        Name,
 		Events:      onceflow.Schema{Avro: inventory.EventsSchema, Types: inventory.Events()},
@@ -54,6 +62,7 @@ func Domain() *onceflow.Domain {
 		Routes:      Routes(),
 		Queries:     Queries(),
 		Demo:        RunDemo,
+		Jobs:        kinds,
 	}
 }
 
