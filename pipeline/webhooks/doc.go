@@ -53,10 +53,14 @@
 //
 // A URL is any http or https URL, but the worker dials only public
 // addresses: the address a name resolves to is checked at dial time
-// (Guard), so a name that resolves to loopback, a private network,
-// link-local (cloud metadata), unspecified or multicast addresses is
+// (Guard), so a name that resolves to any special-purpose range (IANA's
+// registries: loopback, private, link-local with cloud metadata, NAT64,
+// 6to4, Teredo, ...), multicast or IPv6 outside global unicast is
 // refused, whatever it resolved to when the subscription was made, unless
-// an allow-listed network contains it. Redirects are not followed.
+// an allow-listed network contains it. An IPv6 address that carries an
+// IPv4 one (NAT64, 6to4, Teredo, IPv4-compatible) is judged on that IPv4
+// address too, whatever is allowed: allowing a translator's prefix does
+// not open loopback through it. Redirects are not followed.
 //
 // # Fairness
 //
