@@ -346,7 +346,7 @@ func TestGuardRefusesNonPublicAddresses(t *testing.T) {
 	e.work(webhooks.Config{}, "w1")
 	e.project(deposit("acme", 1))
 	got := e.waitStatus("acme", 1, 10*time.Second, "dead")
-	if got[0].LastError == nil || !strings.Contains(*got[0].LastError, "not allowed") || got[0].Attempts != 1 {
+	if got[0].LastError == nil || *got[0].LastError != webhooks.CategoryAddressNotAllowed || got[0].Attempts != 1 {
 		t.Errorf("refused delivery: attempts %d, error %v; want dead after 1 attempt, address not allowed", got[0].Attempts, deref(got[0].LastError))
 	}
 	if n := len(r.Seen()); n != 0 {
