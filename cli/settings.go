@@ -269,6 +269,19 @@ var (
 			}
 			return err
 		}}
+	processorMaxCommandAge = &setting{flag: "processor-max-command-age", env: "ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE", kind: "duration", section: processorSection,
+		help: "how far behind the processor's clock a command's record time may be; an earlier one (or one before 1970) goes to the DLQ (past-timestamp); empty: the commands topic's retention and a day",
+		set: func(c *config, v string) error {
+			if v == "" {
+				return nil
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil || d < processor.MinMaxCommandAge {
+				return fmt.Errorf("want a duration of at least %s like 192h", processor.MinMaxCommandAge)
+			}
+			c.Processor.MaxCommandAge = d
+			return nil
+		}}
 	processorMaxCommandBytes = &setting{flag: "processor-max-command-bytes", env: "ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES", def: "0", kind: "int", section: processorSection,
 		help: "largest command record value the processor decides; a larger one goes to the DLQ (too-large); 0: " + strconv.Itoa(processor.DefaultMaxCommandBytes),
 		set: func(c *config, v string) (err error) {
@@ -421,7 +434,7 @@ var (
 	ingestSettings = []*setting{httpAddr, tenantRateLimit, trustedProxies, inboundConfig, inboundRetention}
 	relaySettings  = []*setting{instanceID, relayLease, relayBatchSize, reconcileInterval}
 	// The processor's instance id names its transactional producer.
-	processorSettings = []*setting{instanceID, processorSessionTimeout, processorMaxClockSkew, processorMaxCommandBytes}
+	processorSettings = []*setting{instanceID, processorSessionTimeout, processorMaxClockSkew, processorMaxCommandAge, processorMaxCommandBytes}
 	// The projector enqueues the webhooks' jobs on the worker's queue with
 	// their attempts.
 	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts}

@@ -115,6 +115,7 @@ func samples(t *testing.T) map[string]sample {
 		"-reconcile-interval":           {value: "5m", got: func(d onceflow.DevConfig) any { return d.Reconcile.Interval }, want: 5 * time.Minute},
 		"-processor-session-timeout":    {value: "7s", got: func(d onceflow.DevConfig) any { return d.Processor.SessionTimeout }, want: 7 * time.Second},
 		"-processor-max-clock-skew":     {value: "2m", got: func(d onceflow.DevConfig) any { return d.Processor.MaxClockSkew }, want: 2 * time.Minute},
+		"-processor-max-command-age":    {value: "720h", got: func(d onceflow.DevConfig) any { return d.Processor.MaxCommandAge }, want: 720 * time.Hour},
 		"-processor-max-command-bytes":  {value: "4096", got: func(d onceflow.DevConfig) any { return d.Processor.MaxCommandBytes }, want: 4096},
 		"-projector-session-timeout":    {value: "7s", got: func(d onceflow.DevConfig) any { return d.Projector.SessionTimeout }, want: 7 * time.Second},
 		"-projector-parallelism":        {value: "3", got: func(d onceflow.DevConfig) any { return d.Projector.Parallelism }, want: 3},
@@ -328,12 +329,14 @@ func TestPlaintextSASLRefused(t *testing.T) {
 func TestProcessorLimits(t *testing.T) {
 	for _, tc := range []struct {
 		env       map[string]string
-		skew      time.Duration
+		skew, age time.Duration
 		bytes     int
 		wantError string
 	}{
 		{env: nil},
 		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW": "2m", "ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES": "4096"}, skew: 2 * time.Minute, bytes: 4096},
+		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE": "720h"}, age: 720 * time.Hour},
+		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE": "1h"}, wantError: `ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE "1h"`},
 		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW": "soon"}, wantError: `ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW "soon"`},
 		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES": "-1"}, wantError: `ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES "-1"`},
 	} {
@@ -347,8 +350,8 @@ func TestProcessorLimits(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", tc.env, err)
 		}
-		if c.Processor.MaxClockSkew != tc.skew || c.Processor.MaxCommandBytes != tc.bytes {
-			t.Errorf("%v: skew %s, max command bytes %d; want %s and %d", tc.env, c.Processor.MaxClockSkew, c.Processor.MaxCommandBytes, tc.skew, tc.bytes)
+		if c.Processor.MaxClockSkew != tc.skew || c.Processor.MaxCommandAge != tc.age || c.Processor.MaxCommandBytes != tc.bytes {
+			t.Errorf("%v: skew %s, age %s, max command bytes %d; want %s, %s and %d", tc.env, c.Processor.MaxClockSkew, c.Processor.MaxCommandAge, c.Processor.MaxCommandBytes, tc.skew, tc.age, tc.bytes)
 		}
 	}
 }

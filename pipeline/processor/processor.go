@@ -63,6 +63,9 @@ type Processor[S any] struct {
 	// max.message.bytes of the topics written (checkTopics).
 	batchMaxBytes    int32
 	digestsPerRecord int
+	// maxCommandAge is Config.MaxCommandAge, or what the commands topic's
+	// retention makes of it (checkTopics).
+	maxCommandAge time.Duration
 
 	// parts holds the state of each assigned partition. Rebalances are
 	// blocked while a batch runs, so a partition's state never changes
@@ -107,7 +110,7 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
 		commands: cfg.Topics.Commands(), events: cfg.Topics.Events(), state: cfg.Topics.State(), dlq: cfg.Topics.DLQ(),
 		dedupTopic: cfg.Topics.Dedup(), now: cfg.now,
-		batchMaxBytes: defaultBatchMaxBytes, digestsPerRecord: maxDigestsPerRecord,
+		batchMaxBytes: defaultBatchMaxBytes, digestsPerRecord: maxDigestsPerRecord, maxCommandAge: cmp.Or(cfg.MaxCommandAge, DefaultMaxCommandAge),
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
 		parts:   make(map[int32]*table),

@@ -137,7 +137,7 @@ func (p *Page) redrive(w http.ResponseWriter, r *http.Request) {
 	var recs []*kgo.Record
 	incomplete := 0
 	for _, d := range picked {
-		rec, err := d.Redrive(dlq.Commands)
+		rec, err := d.Redrive(dlq.Commands, time.Now())
 		if err != nil {
 			incomplete++
 			continue
