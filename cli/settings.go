@@ -203,7 +203,7 @@ var (
 			return nil
 		}}
 	trustedProxies = &setting{flag: "trusted-proxies", env: "ONCEFLOW_TRUSTED_PROXIES", kind: "string", section: ingestSection,
-		help: "networks (CIDR, comma separated) of the load balancers in front of ingest: from them X-Forwarded-For names the client whose failed authentications are limited",
+		help: "addresses (CIDR, comma separated) of the load balancers in front of ingest, never a network clients come from: from them X-Forwarded-For names the client whose failed authentications are limited",
 		set:  func(c *config, v string) (err error) { c.Ingest.TrustedProxies, err = networks(v); return err }}
 	inboundConfig = &setting{flag: "inbound-config", env: "ONCEFLOW_INBOUND_CONFIG", section: ingestSection,
 		help: "JSON `file` of the webhook providers ingest accepts at POST /v1/inbound/{provider} (docs/inbound.md); secrets may stay in the environment (secrets_env)",

@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode"
 
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 	"github.com/onceflow/onceflow/pipeline/webhooks/webhookstest"
@@ -133,5 +138,90 @@ func TestHostileTenantWebhooks(t *testing.T) {
 		}) {
 			t.Errorf("%s holds a control character of the receiver's answer:\n%q", name, text)
 		}
+	}
+}
+
+// forwardedFor is a transport that sends every request as a proxy would
+// forward it from addr.
+type forwardedFor string
+
+func (a forwardedFor) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-Forwarded-For", string(a))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// Hostile clients at ingest, on real processes: an ingest restarted behind
+// its proxy (the test, at 127.0.0.1) meets a flood of made-up keys from
+// five hundred addresses at once, and the tenant's client, from its own
+// address, is served from its first request after the restart; and an
+// ingest whose inbound provider would read the aggregate from a header
+// the provider's signature does not cover refuses to start, saying so.
+func TestHostileClientsAtIngest(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := deployWith(t, ctx, map[string]string{"ONCEFLOW_TRUSTED_PROXIES": "127.0.0.1/32"})
+	good := &ledgerapp.Client{Client: &apiclient.Client{BaseURL: d.client.BaseURL, APIKey: d.client.APIKey,
+		HTTP: &http.Client{Timeout: 10 * time.Second, Transport: forwardedFor("203.0.113.5")}}}
+	if _, _, err := good.OpenAccount(ctx, "open-1", "acc-flood", "EUR"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.comps["ingest"].Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	restarted, err := d.StartComponent(ctx, "ingest", "ingest-restarted", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good.BaseURL = restarted.HTTP
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[int]int{}
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c := &apiclient.Client{BaseURL: restarted.HTTP, APIKey: ingest.NewAPIKey(),
+					HTTP: &http.Client{Timeout: 10 * time.Second, Transport: forwardedFor(fmt.Sprintf("198.18.%d.%d", g, i%60+1))}}
+				r, err := c.Do(ctx, "GET", "/v1/accounts/acc-flood", "", nil)
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				codes[r.Status]++
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range 20 {
+		if _, _, err := good.Deposit(ctx, fmt.Sprint("dep-", i), "acc-flood", 1); err != nil {
+			t.Errorf("the tenant's deposit %d during the flood: %v", i, err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if codes[http.StatusOK] > 0 {
+		t.Errorf("made-up keys were served: %v", codes)
+	}
+	t.Logf("the flood was answered %v", codes)
+
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "providers.json")
+	unsigned := strings.Replace(inboundProviders, `"aggregate_id": "/data/account_id"`, `"aggregate_id": "header:X-Account"`, 1)
+	if err := os.WriteFile(cfg, []byte(unsigned), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.StartComponent(ctx, "ingest", "ingest-unsigned", map[string]string{"ONCEFLOW_INBOUND_CONFIG": cfg, "PAYMENTS_SECRETS": inboundSecret})
+	want := `aggregate_id "header:X-Account": the standard-webhooks signature does not cover that header`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("ingest with a provider reading the aggregate from an unsigned header: %v; want it to refuse to start, saying %s", err, want)
 	}
 }
