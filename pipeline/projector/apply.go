@@ -30,7 +30,7 @@ type event struct {
 type park struct {
 	partition int32
 	offset    int64
-	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError
+	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError
 	detail    string
 }
 
@@ -40,11 +40,14 @@ const (
 	reasonUndecodable = "undecodable"
 	reasonRefused     = "rejected-by-projection"
 	reasonDataError   = "data-error"
+	// reasonProjectionError: an error of no known kind that failed the
+	// event's batch Config.MaxUnknownFailures times (classify).
+	reasonProjectionError = "projection-error"
 )
 
 // parkReasons are every reason a partition parks for (the reason label of
 // onceflow_projector_parked_partitions).
-var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError}
+var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError}
 
 // result is what a committed batch did.
 type result struct {
@@ -190,9 +193,17 @@ const (
 // that partition stopped at the event. A data error fails a projection's
 // statement, not one event, so the transaction is first run again
 // carefully (applyCarefully) to find the event at fault. Other errors are
-// transient: the caller retries the whole batch.
+// the caller's to retry (classify).
 func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result, error) {
-	careful := false // a projection raised a data error on this batch
+	return a.applyBlaming(ctx, evs, parks, 0)
+}
+
+// applyBlaming is apply, with an error of no known kind (classify) that a
+// projection returns taken as its event's, as a data error is, when the
+// batch has failed blame > 0 times with such errors: the event is found
+// the same way and its partition parks on it (reasonProjectionError).
+func (a *applier) applyBlaming(ctx context.Context, evs []event, parks []park, blame int) (result, error) {
+	careful := false // a projection raised an error an event is blamed for on this batch
 	for {
 		var res result
 		var more []park
@@ -203,14 +214,14 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 		if err != nil {
 			return result{}, fmt.Errorf("begin: %w", err)
 		}
-		res, more, err = a.applyInTx(ctx, tx, evs, parks, careful)
+		res, more, err = a.applyInTx(ctx, tx, evs, parks, careful, blame)
 		if err == nil && len(more) == 0 && a.hold != nil {
 			a.hold(HoldInTx, tx.Conn().PgConn().PID())
 		}
 		if err != nil || len(more) > 0 {
 			tx.Rollback(context.WithoutCancel(ctx))
 			if err != nil {
-				if !careful && isProjectionDataError(err) {
+				if !careful && (isProjectionDataError(err) || blame > 0 && isProjectionError(err) && kindOf(err) == unknown) {
 					careful = true
 					continue
 				}
@@ -241,8 +252,9 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 // applyInTx is the body of a batch's transaction. It returns the parks
 // the projections asked for (then nothing must be committed), or the
 // result to commit. careful runs each projection under a savepoint and
-// finds the events its data errors are raised on (applyCarefully).
-func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, careful bool) (result, []park, error) {
+// finds the events its data errors (and with blame > 0 its errors of no
+// known kind) are raised on (applyCarefully).
+func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, careful bool, blame int) (result, []park, error) {
 	res := result{next: make(map[int32]kgo.EpochOffset)}
 	parts := batchPartitions(evs, parks)
 	if len(parts) == 0 {
@@ -261,7 +273,7 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 	}
 	// 3. The projections, each over all fresh events at once.
 	if len(fresh) > 0 {
-		more, err := a.project(ctx, tx, fresh, careful, &res)
+		more, err := a.project(ctx, tx, fresh, careful, blame, &res)
 		if err != nil || len(more) > 0 {
 			return res, more, err
 		}
@@ -382,8 +394,9 @@ func (a *applier) inbox(ctx context.Context, tx pgx.Tx, kept []event, res *resul
 
 // project runs each projection over the fresh events at once and returns
 // the parks their outcomes ask for: a version gap, a refusal, a data
-// error of one event. Any other error of an event is the batch's.
-func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful bool, res *result) ([]park, error) {
+// error of one event, and with blame > 0 an error of no known kind of one
+// event (classify). Any other error of an event is the batch's.
+func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful bool, blame int, res *result) ([]park, error) {
 	pevs := make([]pipeline.Event, len(fresh))
 	for i, e := range fresh {
 		pevs[i] = e.Event
@@ -393,7 +406,7 @@ func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful
 		var outcomes []error
 		var err error
 		if careful {
-			outcomes, err = applyCarefully(ctx, tx, proj, fresh, pevs)
+			outcomes, err = applyCarefully(ctx, tx, proj, fresh, pevs, blame > 0)
 		} else {
 			outcomes, err = applyProjection(ctx, tx, proj, pevs)
 		}
@@ -418,7 +431,11 @@ func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful
 					more = append(more, park{e.partition, e.offset, reasonDataError, dataErrorDetail(proj.Name(), e, pgErr)})
 					continue
 				}
-				return nil, fmt.Errorf("%s: apply %s %s: %w", proj.Name(), e.Type(), e.ID, o)
+				if blame > 0 && kindOf(o) == unknown {
+					more = append(more, park{e.partition, e.offset, reasonProjectionError, unknownErrorDetail(proj.Name(), e, o, blame)})
+					continue
+				}
+				return nil, &projectionError{proj.Name(), fmt.Errorf("apply %s %s: %w", e.Type(), e.ID, o)}
 			}
 		}
 	}

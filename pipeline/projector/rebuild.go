@@ -527,8 +527,12 @@ func (b *builder) eligible(upTo map[int32]int64, take bool) []*kgo.Record {
 }
 
 // applyEligible applies the held records below the live offsets, in
-// batches, each in its own transaction.
+// batches, each in its own transaction. A batch that fails is retried;
+// one that a projection's error of no known kind fails
+// DefaultMaxUnknownFailures times in a row stops the rebuild's partition
+// on the event that raises it, as the live projector does.
 func (b *builder) applyEligible(ctx context.Context) error {
+	unknowns := 0
 	for {
 		recs := b.eligible(b.liveNext, false)
 		if len(recs) == 0 {
@@ -541,12 +545,21 @@ func (b *builder) applyEligible(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("decode: %w", err)
 		}
-		res, err := b.app.apply(ctx, evs, parks)
+		blame := 0
+		if unknowns >= DefaultMaxUnknownFailures {
+			blame = unknowns
+		}
+		res, err := b.app.applyBlaming(ctx, evs, parks, blame)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			b.logger.Warn("apply batch failed; retrying", "err", err)
+			if isProjectionError(err) && kindOf(err) == unknown {
+				unknowns++
+			} else {
+				unknowns = 0
+			}
+			b.logger.Warn("apply batch failed; retrying", "err", err, "kind", kindOf(err))
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -554,6 +567,7 @@ func (b *builder) applyEligible(ctx context.Context) error {
 			}
 			continue
 		}
+		unknowns = 0
 		b.commitResult(res, recs)
 	}
 }
