@@ -27,7 +27,7 @@ import (
 // The lists at the end say which command uses which.
 
 var (
-	kafkaSection     = &section{title: "Kafka"}
+	kafkaSection     = &section{title: "Kafka", check: decompressBound}
 	registrySection  = &section{title: "Schema registry"}
 	postgresSection  = &section{title: "Postgres"}
 	topicsSection    = &section{title: "Topics"}
@@ -72,7 +72,25 @@ var (
 	kafkaAllowPlaintextSASL = &setting{flag: "kafka-allow-plaintext-sasl", env: "KAFKA_ALLOW_PLAINTEXT_SASL", def: "false", kind: "bool", section: kafkaSection,
 		help: "let SASL run without TLS, on a network you trust",
 		set:  func(c *config, v string) (err error) { c.Kafka.AllowPlaintextSASL, err = boolean(v); return err }}
+	kafkaMaxDecompressBatchBytes = &setting{flag: "kafka-max-decompress-batch-bytes", env: "KAFKA_MAX_DECOMPRESS_BATCH_BYTES", def: "0", kind: "int", section: kafkaSection,
+		help: "largest size a fetched record batch may decompress to; a larger one stops its partition until an operator skips it (docs/security.md); 0: sixteen of the largest commands the processor takes, at least 16 MiB",
+		set: func(c *config, v string) (err error) {
+			if c.Kafka.MaxDecompressBatchBytes, err = atLeast(v, 0); err != nil {
+				return errors.New("want a size in bytes, or 0 for the default")
+			}
+			return nil
+		}}
 )
+
+// decompressBound sets the decompression bound unless given: sixteen of
+// the largest commands the processor takes (ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES,
+// when the command reads it), at least 16 MiB.
+func decompressBound(c *config) error {
+	if c.Kafka.MaxDecompressBatchBytes == 0 {
+		c.Kafka.MaxDecompressBatchBytes = kafka.MaxDecompressBatchBytesFor(c.Processor.MaxCommandBytes)
+	}
+	return nil
+}
 
 // The schema registry.
 var (
@@ -424,7 +442,7 @@ var (
 
 // Which command uses which settings.
 var (
-	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL}
+	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL, kafkaMaxDecompressBatchBytes}
 	registrySettings = []*setting{registryURL, registryUser, registryPassword, registryCAFile}
 	loggingSettings  = []*setting{logLevel, logFormat}
 	// poolSettings are a component's database: it migrates, then holds a pool.

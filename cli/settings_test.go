@@ -76,22 +76,23 @@ func samples(t *testing.T) map[string]sample {
 	}
 	secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte("settings-test-secret-0123456789ab"))
 	return map[string]sample{
-		"-kafka-brokers":              {value: "127.0.0.1:19093", got: func(d onceflow.DevConfig) any { return d.Kafka.Brokers[0] }, want: "127.0.0.1:19093"},
-		"-kafka-sasl-mechanism":       {value: "SCRAM-SHA-256", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLMechanism }, want: "SCRAM-SHA-256"},
-		"-kafka-sasl-user":            {value: "u", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLUser }, want: "u"},
-		"-kafka-sasl-password":        {value: "p", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLPassword }, want: "p"},
-		"-kafka-tls":                  {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.TLS }, want: true},
-		"-kafka-tls-ca-file":          {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.Kafka.TLSCAFile }, want: "/ca.pem"},
-		"-kafka-allow-plaintext-sasl": {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.AllowPlaintextSASL }, want: true},
-		"-schema-registry-url":        {value: "http://r.example", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.URL }, want: "http://r.example"},
-		"-schema-registry-user":       {value: "u", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.User }, want: "u"},
-		"-schema-registry-password":   {value: "p", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.Password }, want: "p"},
-		"-schema-registry-ca-file":    {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.CAFile }, want: "/ca.pem"},
-		"-database-url":               {value: "postgres://a@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseURL }, want: "postgres://a@db/x"},
-		"-database-migration-url":     {value: "postgres://o@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseMigrationURL }, want: "postgres://o@db/x"},
-		"-database-max-conns":         {value: "7", got: func(d onceflow.DevConfig) any { return d.DatabaseMaxConns }, want: int32(7)},
-		"-topic-prefix":               {value: "p", got: func(d onceflow.DevConfig) any { return d.Topics.Prefix }, want: "p"},
-		"-partitions":                 {value: "5", got: func(d onceflow.DevConfig) any { return d.Topics.Partitions }, want: int32(5)},
+		"-kafka-brokers":                    {value: "127.0.0.1:19093", got: func(d onceflow.DevConfig) any { return d.Kafka.Brokers[0] }, want: "127.0.0.1:19093"},
+		"-kafka-sasl-mechanism":             {value: "SCRAM-SHA-256", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLMechanism }, want: "SCRAM-SHA-256"},
+		"-kafka-sasl-user":                  {value: "u", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLUser }, want: "u"},
+		"-kafka-sasl-password":              {value: "p", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLPassword }, want: "p"},
+		"-kafka-tls":                        {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.TLS }, want: true},
+		"-kafka-tls-ca-file":                {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.Kafka.TLSCAFile }, want: "/ca.pem"},
+		"-kafka-allow-plaintext-sasl":       {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.AllowPlaintextSASL }, want: true},
+		"-kafka-max-decompress-batch-bytes": {value: "33554432", got: func(d onceflow.DevConfig) any { return d.Kafka.MaxDecompressBatchBytes }, want: 33554432},
+		"-schema-registry-url":              {value: "http://r.example", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.URL }, want: "http://r.example"},
+		"-schema-registry-user":             {value: "u", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.User }, want: "u"},
+		"-schema-registry-password":         {value: "p", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.Password }, want: "p"},
+		"-schema-registry-ca-file":          {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.CAFile }, want: "/ca.pem"},
+		"-database-url":                     {value: "postgres://a@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseURL }, want: "postgres://a@db/x"},
+		"-database-migration-url":           {value: "postgres://o@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseMigrationURL }, want: "postgres://o@db/x"},
+		"-database-max-conns":               {value: "7", got: func(d onceflow.DevConfig) any { return d.DatabaseMaxConns }, want: int32(7)},
+		"-topic-prefix":                     {value: "p", got: func(d onceflow.DevConfig) any { return d.Topics.Prefix }, want: "p"},
+		"-partitions":                       {value: "5", got: func(d onceflow.DevConfig) any { return d.Topics.Partitions }, want: int32(5)},
 		"-dedup-window": {value: "48h", got: func(d onceflow.DevConfig) any {
 			return []time.Duration{d.Processor.DedupWindow, d.Topics.DedupRetention}
 		},
@@ -223,6 +224,7 @@ func TestCommandsListOnlyTheirSettings(t *testing.T) {
 	rebuild := listed(t, "projections rebuild")
 	want := []string{"-consumer", "-lock-timeout", "-restart", "-verify",
 		"-kafka-brokers", "-kafka-sasl-mechanism", "-kafka-sasl-user", "-kafka-sasl-password", "-kafka-tls", "-kafka-tls-ca-file", "-kafka-allow-plaintext-sasl",
+		"-kafka-max-decompress-batch-bytes",
 		"-schema-registry-url", "-schema-registry-user", "-schema-registry-password", "-schema-registry-ca-file",
 		"-database-url", "-database-migration-url", "-topic-prefix", "-log-level", "-log-format"}
 	if !slices.Equal(rebuild, want) {

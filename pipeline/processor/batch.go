@@ -37,6 +37,10 @@ const (
 	ReasonFutureTimestamp     = "future-timestamp"
 	ReasonPastTimestamp       = "past-timestamp"
 	ReasonTooLarge            = "too-large"
+	// ReasonBatchTooLarge is the DLQ record of an operator's skip of a
+	// batch that decompresses beyond the consumers' bound: the batch
+	// itself could not be read, so the record names its offsets only.
+	ReasonBatchTooLarge = "batch-too-large"
 )
 
 // HeaderDLQDetail carries the human-readable detail of a DLQ reason.

@@ -30,8 +30,11 @@ type event struct {
 type park struct {
 	partition int32
 	offset    int64
-	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError
+	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge
 	detail    string
+	// skipTo, if set, is where an operator's skip moves the partition
+	// (reasonBatchTooLarge: past the whole batch); else past the record.
+	skipTo int64
 }
 
 // Park reasons, as stored in projector_parked and shown by `onceflow lag`.
@@ -43,11 +46,15 @@ const (
 	// reasonProjectionError: an error of no known kind that failed the
 	// event's batch Config.MaxUnknownFailures times (classify).
 	reasonProjectionError = "projection-error"
+	// reasonBatchTooLarge: the fetched batch at the offset decompresses
+	// beyond the consumer's bound (kafka.Config.MaxDecompressBatchBytes):
+	// none of its records can be read.
+	reasonBatchTooLarge = "batch-too-large"
 )
 
 // parkReasons are every reason a partition parks for (the reason label of
 // onceflow_projector_parked_partitions).
-var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError}
+var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge}
 
 // result is what a committed batch did.
 type result struct {
@@ -171,10 +178,10 @@ const (
 	saveOffsetsSQL = `UPDATE consumer_offsets o SET next_offset = v.next, updated_at = now()
 		FROM unnest($3::int[], $4::bigint[]) AS v(partition, next)
 		WHERE o.consumer = $1 AND o.topic = $2 AND o.partition = v.partition`
-	saveParkedSQL = `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail)
-		SELECT $1, $2, * FROM unnest($3::int[], $4::bigint[], $5::text[], $6::text[])
+	saveParkedSQL = `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail, skip_to)
+		SELECT $1, $2, p, o, r, d, nullif(s, 0) FROM unnest($3::int[], $4::bigint[], $5::text[], $6::text[], $7::bigint[]) AS v(p, o, r, d, s)
 		ON CONFLICT (consumer, topic, partition) DO UPDATE SET
-			next_offset = EXCLUDED.next_offset, reason = EXCLUDED.reason, detail = EXCLUDED.detail, parked_at = now()`
+			next_offset = EXCLUDED.next_offset, reason = EXCLUDED.reason, detail = EXCLUDED.detail, skip_to = EXCLUDED.skip_to, parked_at = now()`
 	// clearParkedSQL forgets a parked partition once it has moved past the
 	// record it stopped on, and the transient error the batch's partitions
 	// ($5) were retried on, now that a batch of them commits (one
@@ -421,18 +428,18 @@ func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful
 			case errors.Is(o, pipeline.ErrDuplicate):
 				res.duplicates++
 			case errors.As(o, &gap):
-				more = append(more, park{e.partition, e.offset, reasonGap,
-					fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+				more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonGap,
+					detail: fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
 			case pipeline.IsPermanent(o):
-				more = append(more, park{e.partition, e.offset, reasonRefused,
-					fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+				more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonRefused,
+					detail: fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
 			default:
 				if pgErr, ok := dataError(o); ok {
-					more = append(more, park{e.partition, e.offset, reasonDataError, dataErrorDetail(proj.Name(), e, pgErr)})
+					more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonDataError, detail: dataErrorDetail(proj.Name(), e, pgErr)})
 					continue
 				}
 				if blame > 0 && kindOf(o) == unknown {
-					more = append(more, park{e.partition, e.offset, reasonProjectionError, unknownErrorDetail(proj.Name(), e, o, blame)})
+					more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonProjectionError, detail: unknownErrorDetail(proj.Name(), e, o, blame)})
 					continue
 				}
 				return nil, &projectionError{proj.Name(), fmt.Errorf("apply %s %s: %w", e.Type(), e.ID, o)}
@@ -462,11 +469,11 @@ func (a *applier) saveOffsets(ctx context.Context, tx pgx.Tx, res *result, store
 	b.Queue(clearParkedSQL, a.consumer, a.topic, offParts, offs, parts)
 	if len(keptParks) > 0 {
 		n := len(keptParks)
-		pp, po, pr, pd := make([]int32, n), make([]int64, n), make([]string, n), make([]string, n)
+		pp, po, pr, pd, ps := make([]int32, n), make([]int64, n), make([]string, n), make([]string, n), make([]int64, n)
 		for i, pk := range keptParks {
-			pp[i], po[i], pr[i], pd[i] = pk.partition, pk.offset, pk.reason, cleanText(pk.detail)
+			pp[i], po[i], pr[i], pd[i], ps[i] = pk.partition, pk.offset, pk.reason, cleanText(pk.detail), pk.skipTo
 		}
-		b.Queue(saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd)
+		b.Queue(saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd, ps)
 		res.parks = keptParks
 	}
 	if a.asyncCommit {
@@ -616,7 +623,7 @@ func decodeAll(ctx context.Context, dec Decoder, records []*kgo.Record) ([]event
 		}
 		e, err := decode(ctx, dec, r)
 		if errors.Is(err, errPoison) {
-			parks = append(parks, park{r.Partition, r.Offset, reasonUndecodable, err.Error()})
+			parks = append(parks, park{partition: r.Partition, offset: r.Offset, reason: reasonUndecodable, detail: err.Error()})
 			stopped[r.Partition] = true
 			continue
 		}

@@ -177,3 +177,55 @@ func (e *env) wantAppliedEvents(t *testing.T, evs map[int32][]pipeline.Event, sk
 		t.Errorf("the skipped event was applied")
 	}
 }
+
+// A batch on the events topic that decompresses beyond the projector's
+// bound (a few hundred bytes of zstd that make 8 MiB) is not read: its
+// partition parks at it, reason batch-too-large, the events before it
+// applied and the other partition going on; `onceflow projections skip`
+// at its offset moves the partition past the whole batch, and the events
+// after it are applied.
+func TestBatchTooLargeParksAndCanBeSkipped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	e.maxDecompress = 1 << 20
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, notesSQL); err != nil {
+		t.Fatal(err)
+	}
+	prod := pipelinetest.Client(t, e.brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	bomber := pipelinetest.Client(t, e.brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerBatchMaxBytes(64<<20))
+	streams := []*stream{newStream("acme", "p0"), newStream("acme", "p1")}
+	send := func(cl *kgo.Client, part int32, value []byte) *kgo.Record {
+		t.Helper()
+		r := e.record(streams[part].next(ledger.Deposited{Amount: 1}))
+		r.Partition = part
+		if value != nil {
+			r.Value = value
+		}
+		got, err := cl.ProduceSync(ctx, r).First()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	send(prod, 0, nil)
+	bomb := send(bomber, 0, make([]byte, 8<<20))
+	send(prod, 1, nil)
+	e.start(projector.Config{ParkCheckInterval: 50 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, batchNotes{})
+	e.waitOffsets(projector.DefaultConsumer, map[int32]int64{1: 1}, 30*time.Second)
+	pipelinetest.Eventually(t, 30*time.Second, func() error { return e.parkedAt(0, bomb.Offset, "batch-too-large") })
+	if n := e.count(`SELECT count(*) FROM test_notes`); n != 2 {
+		t.Errorf("%d events applied, want the two around the bomb's partition", n)
+	}
+	sk, err := projector.Skip(ctx, e.pool, projector.Skipping{Consumer: projector.DefaultConsumer, Topic: e.topics.Events(), Partition: 0,
+		Offset: bomb.Offset, Note: "8 MiB of zeros", Operator: "alice"})
+	if err != nil || sk.To != bomb.Offset+1 || sk.Reason != "batch-too-large" {
+		t.Fatalf("Skip: %+v, %v", sk, err)
+	}
+	after := send(prod, 0, nil)
+	e.waitOffsets(projector.DefaultConsumer, map[int32]int64{0: after.Offset + 1, 1: 1}, 30*time.Second)
+	if n := e.count(`SELECT count(*) FROM test_notes`); n != 3 {
+		t.Errorf("%d events applied after the skip, want 3", n)
+	}
+}

@@ -271,7 +271,14 @@ func (p *Projector) Run(ctx context.Context) error {
 			cl.AllowRebalance()
 			return nil
 		}
+		var tooLarge []park
 		fetches.EachError(func(topic string, part int32, err error) {
+			if tl, ok := kafka.BatchTooLarge(err); ok && topic == p.cfg.Topic {
+				tooLarge = append(tooLarge, park{partition: part, offset: tl.Offset, reason: reasonBatchTooLarge, skipTo: tl.NextOffset,
+					detail: fmt.Sprintf("the batch at offsets %d to %d decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES: raise it if the batch is legitimate, or skip it (onceflow projections skip)",
+						tl.Offset, tl.NextOffset-1)})
+				return
+			}
 			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 			}
@@ -284,6 +291,9 @@ func (p *Projector) Run(ctx context.Context) error {
 		})
 		if len(records) > 0 {
 			p.processAll(ctx, cl, records)
+		}
+		if len(tooLarge) > 0 {
+			p.parkTooLarge(ctx, cl, tooLarge)
 		}
 		p.checkUnparked(ctx, cl)
 		if p.app.asyncCommit {
@@ -503,6 +513,33 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 		select {
 		case <-ctx.Done():
 			return nil, rewind
+		case <-time.After(wait):
+		}
+		wait = backoff(wait, p.cfg.MaxBackoff)
+	}
+}
+
+// parkTooLarge parks partitions the consumer stopped at a batch that
+// decompresses beyond the bound: the park is written in a transaction of
+// its own (the stored offset at the batch, skip_to past it), retried like
+// any batch, and the partition is paused like any parked one.
+func (p *Projector) parkTooLarge(ctx context.Context, cl *kgo.Client, parks []park) {
+	wait := 50 * time.Millisecond
+	for {
+		res, err := p.app.apply(ctx, nil, parks)
+		if err == nil {
+			for _, pk := range res.parks {
+				p.park(cl, pk)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			return // the partition stops at the batch again after a restart
+		}
+		p.logger.Warn("park a partition at a batch too large to read: retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
 		case <-time.After(wait):
 		}
 		wait = backoff(wait, p.cfg.MaxBackoff)

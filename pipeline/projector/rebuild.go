@@ -437,7 +437,7 @@ func (b *builder) readParked(ctx context.Context) error {
 	}
 	for _, p := range all {
 		if p.Consumer == b.st.shadowConsumer && p.Topic == b.cfg.Topic {
-			b.parked[p.Partition] = park{p.Partition, p.Offset, p.Reason, p.Detail}
+			b.parked[p.Partition] = park{partition: p.Partition, offset: p.Offset, reason: p.Reason, detail: p.Detail}
 		}
 	}
 	return nil
@@ -482,6 +482,16 @@ func (b *builder) poll(ctx context.Context, wait time.Duration) {
 	fetches := b.cl.PollRecords(pctx, b.cfg.MaxPollRecords)
 	cancel()
 	fetches.EachError(func(topic string, part int32, err error) {
+		if tl, ok := kafka.BatchTooLarge(err); ok {
+			// The shadow stops there, as it does on any record it cannot
+			// apply (stuck says so once the live projector is past it).
+			if _, known := b.parked[part]; !known {
+				b.parked[part] = park{partition: part, offset: tl.Offset, reason: reasonBatchTooLarge, skipTo: tl.NextOffset,
+					detail: fmt.Sprintf("the batch at offsets %d to %d decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES", tl.Offset, tl.NextOffset-1)}
+				b.logger.Warn("the rebuild stopped on a batch too large to read", "partition", part, "offset", tl.Offset)
+			}
+			return
+		}
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			b.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -384,4 +385,157 @@ func TestHostileProducer(t *testing.T) {
 	if want := len(ids) + len(reused) + len(wantFailed); !maps.Equal(failedEvents, wantFailed) || len(seen) != want {
 		t.Errorf("events topic: %d events, CommandFailed by command id %v; want %d events and %v", len(seen), failedEvents, want, wantFailed)
 	}
+}
+
+// A producer writes a batch of a few KiB that decompresses to 32 MiB (the
+// broker measures it compressed) among a tenant's commands. The processor
+// (bounded at 16 MiB, the default) does not decompress it: that
+// partition stops, and says so — the metric, `onceflow lag`
+// (batch-too-large@OFFSET), the status page's lag — while the other
+// partitions go on. An operator skips it on the processor's admin port,
+// with the token: the DLQ records who skipped which offsets and why, and
+// the command waiting behind the batch is applied.
+func TestDecompressionBomb(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const token = "e2e-admin-token"
+	d := deployWith(t, ctx, map[string]string{"ONCEFLOW_ADMIN_TOKEN": token})
+	run := fmt.Sprintf("%x", rand.Uint32())
+	// Two accounts on different partitions of the commands topic.
+	part := func(a string) int {
+		return kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(&kgo.Record{Key: []byte(pipeline.AggregateID("acme", a))}, 8)
+	}
+	acct, other := "acc-"+run+"-0", "acc-"+run+"-1"
+	for i := 2; part(other) == part(acct); i++ {
+		other = fmt.Sprintf("acc-%s-%d", run, i)
+	}
+	for _, a := range []string{acct, other} {
+		acc, _, err := send(ctx, d.client, "open-"+a, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+			return d.client.OpenAccount(ctx, k, a, "EUR")
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmd, err := d.client.WaitCommand(ctx, acc.CommandID); err != nil || cmd.Status != "accepted" {
+			t.Fatalf("open %s: %+v %v", a, cmd, err)
+		}
+	}
+	serdes := registrySerdes(t, ctx, d.Pipeline)
+	value, err := serdes.Commands.Encode(ctx, ledger.Deposit{Amount: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bomb, err := kafka.CommandRecord(d.Prefix+".commands", pipeline.AggregateID("acme", acct), pipeline.NewCommandID(), "Deposit", value, time.Now(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bomb.Value = make([]byte, 32<<20)
+	bomber := pipelinetest.Client(t, []string{d.BrokerAddr}, kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerBatchMaxBytes(64<<20))
+	got, err := bomber.ProduceSync(ctx, bomb).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind, _, err := send(ctx, d.client, "dep-behind-"+run, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return d.client.Deposit(ctx, k, acct, 5)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere, _, err := send(ctx, d.client, "dep-other-"+run, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return d.client.Deposit(ctx, k, other, 3)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := d.comps["processor"]
+	pipelinetest.Eventually(t, 60*time.Second, func() error {
+		n, err := proc.Metric(ctx, "onceflow_processor_blocked_partitions")
+		if err == nil && n != 1 {
+			err = fmt.Errorf("blocked partitions %v, want 1", n)
+		}
+		return err
+	})
+	if cmd, err := d.client.WaitCommand(ctx, elsewhere.CommandID); err != nil || cmd.Status != "accepted" {
+		t.Errorf("a deposit on another partition: %+v %v, want accepted", cmd, err)
+	}
+	if cmd, err := d.client.Command(ctx, behind.CommandID); err != nil || cmd.Status != "pending" {
+		t.Errorf("the deposit behind the bomb: %+v %v, want pending", cmd, err)
+	}
+	want := fmt.Sprintf("batch-too-large@%d", got.Offset)
+	out, err := runCLI(ctx, d.Pipeline, "lag", "-group", "onceflow-processor")
+	if err != nil || !strings.Contains(out, want) {
+		t.Errorf("onceflow lag does not show %s (%v):\n%s", want, err, out)
+	}
+	var st struct {
+		Lag struct {
+			Groups []struct {
+				Group      string `json:"group"`
+				Partitions []struct {
+					Partition int32  `json:"partition"`
+					Parked    string `json:"parked"`
+				} `json:"partitions"`
+			} `json:"groups"`
+		} `json:"lag"`
+	}
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		if err := getJSON(ctx, proc.Admin+"/status.json", &st); err != nil {
+			return err
+		}
+		for _, g := range st.Lag.Groups {
+			for _, p := range g.Partitions {
+				if g.Group == "onceflow-processor" && p.Partition == got.Partition && p.Parked == "batch-too-large" {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("the status page does not mark partition %d: %+v", got.Partition, st.Lag)
+	})
+
+	skip := func(tok string, offset int64) int {
+		body := fmt.Sprintf(`{"topic":%q,"partition":%d,"offset":%d,"note":"32 MiB of zeros","operator":"e2e"}`, d.Prefix+".commands", got.Partition, offset)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, proc.Admin+"/status/skip-batch", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := skip("wrong", got.Offset); code != http.StatusUnauthorized {
+		t.Errorf("a skip without the token: %d, want 401", code)
+	}
+	if code := skip(token, got.Offset+1); code != http.StatusNotFound {
+		t.Errorf("a skip at another offset: %d, want 404", code)
+	}
+	if code := skip(token, got.Offset); code != http.StatusOK {
+		t.Fatalf("the skip: %d, want 200", code)
+	}
+	if cmd, err := d.client.WaitCommand(ctx, behind.CommandID); err != nil || cmd.Status != "accepted" {
+		t.Errorf("the deposit behind the bomb after the skip: %+v %v, want accepted", cmd, err)
+	}
+	var audit *kgo.Record
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		for _, r := range readEvents(t, ctx, d.BrokerAddr, d.Prefix+".commands.dlq") {
+			if header(r, pipeline.HeaderDLQReason) == processor.ReasonBatchTooLarge {
+				audit = r
+				return nil
+			}
+		}
+		return fmt.Errorf("no batch-too-large record in the DLQ")
+	})
+	if header(audit, pipeline.HeaderDLQSourceOffset) != fmt.Sprint(got.Offset) || !strings.Contains(header(audit, processor.HeaderDLQDetail), "e2e: 32 MiB of zeros") {
+		t.Errorf("the skip's DLQ record: offset %s, detail %q", header(audit, pipeline.HeaderDLQSourceOffset), header(audit, processor.HeaderDLQDetail))
+	}
+}
+
+// getJSON decodes what GET url answers.
+func getJSON(ctx context.Context, url string, v any) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
 }
