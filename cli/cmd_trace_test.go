@@ -133,8 +133,8 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 		if d := tr.Events[0].Deliveries; len(d) != 1 || d[0].Status != "delivered" {
 			return fmt.Errorf("webhook deliveries %+v: not delivered yet", d)
 		}
-		if j := tr.Events[0].Jobs; len(j) != 1 || j[0].State != "completed" {
-			return fmt.Errorf("jobs %+v: not completed yet", j)
+		if j := tr.Events[0].Jobs; len(j) != 2 || j[0].State != "completed" || j[1].State != "completed" {
+			return fmt.Errorf("jobs %+v: not completed yet (the event's fan-out and its delivery)", j)
 		}
 		return nil
 	})
@@ -172,15 +172,16 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 			t.Errorf("step %+v has no time", s)
 		}
 	}
-	if got := strings.Join(stages, " "); got != "key command shipped event inbox job webhook status" {
-		t.Errorf("timeline %q, want key command shipped event inbox job webhook status", got)
+	if got := strings.Join(stages, " "); got != "key command shipped event inbox job job webhook status" {
+		t.Errorf("timeline %q, want key command shipped event inbox job job webhook status (the fan-out's job and the delivery's)", got)
 	}
-	// The delivery's job is the one the receiver saw, once, under its key.
+	// The event's fan-out made the delivery; the delivery's job is the one
+	// the receiver saw, once, under its key.
 	d, jb := e.Deliveries[0], e.Jobs
-	if len(jb) != 1 || d.JobID == nil || *d.JobID != jb[0].ID || jb[0].State != "completed" || d.SubscriptionID != sub.ID.String() ||
-		receiver.Requests(jb[0].Key) != 1 || receiver.Effects() != 2 {
-		t.Errorf("delivery %+v, jobs %+v, receiver saw %d requests under the key and %d effects; want one completed job, 1 and 2 (the open and the deposit)",
-			d, jb, receiver.Requests(jb[0].Key), receiver.Effects())
+	if len(jb) != 2 || jb[0].Kind != "webhook_fanout" || jb[1].Kind != "webhook_delivery" || d.JobID == nil || *d.JobID != jb[1].ID ||
+		jb[1].State != "completed" || d.SubscriptionID != sub.ID.String() || receiver.Requests(jb[1].Key) != 1 || receiver.Effects() != 2 {
+		t.Errorf("delivery %+v, jobs %+v, receiver saw %d requests under the key and %d effects; want the fan-out and a completed delivery job, 1 and 2 (the open and the deposit)",
+			d, jb, receiver.Requests(jb[len(jb)-1].Key), receiver.Effects())
 	}
 	// The command id and the event id lead to the same command; the table
 	// says where it went.

@@ -341,6 +341,9 @@ var (
 	workerMaxWorkers = &setting{flag: "worker-max-workers", env: "ONCEFLOW_WORKER_MAX_WORKERS", def: strconv.Itoa(jobs.DefaultMaxWorkers), kind: "int", section: workerSection,
 		help: "jobs a worker process runs at once",
 		set:  func(c *config, v string) (err error) { c.Worker.MaxWorkers, err = atLeast(v, 1); return err }}
+	workerBacklogWorkers = &setting{flag: "worker-backlog-workers", env: "ONCEFLOW_WORKER_BACKLOG_WORKERS", def: strconv.Itoa(jobs.DefaultBacklogWorkers), kind: "int", section: workerSection,
+		help: "jobs of tenants with a backlog of their own a worker process runs at once, besides ONCEFLOW_WORKER_MAX_WORKERS",
+		set:  func(c *config, v string) (err error) { c.Worker.BacklogWorkers, err = atLeast(v, 1); return err }}
 	workerLease = &setting{flag: "worker-lease", env: "ONCEFLOW_WORKER_LEASE", def: jobs.DefaultLease.String(), kind: "duration", section: workerSection,
 		help: "how long a job attempt may run before River's rescuer gives the job to another worker",
 		set:  func(c *config, v string) (err error) { c.Worker.Lease, err = positive(v, "30s"); return err }}
@@ -388,6 +391,19 @@ var (
 	webhookMaxPerTenant = &setting{flag: "webhook-max-per-tenant", env: "ONCEFLOW_WEBHOOK_MAX_PER_TENANT", def: strconv.Itoa(webhooks.DefaultMaxPerTenant), kind: "int", section: webhooksSection,
 		help: "deliveries of one tenant a worker process runs at once",
 		set:  func(c *config, v string) (err error) { c.Webhooks.MaxPerTenant, err = atLeast(v, 1); return err }}
+	webhookMaxPending = &setting{flag: "webhook-max-pending", env: "ONCEFLOW_WEBHOOK_MAX_PENDING", def: strconv.Itoa(webhooks.DefaultMaxPending), kind: "int", section: webhooksSection,
+		help: "a tenant's webhook deliveries in flight at most; at the cap its new events wait to be fanned out",
+		set:  func(c *config, v string) (err error) { c.Webhooks.MaxPending, err = atLeast(v, 1); return err }}
+	webhookRetention = &setting{flag: "webhook-retention", env: "ONCEFLOW_WEBHOOK_RETENTION", def: webhooks.DefaultRetention.String(), kind: "duration", section: webhooksSection,
+		help: "how long finished webhook deliveries and fanned-out events are kept; at least 24h",
+		set: func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 24*time.Hour {
+				return errors.New("want a duration of at least 24h like 2160h")
+			}
+			c.Webhooks.Retention = d
+			return nil
+		}}
 )
 
 // The NATS sink (docs/consumers.md#nats-jetstream): the events to a
@@ -456,8 +472,8 @@ var (
 	// The projector enqueues the webhooks' jobs on the worker's queue with
 	// their attempts.
 	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts}
-	workerSettings    = []*setting{workerQueue, workerMaxWorkers, workerLease, workerAttemptTimeout, workerMaxAttempts, workerBaseDelay, workerMaxDelay,
-		webhookTimeout, webhookAllowNetworks, webhookBreakerFailures, webhookBreakerCooldown, webhookMaxPerTenant}
+	workerSettings    = []*setting{workerQueue, workerMaxWorkers, workerBacklogWorkers, workerLease, workerAttemptTimeout, workerMaxAttempts, workerBaseDelay, workerMaxDelay,
+		webhookTimeout, webhookAllowNetworks, webhookBreakerFailures, webhookBreakerCooldown, webhookMaxPerTenant, webhookMaxPending, webhookRetention}
 	natsinkSettings = []*setting{natsURL, natsCredsFile, natsCAFile, natsDuplicateWindow, natsReplicas, natsMaxInFlight, natsSessionTimeout}
 	devSettings     = []*setting{dataDir, brokerAddr, registryAddr, brokerOnly, groupMinSessionTimeout, devAPIKey}
 )

@@ -123,6 +123,7 @@ func samples(t *testing.T) map[string]sample {
 		"-projector-synchronous-commit": {value: "true", got: func(d onceflow.DevConfig) any { return d.Projector.SynchronousCommit }, want: true},
 		"-worker-queue":                 {value: "q", got: func(d onceflow.DevConfig) any { return d.Worker.Queue }, want: "q"},
 		"-worker-max-workers":           {value: "3", got: func(d onceflow.DevConfig) any { return d.Worker.MaxWorkers }, want: 3},
+		"-worker-backlog-workers":       {value: "4", got: func(d onceflow.DevConfig) any { return d.Worker.BacklogWorkers }, want: 4},
 		"-worker-lease":                 {value: "30s", got: func(d onceflow.DevConfig) any { return d.Worker.Lease }, want: 30 * time.Second},
 		"-worker-attempt-timeout":       {value: "20s", got: func(d onceflow.DevConfig) any { return d.Worker.AttemptTimeout }, want: 20 * time.Second},
 		"-worker-max-attempts":          {value: "3", got: func(d onceflow.DevConfig) any { return d.Worker.MaxAttempts }, want: 3},
@@ -140,6 +141,8 @@ func samples(t *testing.T) map[string]sample {
 		"-nats-stream-replicas":         {value: "3", got: func(d onceflow.DevConfig) any { return d.NATSink.Replicas }, want: 3},
 		"-nats-max-in-flight":           {value: "1", got: func(d onceflow.DevConfig) any { return d.NATSink.MaxInFlight }, want: 1},
 		"-nats-session-timeout":         {value: "3s", got: func(d onceflow.DevConfig) any { return d.NATSink.SessionTimeout }, want: 3 * time.Second},
+		"-webhook-max-pending":          {value: "500", got: func(d onceflow.DevConfig) any { return d.Webhooks.MaxPending }, want: 500},
+		"-webhook-retention":            {value: "48h", got: func(d onceflow.DevConfig) any { return d.Webhooks.Retention }, want: 48 * time.Hour},
 		"-data-dir":                     {value: "/tmp/x", got: func(d onceflow.DevConfig) any { return d.DataDir }, want: "/tmp/x"},
 		"-registry-addr":                {value: "127.0.0.1:3", got: func(d onceflow.DevConfig) any { return d.RegistryAddr }, want: "127.0.0.1:3"},
 		"-broker-addr":                  {value: "127.0.0.1:4", got: func(d onceflow.DevConfig) any { return d.BrokerAddr }, want: "127.0.0.1:4"},
@@ -413,9 +416,10 @@ func TestWorkerSettings(t *testing.T) {
 		t.Fatalf("defaults: %+v %+v %v", c.Worker, c.Webhooks, err)
 	}
 	c, err = configure("worker", map[string]string{"ONCEFLOW_WORKER_LEASE": "4s", "ONCEFLOW_WORKER_ATTEMPT_TIMEOUT": "3s", "ONCEFLOW_WEBHOOK_TIMEOUT": "2s",
-		"ONCEFLOW_WORKER_MAX_ATTEMPTS": "3", "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/8, 192.168.1.7/32", "ONCEFLOW_WORKER_QUEUE": "q"})
+		"ONCEFLOW_WORKER_MAX_ATTEMPTS": "3", "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/8, 192.168.1.7/32", "ONCEFLOW_WORKER_QUEUE": "q",
+		"ONCEFLOW_WEBHOOK_MAX_PENDING": "500", "ONCEFLOW_WEBHOOK_RETENTION": "48h", "ONCEFLOW_WORKER_BACKLOG_WORKERS": "4"})
 	if err != nil || c.Worker.Lease != 4*time.Second || c.Worker.AttemptTimeout != 3*time.Second || c.Webhooks.Timeout != 2*time.Second || c.Worker.MaxAttempts != 3 ||
-		len(c.Webhooks.Allow) != 2 || c.Worker.Queue != "q" {
+		len(c.Webhooks.Allow) != 2 || c.Worker.Queue != "q" || c.Webhooks.MaxPending != 500 || c.Webhooks.Retention != 48*time.Hour || c.Worker.BacklogWorkers != 4 {
 		t.Fatalf("set: %+v %+v %v", c.Worker, c.Webhooks, err)
 	}
 	for env, want := range map[string]string{
@@ -425,6 +429,9 @@ func TestWorkerSettings(t *testing.T) {
 		"ONCEFLOW_WEBHOOK_TIMEOUT=40s":           "ONCEFLOW_WEBHOOK_TIMEOUT",
 		"ONCEFLOW_WORKER_ATTEMPT_TIMEOUT=2m":     "ONCEFLOW_WORKER_ATTEMPT_TIMEOUT",
 		"ONCEFLOW_WEBHOOK_MAX_PER_TENANT=0":      "ONCEFLOW_WEBHOOK_MAX_PER_TENANT",
+		"ONCEFLOW_WEBHOOK_MAX_PENDING=0":         "ONCEFLOW_WEBHOOK_MAX_PENDING",
+		"ONCEFLOW_WEBHOOK_RETENTION=1h":          "ONCEFLOW_WEBHOOK_RETENTION",
+		"ONCEFLOW_WORKER_BACKLOG_WORKERS=0":      "ONCEFLOW_WORKER_BACKLOG_WORKERS",
 	} {
 		k, v, _ := strings.Cut(env, "=")
 		if _, err := configure("worker", map[string]string{k: v}); err == nil || !strings.Contains(err.Error(), want) {

@@ -113,13 +113,14 @@ func TestDeliveryLogTellsCategories(t *testing.T) {
 	}
 	pipelinetest.Eventually(t, 10*time.Second, func() error {
 		var n int
-		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE finalized_at IS NOT NULL`).Scan(&n)
+		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE kind = 'webhook_delivery' AND finalized_at IS NOT NULL`).Scan(&n)
 		if err == nil && n != len(subs) {
 			err = fmt.Errorf("%d jobs finished, want %d", n, len(subs))
 		}
 		return err
 	})
-	rows, err := e.pool.Query(context.Background(), `SELECT coalesce(metadata->'output'->>'note', ''), coalesce(errors[1]->>'error', '') FROM river_job`)
+	rows, err := e.pool.Query(context.Background(), `SELECT coalesce(metadata->'output'->>'note', ''), coalesce(errors[1]->>'error', '') FROM river_job
+		WHERE kind = 'webhook_delivery'`)
 	if err != nil {
 		t.Fatal(err)
 	}

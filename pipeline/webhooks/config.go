@@ -13,6 +13,13 @@ const (
 	DefaultBreakerCooldown = 30 * time.Second
 	DefaultMaxPerTenant    = 10
 	DefaultCacheTTL        = time.Second
+	DefaultMaxPending      = 100_000
+	// DefaultRetention is three times the projector's inbox (30 days):
+	// an event the projector reads again within it is absorbed by the
+	// inbox, after it by the delivery log, until its rows go.
+	DefaultRetention = 90 * 24 * time.Hour
+	// RetentionInterval is how often the retention job runs.
+	RetentionInterval = time.Hour
 )
 
 // Config is how a worker delivers; zero means the default.
@@ -38,6 +45,18 @@ type Config struct {
 	// rotation, a deletion, another worker's breaker) reaches it within
 	// that. Default 1s.
 	CacheTTL time.Duration
+	// MaxPending caps a tenant's deliveries in flight (pending or failed,
+	// ONCEFLOW_WEBHOOK_MAX_PENDING): at the cap the tenant's new events
+	// wait to be fanned out until deliveries finish — counted
+	// (onceflow_webhooks_fanouts_total{outcome="capped"},
+	// onceflow_webhooks_capped_tenants) and logged once a minute. Nothing
+	// is dropped. Default 100,000.
+	MaxPending int
+	// Retention is how long finished deliveries (delivered, dead) and
+	// fanned-out events are kept (ONCEFLOW_WEBHOOK_RETENTION): the delivery
+	// log, and the memory that keeps an event applied again from being
+	// sent again. Default 90 days; at least a day.
+	Retention time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -56,6 +75,12 @@ func (c *Config) setDefaults() {
 	if c.CacheTTL == 0 {
 		c.CacheTTL = DefaultCacheTTL
 	}
+	if c.MaxPending == 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
 }
 
 func (c *Config) validate() error {
@@ -68,6 +93,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("webhooks: BreakerCooldown %s: want a positive duration", c.BreakerCooldown)
 	case c.MaxPerTenant < 1:
 		return fmt.Errorf("webhooks: MaxPerTenant %d: want 1 or more", c.MaxPerTenant)
+	case c.MaxPending < 1:
+		return fmt.Errorf("webhooks: MaxPending %d: want 1 or more", c.MaxPending)
+	case c.Retention < 24*time.Hour:
+		return fmt.Errorf("webhooks: Retention %s: want at least a day", c.Retention)
 	}
 	return nil
 }

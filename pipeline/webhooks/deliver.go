@@ -36,6 +36,10 @@ type Deliverer struct {
 	lastLog  time.Time // of a failed attempt (logFailure)
 	unlogged int       // failed attempts not logged since
 	recorder recorder
+	// backlogs is each tenant's deliveries in flight as last counted
+	// (fanout.go), cappedLogged when its cap was last logged.
+	backlogs     map[string]backlogCount
+	cappedLogged map[string]time.Time
 }
 
 // Register returns what jobs.New needs to run deliveries with cfg.
@@ -50,8 +54,10 @@ func Register(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (func(
 	m := newMetrics(reg)
 	return func(w *jobs.Worker, ws *river.Workers) error {
 		d := &Deliverer{cfg: cfg, w: w, pool: w.Pool(), client: Guard{Allow: cfg.Allow}.Client(cfg.Timeout),
-			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{}}
-		return river.AddWorkerSafely(ws, d)
+			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{},
+			backlogs: map[string]backlogCount{}, cappedLogged: map[string]time.Time{}}
+		w.Periodic(RetentionKind, RetentionInterval, RetentionArgs{})
+		return errors.Join(river.AddWorkerSafely(ws, d), river.AddWorkerSafely(ws, &fanout{d: d}), river.AddWorkerSafely(ws, &retention{d: d}))
 	}, nil
 }
 

@@ -6,14 +6,33 @@
 // # From event to delivery
 //
 // The projector applies each event once; the webhooks projection
-// (Router, a jobs.Router) runs in that transaction: it reads the
-// tenant's enabled subscriptions whose event types match, and for each
-// writes a delivery row (webhook_deliveries, status pending) and enqueues a
-// webhook_delivery job whose key is jobs.Key(event id, subscription id).
-// Both commit with the event, or neither does. Only a row the transaction
-// made gets a job: the row outlives River's finished jobs (cleaned after
-// a day), so the same event applied again, however much later, is not
-// sent again.
+// (Router, a jobs.Router) runs in that transaction: if an enabled
+// subscription of the event's tenant wants its type, it writes one
+// webhook_events row (the body every delivery sends) and enqueues one
+// webhook_fanout job, keyed jobs.Key(event id, "webhooks"), whatever the
+// number of subscriptions — what the projector's transaction writes per
+// event is bounded, so one tenant's hundred subscriptions cannot hold back
+// every tenant's read models. Both commit with the event, or neither does.
+// Only a row the transaction made gets a job: the row outlives River's
+// finished jobs (cleaned after a day), so the same event applied again,
+// within the retention, is not fanned out again.
+//
+// The fan-out (a worker's job, fanout.go) writes a delivery row
+// (webhook_deliveries, status pending) for each enabled subscription that
+// wants the event and enqueues a webhook_delivery job keyed jobs.Key(event
+// id, subscription id) for each row it made, marks the event expanded, and
+// completes, all in one transaction fenced by its attempt (jobs.Complete):
+// a fan-out run again after a crash finds the event expanded or makes the
+// same rows, which already exist, and no job twice.
+//
+// A tenant's deliveries in flight (pending or failed) are capped
+// (MaxPending): at the cap, its fan-outs wait (snoozed, spending no
+// attempt) until deliveries finish — counted, logged, never dropped. Its
+// deliveries past BacklogThreshold go to the worker's backlog queue
+// (jobs.Config.BacklogWorkers slots), ordered by backlog (Priority).
+//
+// Finished deliveries and expanded events older than Retention are
+// deleted by the retention job, every hour.
 //
 // # One delivery
 //
@@ -65,6 +84,12 @@
 // # Fairness
 //
 // A worker runs at most MaxPerTenant deliveries of one tenant at once; a
-// tenant's delivery beyond that is snoozed briefly, so one tenant's
-// backlog or slow endpoint cannot take every worker from the others.
+// tenant's delivery beyond that is snoozed briefly, so one tenant's slow
+// endpoint cannot take every worker from the others. A tenant with a
+// backlog of its own (BacklogThreshold deliveries in flight) makes its new
+// deliveries in the backlog queue: River fetches a queue's jobs in order,
+// so a backlog in the queue every tenant shares would be ahead of every
+// other tenant's next delivery, and churning its snoozes through every
+// fetch. In the backlog queue only its own slots take them, the smaller
+// backlogs first.
 package webhooks

@@ -53,25 +53,45 @@ type Data struct {
 	Event       map[string]any `json:"event"`
 }
 
-// Router is the webhooks projection's jobs.Router: each event of a
-// tenant's enabled subscriptions' event types gets a delivery row and a
-// delivery job per subscription, in the projector's transaction.
+// FanoutKind is the job kind of an event's fan-out.
+const FanoutKind = "webhook_fanout"
+
+// FanoutArgs are a fan-out job's arguments: the event whose deliveries
+// the worker makes (its body and type are in webhook_events).
+type FanoutArgs struct {
+	Key     string      `json:"key" river:"unique"`
+	Tenant  string      `json:"tenant"`
+	EventID pipeline.ID `json:"event_id"`
+}
+
+// Kind implements river.JobArgs.
+func (FanoutArgs) Kind() string { return FanoutKind }
+
+// JobKey implements jobs.Args.
+func (a FanoutArgs) JobKey() string { return a.Key }
+
+// fanoutPurpose names an event's fan-out job among the jobs it makes
+// (jobs.Key): a delivery's purpose is a subscription id, never this.
+const fanoutPurpose = "webhooks"
+
+// Router is the webhooks projection's jobs.Router. In the projector's
+// transaction it writes, for each event some enabled subscription of its
+// tenant wants, one webhook_events row (its body, once) and one fan-out
+// job, whatever the number of subscriptions: what the projector writes for
+// an event is bounded, so one tenant's hundred subscriptions cost every
+// tenant's read models no more than one. The worker's fan-out (Fanout)
+// writes the delivery rows and their jobs.
 type Router struct{}
 
 var _ jobs.Router = Router{}
 
-const subscribedSQL = `SELECT tenant, id, event_types FROM webhook_subscriptions
+const subscribedSQL = `SELECT tenant, event_types FROM webhook_subscriptions
 	WHERE tenant = ANY($1) AND status = 'enabled'`
 
-const insertDeliveriesSQL = `INSERT INTO webhook_deliveries (tenant, subscription_id, event_id, event_type)
-	SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[])
+const insertEventsSQL = `INSERT INTO webhook_events (tenant, event_id, event_type, body)
+	SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::bytea[])
 	ON CONFLICT DO NOTHING
-	RETURNING subscription_id, event_id`
-
-type subscribed struct {
-	id    [16]byte
-	types []string
-}
+	RETURNING tenant, event_id`
 
 // Jobs implements jobs.Router.
 func (Router) Jobs(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([][]jobs.Args, error) {
@@ -85,71 +105,62 @@ func (Router) Jobs(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([][]jo
 	if err != nil {
 		return nil, fmt.Errorf("read webhook subscriptions: %w", err)
 	}
-	subs := map[string][]subscribed{}
+	subs := map[string][][]string{} // tenant -> each subscription's event types
 	for rows.Next() {
 		var tenant string
-		var s subscribed
-		if err := rows.Scan(&tenant, &s.id, &s.types); err != nil {
+		var types []string
+		if err := rows.Scan(&tenant, &types); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read webhook subscriptions: %w", err)
 		}
-		subs[tenant] = append(subs[tenant], s)
+		subs[tenant] = append(subs[tenant], types)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read webhook subscriptions: %w", err)
 	}
 	out := make([][]jobs.Args, len(evs))
-	var dTenants, dTypes []string
-	var dSubs, dEvents [][16]byte
+	var eTenants, eTypes []string
+	var eIDs [][16]byte
+	var eBodies [][]byte
+	at := map[[2]string]int{} // (tenant, event id) -> the event's first index in evs
 	for i, ev := range evs {
-		var body []byte
-		for _, s := range subs[ev.Tenant] {
-			if len(s.types) > 0 && !slices.Contains(s.types, ev.Type()) {
-				continue
-			}
-			if body == nil {
-				if body, err = EventBody(ev); err != nil {
-					return nil, err
-				}
-			}
-			sub := pipeline.ID(s.id)
-			out[i] = append(out[i], DeliveryArgs{Key: jobs.Key(ev.ID, sub.String()), Tenant: ev.Tenant, SubscriptionID: sub,
-				EventID: ev.ID, EventType: ev.Type(), Body: body})
-			dTenants, dSubs, dEvents, dTypes = append(dTenants, ev.Tenant), append(dSubs, s.id), append(dEvents, [16]byte(ev.ID)), append(dTypes, ev.Type())
+		wanted := slices.ContainsFunc(subs[ev.Tenant], func(types []string) bool {
+			return len(types) == 0 || slices.Contains(types, ev.Type())
+		})
+		k := [2]string{ev.Tenant, ev.ID.String()}
+		if _, dup := at[k]; !wanted || dup {
+			continue
 		}
+		body, err := EventBody(ev)
+		if err != nil {
+			return nil, err
+		}
+		at[k] = i
+		eTenants, eIDs, eTypes, eBodies = append(eTenants, ev.Tenant), append(eIDs, [16]byte(ev.ID)), append(eTypes, ev.Type()), append(eBodies, body)
 	}
-	if len(dTenants) == 0 {
+	if len(eTenants) == 0 {
 		return out, nil
 	}
-	// Only the deliveries this transaction made get a job: the row is the
-	// lasting memory (River forgets a finished job after its retention), so
-	// an event applied again, however much later, sends nothing again.
-	rows, err = tx.Query(ctx, insertDeliveriesSQL, dTenants, dSubs, dEvents, dTypes)
+	// Only an event this transaction stored gets a fan-out: the row is the
+	// lasting memory (River forgets a finished job after its retention),
+	// so an event applied again, however much later, sends nothing again.
+	rows, err = tx.Query(ctx, insertEventsSQL, eTenants, eIDs, eTypes, eBodies)
 	if err != nil {
-		return nil, fmt.Errorf("record webhook deliveries: %w", err)
+		return nil, fmt.Errorf("record webhook events: %w", err)
 	}
-	made := map[[2][16]byte]bool{}
 	for rows.Next() {
-		var sub, ev [16]byte
-		if err := rows.Scan(&sub, &ev); err != nil {
+		var tenant string
+		var id [16]byte
+		if err := rows.Scan(&tenant, &id); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("record webhook deliveries: %w", err)
+			return nil, fmt.Errorf("record webhook events: %w", err)
 		}
-		made[[2][16]byte{sub, ev}] = true
+		ev := pipeline.ID(id)
+		i := at[[2]string{tenant, ev.String()}]
+		out[i] = append(out[i], FanoutArgs{Key: jobs.Key(ev, fanoutPurpose), Tenant: tenant, EventID: ev})
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("record webhook deliveries: %w", err)
-	}
-	for i, jobs := range out {
-		kept := jobs[:0]
-		for _, j := range jobs {
-			a := j.(DeliveryArgs)
-			if k := [2][16]byte{a.SubscriptionID, a.EventID}; made[k] {
-				kept = append(kept, j)
-				delete(made, k) // the same event twice in a batch: one job
-			}
-		}
-		out[i] = kept
+		return nil, fmt.Errorf("record webhook events: %w", err)
 	}
 	return out, nil
 }
