@@ -1,4 +1,4 @@
--- Outbound webhooks, fanned out by the worker (docs/webhooks.md#from-event-to-delivery).
+-- Outbound webhooks, fanned out by the worker (docs/webhooks.md#running-it).
 --
 -- The projector's transaction writes, for an event that a tenant's
 -- subscriptions want, one webhook_events row (the event's body, once) and

@@ -33,7 +33,7 @@ type Config struct {
 	// BacklogWorkers is how many jobs of the backlog queue (Queue
 	// + "-backlog": the jobs of a tenant with a backlog of its own, which
 	// InsertTx puts there) the process runs at once, besides MaxWorkers:
-	// a tenant's backlog takes these, never the others' (docs/webhooks.md#fairness).
+	// a tenant's backlog takes these, never the others' (docs/webhooks.md#what-the-answer-does, Fairness).
 	// Default 10.
 	BacklogWorkers int
 	// Lease is how long an attempt may run before River's rescuer gives
