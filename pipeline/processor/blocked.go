@@ -142,7 +142,7 @@ func (p *Processor[S]) skipBatch(ctx context.Context, sess *kgo.GroupTransactSes
 	// marks it as the partition's uncommitted offset.
 	sess.Client().SetOffsets(map[string]map[int32]kgo.EpochOffset{tl.Topic: {tl.Partition: {Epoch: tl.Epoch, Offset: tl.NextOffset}}})
 	if err := sess.Begin(); err != nil {
-		return false, &errSession{fmt.Errorf("begin transaction: %w", err)}
+		return false, &errSession{err: fmt.Errorf("begin transaction: %w", err)}
 	}
 	now := time.Now()
 	detail := truncate(fmt.Sprintf("the batch at offsets %d to %d decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES; skipped by %s: %s",
@@ -160,7 +160,7 @@ func (p *Processor[S]) skipBatch(ctx context.Context, sess *kgo.GroupTransactSes
 	committed, err := sess.End(txCtx, kgo.TransactionEndTry(produceErr == nil))
 	if err != nil {
 		p.metrics.transactions.WithLabelValues("unknown").Inc()
-		return false, &errSession{fmt.Errorf("end transaction: %w", err)}
+		return false, &errSession{err: fmt.Errorf("end transaction: %w", err)}
 	}
 	if !committed {
 		p.metrics.transactions.WithLabelValues("aborted").Inc()
