@@ -321,7 +321,7 @@ func (p *process) startProjectors(context.Context) error {
 		return nil
 	}
 	for _, d := range p.dep.Domains {
-		proj, err := newProjector(p.rc.Config, p.rc.Projector, p.rc.Worker, p.pool, d, p.serdes, p.dep.metricsFor(p.metrics, "domain", d.Name, len(p.dep.Domains)))
+		proj, err := newProjector(p.rc.Config, p.rc.Projector, p.rc.Worker, p.rc.Webhooks, p.pool, d, p.serdes, p.dep.metricsFor(p.metrics, "domain", d.Name, len(p.dep.Domains)))
 		if err != nil {
 			return err
 		}

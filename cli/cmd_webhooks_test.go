@@ -30,6 +30,11 @@ func TestWebhooksCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A second subscription (to another type): acme's events are fanned
+	// out by the worker, not made inline.
+	if _, _, err := webhooks.Create(ctx, pool, "acme", "k2", "http://127.0.0.1:1/opened", []string{"AccountOpened"}); err != nil {
+		t.Fatal(err)
+	}
 	proj, err := jobs.NewProjection("webhooks", jobs.Config{}, webhooks.Router{}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +83,7 @@ func TestWebhooksCommands(t *testing.T) {
 	}{
 		{[]string{"webhooks", "list", "-tenant", "acme"}, []string{sub.ID.String(), "http://127.0.0.1:1/hooks", "Deposited", "enabled", "closed"}},
 		{[]string{"webhooks", "deliveries", "-tenant", "acme", "-status", "dead"}, []string{ev.ID.String(), "Deposited", "dead", key, "address-not-allowed"}},
-		{[]string{"jobs", "list", "-kind", "webhook_fanout"}, []string{"webhook_fanout", "completed", "1/10", jobs.Key(ev.ID, "webhooks"), "1 deliveries"}},
+		{[]string{"jobs", "list", "-kind", "webhook_fanout"}, []string{"webhook_fanout", "completed", "1/10", jobs.Key(ev.ID, "webhooks"), "1 deliveries of 1 events"}},
 		{[]string{"jobs", "list", "-kind", "webhook_delivery"}, []string{"webhook_delivery", "cancelled", "1/10", key}},
 	} {
 		out, err := cmd(tc.args...)

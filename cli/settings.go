@@ -470,8 +470,9 @@ var (
 	// The processor's instance id names its transactional producer.
 	processorSettings = []*setting{instanceID, processorSessionTimeout, processorMaxClockSkew, processorMaxCommandAge, processorMaxCommandBytes}
 	// The projector enqueues the webhooks' jobs on the worker's queue with
-	// their attempts.
-	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts}
+	// their attempts, and makes a tenant's deliveries itself only below
+	// the cap of its deliveries in flight.
+	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts, webhookMaxPending}
 	workerSettings    = []*setting{workerQueue, workerMaxWorkers, workerBacklogWorkers, workerLease, workerAttemptTimeout, workerMaxAttempts, workerBaseDelay, workerMaxDelay,
 		webhookTimeout, webhookAllowNetworks, webhookBreakerFailures, webhookBreakerCooldown, webhookMaxPerTenant, webhookMaxPending, webhookRetention}
 	natsinkSettings = []*setting{natsURL, natsCredsFile, natsCAFile, natsDuplicateWindow, natsReplicas, natsMaxInFlight, natsSessionTimeout}

@@ -1,11 +1,12 @@
 -- Outbound webhooks, fanned out by the worker (docs/webhooks.md#running-it).
 --
 -- The projector's transaction writes, for an event that a tenant's
--- subscriptions want, one webhook_events row (the event's body, once) and
--- one fan-out job, whatever the number of subscriptions; the worker's
--- fan-out job then writes the delivery rows and their jobs. The
--- webhook_events row is the lasting memory that an event applied again is
--- not fanned out again; expanded_at says the fan-out ran.
+-- subscriptions want, one webhook_events row (the event's body, once),
+-- and one fan-out job for the batch's events of each tenant, whatever the
+-- number of subscriptions: the job names the range of seq its rows got.
+-- The worker's fan-out job then writes the delivery rows and their jobs.
+-- The webhook_events row is the lasting memory that an event applied
+-- again is not fanned out again; expanded_at says the fan-out ran.
 --
 -- Both tables keep their rows for the retention
 -- (ONCEFLOW_WEBHOOK_RETENTION): the worker's retention job deletes
@@ -16,6 +17,7 @@
 CREATE TABLE webhook_events (
     tenant      text        NOT NULL,
     event_id    uuid        NOT NULL,
+    seq         bigint      GENERATED ALWAYS AS IDENTITY,  -- the order a fan-out's range is in
     event_type  text        NOT NULL,
     body        bytea       NOT NULL,  -- what every delivery of it POSTs, signed as is
     created_at  timestamptz NOT NULL DEFAULT now(),
@@ -23,6 +25,8 @@ CREATE TABLE webhook_events (
     PRIMARY KEY (tenant, event_id)
 );
 CREATE INDEX webhook_events_created ON webhook_events (created_at);
+-- What a fan-out reads: a tenant's events not fanned out yet, by seq.
+CREATE INDEX webhook_events_unexpanded ON webhook_events (tenant, seq) WHERE expanded_at IS NULL;
 SELECT onceflow_tenant_rls('webhook_events');
 
 -- A tenant's deliveries in flight: its backlog (the fan-out's cap and

@@ -2,7 +2,6 @@ package webhooks
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -14,35 +13,54 @@ import (
 	"github.com/onceflow/onceflow/pipeline/jobs"
 )
 
-// fanout is the River worker of webhook_fanout jobs: it makes an event's
-// deliveries (doc.go).
+// fanout is the River worker of webhook_fanout jobs: it makes the
+// deliveries of a range of a tenant's events (doc.go).
 type fanout struct {
 	river.WorkerDefaults[FanoutArgs]
 	d *Deliverer
 }
 
 const (
-	// lockEventSQL reads the event's body and whether its fan-out ran,
-	// and holds the row against a concurrent run of it (a late attempt).
-	lockEventSQL = `SELECT event_type, body, expanded_at IS NOT NULL FROM webhook_events
-		WHERE tenant = $1 AND event_id = $2 FOR UPDATE`
-	// fanOutSQL makes a delivery row for each enabled subscription of the
-	// tenant that wants the event's type, and returns the ones it made:
-	// only those get a job.
-	fanOutSQL = `INSERT INTO webhook_deliveries (tenant, subscription_id, event_id, event_type)
-		SELECT tenant, id, $2, $3 FROM webhook_subscriptions
-		WHERE tenant = $1 AND status = 'enabled' AND (cardinality(event_types) = 0 OR $3 = ANY (event_types))
-		ON CONFLICT DO NOTHING
-		RETURNING subscription_id`
-	expandedSQL = `UPDATE webhook_events SET expanded_at = now() WHERE tenant = $1 AND event_id = $2`
+	// subscriptionsSQL counts the tenant's enabled subscriptions: the most
+	// deliveries an event of it makes.
+	subscriptionsSQL = `SELECT count(*) FROM webhook_subscriptions WHERE tenant = $1 AND status = 'enabled'`
+	// lockEventsSQL takes the range's events not fanned out yet, the first
+	// $4 of them by seq, and holds them against a concurrent fan-out of
+	// them (a late attempt, an overlapping range): that one waits, then
+	// finds them expanded.
+	lockEventsSQL = `SELECT seq FROM webhook_events
+		WHERE tenant = $1 AND seq BETWEEN $2 AND $3 AND expanded_at IS NULL
+		ORDER BY seq LIMIT $4 FOR UPDATE`
+	// fanOutSQL makes, in one statement, a delivery row for each locked
+	// event (seq $2 to $3 not expanded yet) and each enabled subscription
+	// of the tenant that wants its type, marks the events expanded, and
+	// returns the deliveries it made with their events' type and body: only
+	// those get a job.
+	fanOutSQL = `WITH chunk AS (
+			SELECT tenant, event_id, event_type, body FROM webhook_events
+			WHERE tenant = $1 AND seq BETWEEN $2 AND $3 AND expanded_at IS NULL
+		), expanded AS (
+			UPDATE webhook_events e SET expanded_at = now() FROM chunk c
+			WHERE e.tenant = c.tenant AND e.event_id = c.event_id
+		), made AS (
+			INSERT INTO webhook_deliveries (tenant, subscription_id, event_id, event_type)
+			SELECT c.tenant, s.id, c.event_id, c.event_type FROM chunk c JOIN webhook_subscriptions s
+			ON s.tenant = c.tenant AND s.status = 'enabled' AND (cardinality(s.event_types) = 0 OR c.event_type = ANY (s.event_types))
+			ON CONFLICT DO NOTHING
+			RETURNING event_id, subscription_id
+		)
+		SELECT m.event_id, m.subscription_id, c.event_type, c.body FROM made m JOIN chunk c USING (event_id)
+		ORDER BY m.event_id, m.subscription_id`
 	// backlogSQL counts a tenant's deliveries in flight, up to $2.
 	backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries
 		WHERE tenant = $1 AND status IN ('pending', 'failed') LIMIT $2) AS in_flight`
 )
 
-// Work implements river.Worker: an event's fan-out, fenced by its attempt
-// (jobs.Complete), so the rows and jobs it makes commit with its
-// completion or not at all.
+// Work implements river.Worker: a fan-out of a range of events, fenced by
+// its attempt (jobs.Complete), so the rows and jobs it makes commit with
+// its completion or not at all. It makes at most MaxFanout deliveries (at
+// least one event's); what is left of the range goes to a job of its own,
+// enqueued in the same transaction.
 func (f *fanout) Work(ctx context.Context, job *river.Job[FanoutArgs]) error {
 	d, a := f.d, job.Args
 	backlog, err := d.backlog(ctx, a.Tenant)
@@ -51,41 +69,62 @@ func (f *fanout) Work(ctx context.Context, job *river.Job[FanoutArgs]) error {
 	}
 	if backlog >= d.cfg.MaxPending {
 		d.capped(a.Tenant, backlog)
-		// The event waits, fanned out once the tenant's backlog is below
+		// The events wait, fanned out once the tenant's backlog is below
 		// the cap again; a snooze spends no attempt.
 		return river.JobSnooze(cappedWait + time.Duration(rand.IntN(int(cappedWait/time.Millisecond)))*time.Millisecond) // #nosec G404 -- spreading retries
 	}
-	made := 0
+	made, events := 0, 0
 	err = jobs.Complete(ctx, d.pool, job, func(tx pgx.Tx) error {
-		var typ string
-		var body []byte
-		var expanded bool
-		err := tx.QueryRow(ctx, lockEventSQL, a.Tenant, [16]byte(a.EventID)).Scan(&typ, &body, &expanded)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return nil // deleted after its retention: nothing left to do
-		case err != nil:
-			return fmt.Errorf("read webhook event: %w", err)
-		case expanded:
-			return nil
+		var subs int
+		if err := tx.QueryRow(ctx, subscriptionsSQL, a.Tenant).Scan(&subs); err != nil {
+			return fmt.Errorf("count webhook subscriptions: %w", err)
 		}
-		rows, err := tx.Query(ctx, fanOutSQL, a.Tenant, [16]byte(a.EventID), typ)
+		limit := max(1, d.cfg.MaxFanout/max(1, subs))
+		rows, err := tx.Query(ctx, lockEventsSQL, a.Tenant, a.From, a.To, limit)
+		if err != nil {
+			return fmt.Errorf("read webhook events: %w", err)
+		}
+		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("read webhook events: %w", err)
+		}
+		if len(seqs) == 0 {
+			return nil // fanned out already, or deleted after the retention
+		}
+		events = len(seqs)
+		last := seqs[len(seqs)-1]
+		rows, err = tx.Query(ctx, fanOutSQL, a.Tenant, a.From, last)
 		if err != nil {
 			return fmt.Errorf("record webhook deliveries: %w", err)
 		}
 		var args []jobs.Args
 		for rows.Next() {
-			var sub [16]byte
-			if err := rows.Scan(&sub); err != nil {
+			var ev, sub [16]byte
+			var typ string
+			var body []byte
+			if err := rows.Scan(&ev, &sub, &typ, &body); err != nil {
 				rows.Close()
 				return fmt.Errorf("record webhook deliveries: %w", err)
 			}
-			id := pipeline.ID(sub)
-			args = append(args, DeliveryArgs{Key: jobs.Key(a.EventID, id.String()), Tenant: a.Tenant, SubscriptionID: id,
-				EventID: a.EventID, EventType: typ, Body: body})
+			e, s := pipeline.ID(ev), pipeline.ID(sub)
+			args = append(args, DeliveryArgs{Key: jobs.Key(e, s.String()), Tenant: a.Tenant, SubscriptionID: s,
+				EventID: e, EventType: typ, Body: body})
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("record webhook deliveries: %w", err)
+		}
+		if len(seqs) == limit && last < a.To {
+			// The rest of the range, after this transaction's: keyed by
+			// this job's key and where it starts, so a run again makes
+			// the same job, once.
+			k, err := pipeline.ParseID(a.Key)
+			if err != nil {
+				return fmt.Errorf("fan-out key %q: %w", a.Key, err)
+			}
+			rest := FanoutArgs{Key: jobs.Key(k, fmt.Sprint(fanoutPurpose, " from ", last+1)), Tenant: a.Tenant, From: last + 1, To: a.To}
+			if _, err := d.w.InsertTx(ctx, tx, []jobs.Args{rest}, false, 1); err != nil {
+				return err
+			}
 		}
 		if len(args) > 0 {
 			if _, err := d.w.InsertTx(ctx, tx, args, backlog >= BacklogThreshold, Priority(backlog)); err != nil {
@@ -93,9 +132,8 @@ func (f *fanout) Work(ctx context.Context, job *river.Job[FanoutArgs]) error {
 			}
 		}
 		made = len(args)
-		jobs.Note(ctx, fmt.Sprintf("%d deliveries", made))
-		_, err = tx.Exec(ctx, expandedSQL, a.Tenant, [16]byte(a.EventID))
-		return err
+		jobs.Note(ctx, fmt.Sprintf("%d deliveries of %d events", made, events))
+		return nil
 	})
 	if err != nil {
 		return err

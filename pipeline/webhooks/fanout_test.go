@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,12 +27,16 @@ func (e *env) count(sql string, args ...any) int {
 }
 
 // A tenant with the most subscriptions it may have (100, every event
-// type) costs the projector's transaction one event row and one job per
-// event — not a delivery row and a job per subscription, which let one
-// tenant within its rate ask the projector for a hundred writes per event
-// and hold back every tenant's read models. The worker fans each event out
-// to its subscriptions: every delivery made and applied once.
-func TestProjectorWritesOneRowAndOneJobPerEvent(t *testing.T) {
+// type) costs the projector's transaction one event row per event and one
+// job per tenant of the batch — not a delivery row and a job per
+// subscription, which let one tenant within its rate ask the projector for
+// a hundred writes per event and hold back every tenant's read models. The
+// worker fans the events out to the subscriptions in transactions of at
+// most MaxFanout deliveries: every delivery made and applied once. A
+// tenant with one subscription (globex) has its deliveries made in the
+// projector's transaction, one row and one job an event, the fan-out's
+// bound, without its hop.
+func TestProjectorWritesOneRowPerEventAndOneJobPerTenant(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, jobs.Config{})
 	r := webhookstest.New(nil, nil)
@@ -44,31 +49,46 @@ func TestProjectorWritesOneRowAndOneJobPerEvent(t *testing.T) {
 		}
 		secrets = append(secrets, s.Secret)
 	}
-	r.SetSecrets(secrets)
-	evs := make([]pipeline.Event, 3)
-	for i := range evs {
-		evs[i] = deposit("acme", int64(i+1))
-	}
+	globex := e.subscribe("globex", r.URL)
+	r.SetSecrets(append(secrets, globex.Secret))
+	evs := []pipeline.Event{deposit("acme", 1), deposit("globex", 1), deposit("acme", 2), deposit("acme", 3), deposit("globex", 2)}
 	e.project(evs...)
 	// What the projector's transaction wrote.
-	if n := e.count(`SELECT count(*) FROM webhook_deliveries`); n != 0 {
-		t.Errorf("the projector wrote %d delivery rows, want none (the worker's fan-out makes them)", n)
-	}
-	if n := e.count(`SELECT count(*) FROM webhook_events`); n != len(evs) {
-		t.Errorf("the projector wrote %d event rows, want %d", n, len(evs))
-	}
-	if n := e.count(`SELECT count(*) FROM river_job`); n != len(evs) {
-		t.Errorf("the projector enqueued %d jobs, want %d (one fan-out per event)", n, len(evs))
+	for _, c := range []struct {
+		what, sql string
+		want      int
+	}{
+		{"acme's delivery rows (the worker's fan-out makes them)", `SELECT count(*) FROM webhook_deliveries WHERE tenant = 'acme'`, 0},
+		{"acme's jobs (one fan-out for the batch)", `SELECT count(*) FROM river_job WHERE args->>'tenant' = 'acme' AND kind = 'webhook_fanout'`, 1},
+		{"acme's event rows", `SELECT count(*) FROM webhook_events WHERE tenant = 'acme'`, 3},
+		{"globex's delivery rows (inline)", `SELECT count(*) FROM webhook_deliveries WHERE tenant = 'globex'`, 2},
+		{"globex's delivery jobs (inline)", `SELECT count(*) FROM river_job WHERE args->>'tenant' = 'globex' AND kind = 'webhook_delivery'`, 2},
+		{"globex's event rows, expanded", `SELECT count(*) FROM webhook_events WHERE tenant = 'globex' AND expanded_at IS NOT NULL`, 2},
+		{"jobs", `SELECT count(*) FROM river_job`, 3},
+	} {
+		if n := e.count(c.sql); n != c.want {
+			t.Errorf("the projector wrote %d %s, want %d", n, c.what, c.want)
+		}
 	}
 
-	e.work(webhooks.Config{Allow: loopback}, "w1")
-	want := len(evs) * webhooks.MaxSubscriptions
+	// 150 deliveries a transaction: one of acme's events (100) each.
+	e.work(webhooks.Config{Allow: loopback, MaxFanout: 150}, "w1")
+	want := 3 * webhooks.MaxSubscriptions
 	e.waitStatus("acme", want, 3*time.Minute, "delivered") // 300, 10 at a time (MaxPerTenant), under load
-	if got, bad := r.Effects(), r.Bad(); got != want || len(bad) > 0 {
-		t.Errorf("the receiver applied %d effects (refused %v), want %d", got, bad, want)
+	e.waitStatus("globex", 2, time.Minute, "delivered")
+	if got, bad := r.Effects(), r.Bad(); got != want+2 || len(bad) > 0 {
+		t.Errorf("the receiver applied %d effects (refused %v), want %d", got, bad, want+2)
 	}
 	if n := e.count(`SELECT count(*) FROM webhook_events WHERE expanded_at IS NULL`); n != 0 {
 		t.Errorf("%d events not fanned out", n)
+	}
+	var notes string
+	if err := e.pool.QueryRow(context.Background(), `SELECT string_agg(metadata->'output'->>'note', '; ' ORDER BY id)
+		FROM river_job WHERE kind = 'webhook_fanout' AND state = 'completed' AND args->>'tenant' = 'acme'`).Scan(&notes); err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.Repeat("100 deliveries of 1 events; ", 2) + "100 deliveries of 1 events"; notes != want {
+		t.Errorf("acme's fan-outs: %q, want %q (three transactions)", notes, want)
 	}
 }
 
@@ -96,7 +116,15 @@ func TestTenantBacklogIsCapped(t *testing.T) {
 		}
 	})
 	e.subscribe("acme", srv.URL)
-	e.work(webhooks.Config{Allow: loopback, MaxPending: 3, Timeout: 30 * time.Second}, "w1")
+	cfg := webhooks.Config{Allow: loopback, MaxPending: 3, Timeout: 30 * time.Second}
+	// The projector knows the cap: one subscription's deliveries are made
+	// inline below it only.
+	proj, err := jobs.NewProjection("webhooks", e.jcfg, webhooks.Router{MaxPending: cfg.MaxPending}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.proj = proj
+	e.work(cfg, "w1")
 	first := []pipeline.Event{deposit("acme", 1), deposit("acme", 2), deposit("acme", 3)}
 	e.project(first...)
 	pipelinetest.Eventually(t, 20*time.Second, func() error {
@@ -105,8 +133,11 @@ func TestTenantBacklogIsCapped(t *testing.T) {
 		}
 		return nil
 	})
+	// Three batches, three fan-outs.
 	more := []pipeline.Event{deposit("acme", 4), deposit("acme", 5), deposit("acme", 6)}
-	e.project(more...)
+	for _, ev := range more {
+		e.project(ev)
+	}
 	pipelinetest.Eventually(t, 20*time.Second, func() error {
 		// Each has run and been put back: River's snooze schedules it
 		// later without spending an attempt.
