@@ -64,7 +64,9 @@ func BenchmarkFairness(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w, err := jobs.New(benchWorkers, pool, reg, nil, prometheus.NewRegistry())
+	// The worker's defaults but for the poll interval, as benchWorkers:
+	// the backlog queue's 10 slots are what is measured.
+	w, err := jobs.New(jobs.Config{MaxWorkers: benchWorkers.MaxWorkers, FetchPollInterval: benchWorkers.FetchPollInterval}, pool, reg, nil, prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)
 	}
