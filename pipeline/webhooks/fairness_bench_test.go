@@ -25,8 +25,9 @@ import (
 const backlogSize = 100_000
 
 // BenchmarkFairness: one tenant's webhook latency (event projected to
-// delivery received, 300 events at 100/s through the projection, the
-// fan-out and the delivery) with no other tenant busy (the baseline), then
+// delivery received, 300 events at 100/s through the projection and the
+// delivery, which the projection makes inline for its one subscription)
+// with no other tenant busy (the baseline), then
 // with another tenant holding a backlog of 100,000 deliveries to an
 // endpoint that takes 50 ms an answer, in the same run, on the same worker
 // (the defaults: 50 jobs at once, 10 of a tenant). The backlog's jobs are
