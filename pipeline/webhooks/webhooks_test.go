@@ -514,40 +514,61 @@ func TestRuntimeRoleDelivers(t *testing.T) {
 	}
 }
 
-// An event applied again long after — its River job cleaned away, the
-// inbox's memory gone — is not delivered again: the delivery row is the
-// lasting memory.
+// An event applied again long after — its River jobs cleaned away, the
+// inbox's memory gone — is not delivered again: the event row is the
+// lasting memory, whether the projector made its delivery (one
+// subscription) or a fan-out did (two).
 func TestEventAppliedAgainLaterIsNotSentAgain(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, jobs.Config{})
-	r := webhookstest.New(nil, nil)
-	t.Cleanup(r.Close)
-	sub := e.subscribe("acme", r.URL)
-	r.SetSecrets([]string{sub.Secret})
-	e.work(webhooks.Config{Allow: loopback}, "w1")
-	ev := deposit("acme", 1)
-	e.project(ev)
-	e.waitStatus("acme", 1, 10*time.Second, "delivered")
-	pipelinetest.Eventually(t, 10*time.Second, func() error {
-		// River's cleaner, after its retention, once the jobs are
-		// completed: the event's fan-out and its delivery.
-		var running int
-		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE kind IN ('webhook_fanout', 'webhook_delivery') AND state <> 'completed'`).Scan(&running); err != nil || running != 0 {
-			return fmt.Errorf("%d jobs not completed yet (%v)", running, err)
-		}
-		tag, err := e.pool.Exec(context.Background(), `DELETE FROM river_job WHERE state = 'completed' AND kind IN ('webhook_fanout', 'webhook_delivery')`)
-		if err == nil && tag.RowsAffected() != 2 {
-			err = fmt.Errorf("deleted %d completed jobs, want the fan-out and the delivery", tag.RowsAffected())
-		}
-		return err
-	})
-	e.project(ev)
-	time.Sleep(500 * time.Millisecond)
-	var jobsLeft int
-	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE kind IN ('webhook_fanout', 'webhook_delivery')`).Scan(&jobsLeft); err != nil || jobsLeft != 0 {
-		t.Errorf("jobs after the event came again: %d (%v), want none", jobsLeft, err)
-	}
-	if n := r.Requests(jobs.Key(ev.ID, sub.ID.String())); n != 1 {
-		t.Errorf("the receiver got the event %d times, want 1", n)
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprint("subs=", n), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, jobs.Config{})
+			r := webhookstest.New(nil, nil)
+			t.Cleanup(r.Close)
+			var subs []webhooks.Subscription
+			var secrets []string
+			for i := range n {
+				s, _, err := webhooks.Create(context.Background(), e.pool, "acme", fmt.Sprint("hook-", i), r.URL, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				subs, secrets = append(subs, s), append(secrets, s.Secret)
+			}
+			r.SetSecrets(secrets)
+			e.work(webhooks.Config{Allow: loopback}, "w1")
+			ev := deposit("acme", 1)
+			e.project(ev)
+			e.waitStatus("acme", n, 10*time.Second, "delivered")
+			// Its jobs: the deliveries, and the fan-out's with two.
+			want := int64(n)
+			if n > 1 {
+				want++
+			}
+			pipelinetest.Eventually(t, 10*time.Second, func() error {
+				// River's cleaner, after its retention, once the jobs are
+				// completed.
+				var running int
+				if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE kind IN ('webhook_fanout', 'webhook_delivery') AND state <> 'completed'`).Scan(&running); err != nil || running != 0 {
+					return fmt.Errorf("%d jobs not completed yet (%v)", running, err)
+				}
+				tag, err := e.pool.Exec(context.Background(), `DELETE FROM river_job WHERE state = 'completed' AND kind IN ('webhook_fanout', 'webhook_delivery')`)
+				if err == nil && tag.RowsAffected() != want {
+					err = fmt.Errorf("deleted %d completed jobs, want %d", tag.RowsAffected(), want)
+				}
+				return err
+			})
+			e.project(ev)
+			time.Sleep(500 * time.Millisecond)
+			var jobsLeft int
+			if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE kind IN ('webhook_fanout', 'webhook_delivery')`).Scan(&jobsLeft); err != nil || jobsLeft != 0 {
+				t.Errorf("jobs after the event came again: %d (%v), want none", jobsLeft, err)
+			}
+			for _, s := range subs {
+				if got := r.Requests(jobs.Key(ev.ID, s.ID.String())); got != 1 {
+					t.Errorf("the receiver got the event for %s %d times, want 1", s.ID, got)
+				}
+			}
+		})
 	}
 }
