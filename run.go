@@ -142,7 +142,10 @@ type process struct {
 	pool    *pgxpool.Pool // nil when no component uses Postgres
 	lag     *lagMetrics
 	rel     *relay.Relay // the relay, when the process runs one
-	addrs   Addrs
+	// blockers are the processors, for the status page's blocked
+	// partitions and their skip.
+	blockers []batchBlocker
+	addrs    Addrs
 	// cancel ends the components (runCtx): when ctx ends, or when any of
 	// them fails (g's context).
 	cancel  context.CancelFunc
@@ -318,7 +321,7 @@ func (p *process) startProjectors(context.Context) error {
 		return nil
 	}
 	for _, d := range p.dep.Domains {
-		proj, err := newProjector(p.rc.Config, p.rc.Projector, p.rc.Worker, p.pool, d, p.serdes, p.dep.metricsFor(p.metrics, "domain", d.Name, len(p.dep.Domains)))
+		proj, err := newProjector(p.rc.Config, p.rc.Projector, p.rc.Worker, p.rc.Webhooks, p.pool, d, p.serdes, p.dep.metricsFor(p.metrics, "domain", d.Name, len(p.dep.Domains)))
 		if err != nil {
 			return err
 		}
@@ -354,6 +357,9 @@ func (p *process) startProcessors(context.Context) error {
 		if err != nil {
 			return err
 		}
+		if b, ok := proc.(batchBlocker); ok {
+			p.blockers = append(p.blockers, b)
+		}
 		p.adm.AddCheck(p.dep.checkName("processor", a.Topics.Prefix, len(all)), readyCheck(proc.Ready()))
 		p.ownLag(kafka.LagSource{Group: a.group, Topics: []string{a.Topics.Commands()}})
 		p.g.Go(func() error { return proc.Run(p.gctx) })
@@ -380,7 +386,7 @@ func (p *process) startNATSinks(context.Context) error {
 
 // startAdmin starts the status page and the admin server.
 func (p *process) startAdmin(context.Context) error {
-	page, closePage, err := statusPage(p.rc, p.adm, p.metrics, p.pool, p.dep)
+	page, closePage, err := statusPage(p.rc, p.adm, p.metrics, p.pool, p.dep, p.blockers)
 	if err != nil {
 		return err
 	}

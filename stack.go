@@ -480,13 +480,14 @@ func (d *DeployedDomain) ReadModels() []pipeline.Projection[pgx.Tx] {
 }
 
 // newProjector builds d's projector: d's projections, then the webhooks
-// projection, which enqueues the deliveries of each event on wcfg's queue
-// in the projector's transaction (docs/webhooks.md). It is not part of
+// projection, which enqueues the fan-outs or deliveries of each batch on
+// wcfg's queue in the projector's transaction, inline only below hcfg's
+// MaxPending (docs/webhooks.md). It is not part of
 // d.projections(): a rebuild must not deliver again.
-func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, pool *pgxpool.Pool, d *DeployedDomain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
+func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, hcfg webhooks.Config, pool *pgxpool.Pool, d *DeployedDomain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
 	pcfg.Topic = d.EventsTopic()
 	pcfg.Consumer = d.ProjectorConsumer()
-	hooks, err := jobs.NewProjection("webhooks", wcfg, webhooks.Router{}, reg)
+	hooks, err := jobs.NewProjection("webhooks", wcfg, webhooks.Router{MaxPending: hcfg.MaxPending}, reg)
 	if err != nil {
 		return nil, err
 	}

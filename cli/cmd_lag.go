@@ -24,7 +24,7 @@ import (
 // lagRow is one line of `onceflow lag` (and one object of -o json).
 type lagRow struct {
 	kafka.PartitionLag
-	Parked   string `json:"parked,omitempty"`   // reason@offset of a parked partition
+	Parked   string `json:"parked,omitempty"`   // reason@offset of a parked (or, a group's, blocked) partition
 	Retrying string `json:"retrying,omitempty"` // class of the transient error its batch is retried on
 }
 
@@ -114,6 +114,14 @@ func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 				rows[i].Retrying = r.Class
 			}
 		}
+		// A group's partition that lags may be stopped at a batch too
+		// large to decompress: its consumer reads no further, with the
+		// same bound as this client (KAFKA_MAX_DECOMPRESS_BATCH_BYTES).
+		if l.OffsetsIn == kafka.OffsetsInKafka && l.Lag > 0 && l.Committed >= 0 {
+			if b, err := kafka.BlockedBatch(ctx, cl, l.Topic, l.Partition, l.Committed); err == nil && b != nil {
+				rows[i].Parked = "batch-too-large@" + strconv.FormatInt(b.Offset, 10)
+			}
+		}
 	}
 	if output == "json" {
 		enc := json.NewEncoder(stdout)
@@ -169,12 +177,20 @@ func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, re
 		}
 		tw.Flush()
 	}
+	for _, r := range rows {
+		if r.OffsetsIn == kafka.OffsetsInKafka && strings.HasPrefix(r.Parked, "batch-too-large@") {
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "batch-too-large: the group's consumer stopped at a batch that decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES;"+
+				" raise it if a legitimate producer wrote the batch, or skip the batch on the processor's admin port (POST /status/skip-batch, docs/processor.md)")
+			break
+		}
+	}
 	printRetrying(w, retrying)
 	if len(parked) == 0 {
 		return
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "parked partitions (an operator must act: fix the cause, then `onceflow projections unpark`):")
+	fmt.Fprintln(w, "parked partitions (an operator must act: fix the cause, then `onceflow projections unpark`; or skip the record on purpose: `onceflow projections skip`):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tOFFSET\tREASON\tSINCE\tDETAIL")
 	for _, p := range parked {

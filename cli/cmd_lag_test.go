@@ -155,3 +155,38 @@ func TestLagServe(t *testing.T) {
 		t.Errorf("billing: lag %v records, %.1f s; want 4 and %.0f", lag, seconds, want)
 	}
 }
+
+// A group stopped at a batch that decompresses beyond the bound (a
+// compressed bomb) shows it: batch-too-large@OFFSET in the PARKED column,
+// and what to do below the table; neither the row's lag in seconds nor
+// the probe decompresses it.
+func TestLagShowsABlockedBatch(t *testing.T) {
+	t.Parallel()
+	c := newProjCLI(t)
+	ctx := context.Background()
+	const topic = "bombed"
+	adm := kadm.NewClient(pipelinetest.Client(t, c.brokers))
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	bomber := pipelinetest.Client(t, c.brokers, kgo.DefaultProduceTopic(topic), kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerBatchMaxBytes(64<<20))
+	if err := bomber.ProduceSync(ctx, &kgo.Record{Value: []byte("ok")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	bomb, err := bomber.ProduceSync(ctx, &kgo.Record{Value: make([]byte, 32<<20)}).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	offsets := kadm.Offsets{}
+	offsets.AddOffset(topic, 0, bomb.Offset, -1)
+	if _, err := adm.CommitOffsets(ctx, "stuck", offsets); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.run("lag", "-group", "stuck")
+	if err != nil {
+		t.Fatalf("lag: %v\n%s", err, out)
+	}
+	if want := fmt.Sprintf("batch-too-large@%d", bomb.Offset); !strings.Contains(out, want) || !strings.Contains(out, "KAFKA_MAX_DECOMPRESS_BATCH_BYTES") {
+		t.Errorf("onceflow lag does not show %s and what to do:\n%s", want, out)
+	}
+}

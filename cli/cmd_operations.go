@@ -219,11 +219,12 @@ func locate(ctx context.Context, cfg onceflow.Config, dep *onceflow.Deployment, 
 	return trace.Consumers(ctx, cl, events, sources, t)
 }
 
-// plain is s for a terminal: control characters (a provider's event id
-// may hold any) become '?'.
+// plain is s for a terminal: control and format characters (a provider's
+// event id may hold any; a webhook receiver's answer, in rows written
+// before the worker made them printable) become '?'.
 func plain(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return '?'
 		}
 		return r

@@ -127,10 +127,12 @@ func TestProduce(t *testing.T) {
 		t.Fatalf("produce printed no command id:\n%s", out)
 	}
 	dir := t.TempDir()
+	// A time of its own, within the processor's bounds (past-timestamp).
+	at := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
 	lines := `{"aggregate_id":"acme/acc-1","type":"Deposit","payload":{"amount":100},"command_id":"01890a5d-ac96-774b-bcce-b302099a8057"}
 
 {"aggregate_id":"acme/acc-1","type":"Deposit","payload":{"amount":100},"command_id":"01890a5d-ac96-774b-bcce-b302099a8057"}
-{"aggregate_id":"acme/acc-1","type":"Withdraw","payload":{"amount":30},"time":"2026-01-02T03:04:05Z","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+{"aggregate_id":"acme/acc-1","type":"Withdraw","payload":{"amount":30},"time":"` + at + `","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 `
 	file := filepath.Join(dir, "cmds.jsonl")
 	if err := os.WriteFile(file, []byte(lines), 0o644); err != nil {

@@ -142,6 +142,52 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 	return nil
 }
 
+// runProjectionsSkip is `onceflow projections skip`: projector.Skip, with
+// the operator's name from -operator or $USER.
+func runProjectionsSkip(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
+	var consumer, domainName, note, operator string
+	c, fs, err := parse("projections skip", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.StringVar(&consumer, "consumer", "", "the projector's consumer (default: its domain's projector)")
+		fs.StringVar(&domainName, "domain", "", "the domain whose projector parked it (default: the only one)")
+		fs.StringVar(&note, "note", "", "why the record is skipped (required; kept in projector_skips)")
+		fs.StringVar(&operator, "operator", getenv("USER"), "who skips it (kept in projector_skips)")
+	})
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 2 || note == "" || operator == "" {
+		return fmt.Errorf("usage: onceflow projections skip -note WHY [-operator NAME] PARTITION OFFSET (the offset it is parked at: onceflow lag)")
+	}
+	part, perr := strconv.ParseInt(fs.Arg(0), 10, 32)
+	off, oerr := strconv.ParseInt(fs.Arg(1), 10, 64)
+	if perr != nil || oerr != nil || part < 0 || off < 0 {
+		return fmt.Errorf("partition %q, offset %q: want two numbers", fs.Arg(0), fs.Arg(1))
+	}
+	dep, err := c.Deployment()
+	if err != nil {
+		return err
+	}
+	d, err := dep.FindDomain(domainName)
+	if err != nil {
+		return err
+	}
+	if consumer == "" {
+		consumer = d.ProjectorConsumer()
+	}
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	s, err := projector.Skip(ctx, pool, projector.Skipping{Consumer: consumer, Topic: d.EventsTopic(), Partition: int32(part), Offset: off, Note: note, Operator: operator})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "skipped partition %d of %s from %d to %d (parked: %s: %s), recorded in projector_skips; the projector that owns it reads on within seconds\n",
+		part, consumer, s.From, s.To, s.Reason, plain(s.Detail))
+	return nil
+}
+
 func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	c, dep, err := parseDeployed("projections list", domains, args, getenv, stdout)
 	if err != nil {

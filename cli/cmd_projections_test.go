@@ -254,10 +254,30 @@ func TestProjectionsCommands(t *testing.T) {
 		t.Error("unpark of a partition that is not parked: no error")
 	}
 
+	// Skipped on purpose: only at the parked offset, and recorded.
+	c.exec(t, `INSERT INTO consumer_offsets (consumer, topic, partition, next_offset) VALUES ('skip-test', $1, 0, 5)`, c.topics.Events())
+	c.exec(t, `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail) VALUES ('skip-test', $1, 0, 5, 'projection-error', 'boom')`,
+		c.topics.Events())
+	if _, err := c.run("projections", "skip", "-consumer", "skip-test", "-note", "x", "-operator", "bob", "0", "4"); err == nil || !strings.Contains(err.Error(), "parked at 5") {
+		t.Errorf("skip at another offset: %v, want a refusal naming where it is parked", err)
+	}
+	if out, err := c.run("projections", "skip", "-consumer", "skip-test", "-note", "bad test data", "-operator", "bob", "0", "5"); err != nil ||
+		!strings.Contains(out, "skipped partition 0 of skip-test from 5 to 6") {
+		t.Errorf("skip: %v\n%s", err, out)
+	}
+	var note, operator string
+	var to int64
+	if err := c.pool.QueryRow(ctx, `SELECT note, operator, to_offset FROM projector_skips WHERE consumer = 'skip-test'`).Scan(&note, &operator, &to); err != nil ||
+		note != "bad test data" || operator != "bob" || to != 6 {
+		t.Errorf("projector_skips: %q by %q to %d (%v)", note, operator, to, err)
+	}
+
 	for _, bad := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"projections", "skip", "0", "5"}, "usage"},
+		{[]string{"projections", "skip", "-note", "why", "-operator", "bob", "x", "5"}, "want two numbers"},
 		{[]string{"projections", "rebuild"}, "usage"},
 		{[]string{"projections", "rebuild", "balances"}, "no projection named \"balances\""},
 		{[]string{"projections", "unpark", "x"}, "partition \"x\""},

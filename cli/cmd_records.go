@@ -109,7 +109,7 @@ func runDLQRedrive(ctx context.Context, domains []*onceflow.Domain, args []strin
 	picked := make(map[*kgo.Record]processor.DeadLetter, len(pick)) // ProduceSync answers in completion order
 	var incomplete int
 	for _, d := range pick {
-		rec, err := d.Redrive(at.Topics.Commands())
+		rec, err := d.Redrive(at.Topics.Commands(), time.Now())
 		if err != nil {
 			incomplete++
 			fmt.Fprintf(stdout, "cannot redrive %s (%s): %v\n", d.Coordinates(), d.Reason, err)

@@ -40,16 +40,21 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 	brokers := pipelinetest.Broker(t).Addrs()
 	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	// Webhooks: every projector enqueues the deliveries of each event, and
-	// the worker (in onceflow.All) delivers them to a receiver subscribed
-	// to every event type of acme.
+	// Webhooks: every projector enqueues the fan-out of each batch, and
+	// the worker (in onceflow.All) delivers the events to a receiver
+	// subscribed to every event type of acme, and AccountOpened again (two
+	// subscriptions: the fan-out's way, not the inline one's).
 	sub, _, err := webhooks.Create(ctx, pool, "acme", "trace-sub", "http://127.0.0.1:1/placeholder", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	receiver := webhookstest.New([]string{sub.Secret}, nil)
+	opens, _, err := webhooks.Create(ctx, pool, "acme", "trace-sub-2", "http://127.0.0.1:1/placeholder", []string{"AccountOpened"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver := webhookstest.New([]string{sub.Secret, opens.Secret}, nil)
 	defer receiver.Close()
-	if _, err := pool.Exec(ctx, `UPDATE webhook_subscriptions SET url = $1 WHERE id = $2`, receiver.URL, sub.ID.String()); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE webhook_subscriptions SET url = $1`, receiver.URL); err != nil {
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -133,8 +138,8 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 		if d := tr.Events[0].Deliveries; len(d) != 1 || d[0].Status != "delivered" {
 			return fmt.Errorf("webhook deliveries %+v: not delivered yet", d)
 		}
-		if j := tr.Events[0].Jobs; len(j) != 1 || j[0].State != "completed" {
-			return fmt.Errorf("jobs %+v: not completed yet", j)
+		if j := tr.Events[0].Jobs; len(j) != 2 || j[0].State != "completed" || j[1].State != "completed" {
+			return fmt.Errorf("jobs %+v: not completed yet (the event's fan-out and its delivery)", j)
 		}
 		return nil
 	})
@@ -172,15 +177,16 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 			t.Errorf("step %+v has no time", s)
 		}
 	}
-	if got := strings.Join(stages, " "); got != "key command shipped event consumers inbox job webhook status" {
-		t.Errorf("timeline %q, want key command shipped event consumers inbox job webhook status", got)
+	if got := strings.Join(stages, " "); got != "key command shipped event consumers inbox job job webhook status" {
+		t.Errorf("timeline %q, want key command shipped event consumers inbox job job webhook status (the fan-out's job and the delivery's)", got)
 	}
-	// The delivery's job is the one the receiver saw, once, under its key.
+	// The event's fan-out made the delivery; the delivery's job is the one
+	// the receiver saw, once, under its key.
 	d, jb := e.Deliveries[0], e.Jobs
-	if len(jb) != 1 || d.JobID == nil || *d.JobID != jb[0].ID || jb[0].State != "completed" || d.SubscriptionID != sub.ID.String() ||
-		receiver.Requests(jb[0].Key) != 1 || receiver.Effects() != 2 {
-		t.Errorf("delivery %+v, jobs %+v, receiver saw %d requests under the key and %d effects; want one completed job, 1 and 2 (the open and the deposit)",
-			d, jb, receiver.Requests(jb[0].Key), receiver.Effects())
+	if len(jb) != 2 || jb[0].Kind != "webhook_fanout" || jb[1].Kind != "webhook_delivery" || d.JobID == nil || *d.JobID != jb[1].ID ||
+		jb[1].State != "completed" || d.SubscriptionID != sub.ID.String() || receiver.Requests(jb[1].Key) != 1 || receiver.Effects() != 3 {
+		t.Errorf("delivery %+v, jobs %+v, receiver saw %d requests under the key and %d effects; want the fan-out and a completed delivery job, 1 and 3 (the open twice and the deposit)",
+			d, jb, receiver.Requests(jb[len(jb)-1].Key), receiver.Effects())
 	}
 	// The command id and the event id lead to the same command; the table
 	// says where it went.

@@ -219,7 +219,7 @@ func runJobsList(ctx context.Context, domains []*onceflow.Domain, args []string,
 		if err := rows.Scan(&id, &k, &st, &attempt, &maxAttempts, &key, &note, &lastErr, &created); err != nil {
 			return err
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", id, k, st, attempt, maxAttempts, key, dash(note), dash(lastErr), created.UTC().Format(time.RFC3339))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", id, k, st, attempt, maxAttempts, key, dash(plain(note)), dash(plain(lastErr)), created.UTC().Format(time.RFC3339))
 	}
 	if err := rows.Err(); err != nil {
 		return err

@@ -3,11 +3,13 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
@@ -17,14 +19,20 @@ import (
 )
 
 // `onceflow webhooks list|deliveries|redeliver` and `onceflow jobs list`
-// show what the projector enqueued; bad arguments end non-zero with a
-// message.
+// show what the projector enqueued and the worker's fan-out made of it (a
+// delivery the address guard refused: a literal loopback address, never
+// dialled); bad arguments end non-zero with a message.
 func TestWebhooksCommands(t *testing.T) {
 	t.Parallel()
 	pool, url := pipelinetest.Pool(t, ledgerMigrations)
 	ctx := context.Background()
-	sub, _, err := webhooks.Create(ctx, pool, "acme", "k1", "https://example.com/hooks", []string{"Deposited"})
+	sub, _, err := webhooks.Create(ctx, pool, "acme", "k1", "http://127.0.0.1:1/hooks", []string{"Deposited"})
 	if err != nil {
+		t.Fatal(err)
+	}
+	// A second subscription (to another type): acme's events are fanned
+	// out by the worker, not made inline.
+	if _, _, err := webhooks.Create(ctx, pool, "acme", "k2", "http://127.0.0.1:1/opened", []string{"AccountOpened"}); err != nil {
 		t.Fatal(err)
 	}
 	proj, err := jobs.NewProjection("webhooks", jobs.Config{}, webhooks.Router{}, nil)
@@ -36,6 +44,27 @@ func TestWebhooksCommands(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := proj.ApplyBatch(ctx, tx, []pipeline.Event{ev}); return err }); err != nil {
 		t.Fatal(err)
 	}
+	reg, err := webhooks.Register(webhooks.Config{}, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := jobs.New(jobs.Config{FetchPollInterval: 100 * time.Millisecond}, pool, reg, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		var status, state string
+		err := pool.QueryRow(ctx, `SELECT d.status, j.state::text FROM webhook_deliveries d JOIN river_job j ON j.id = d.job_id
+			WHERE d.event_id = $1`, [16]byte(ev.ID)).Scan(&status, &state)
+		if err == nil && (status != "dead" || state != "cancelled") {
+			err = fmt.Errorf("the delivery is %s, its job %s, want dead and cancelled (the guard refuses loopback)", status, state)
+		}
+		return err
+	})
 	getenv := func(k string) string {
 		if k == "DATABASE_URL" {
 			return url
@@ -52,9 +81,10 @@ func TestWebhooksCommands(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"webhooks", "list", "-tenant", "acme"}, []string{sub.ID.String(), "https://example.com/hooks", "Deposited", "enabled", "closed"}},
-		{[]string{"webhooks", "deliveries", "-tenant", "acme", "-status", "pending"}, []string{ev.ID.String(), "Deposited", "pending", key}},
-		{[]string{"jobs", "list", "-kind", "webhook_delivery"}, []string{"webhook_delivery", "available", "0/10", key}},
+		{[]string{"webhooks", "list", "-tenant", "acme"}, []string{sub.ID.String(), "http://127.0.0.1:1/hooks", "Deposited", "enabled", "closed"}},
+		{[]string{"webhooks", "deliveries", "-tenant", "acme", "-status", "dead"}, []string{ev.ID.String(), "Deposited", "dead", key, "address-not-allowed"}},
+		{[]string{"jobs", "list", "-kind", "webhook_fanout"}, []string{"webhook_fanout", "completed", "1/10", jobs.Key(ev.ID, "webhooks"), "1 deliveries of 1 events"}},
+		{[]string{"jobs", "list", "-kind", "webhook_delivery"}, []string{"webhook_delivery", "cancelled", "1/10", key}},
 	} {
 		out, err := cmd(tc.args...)
 		if err != nil {

@@ -44,6 +44,8 @@ func init() {
 		settings: use(kafkaSettings, registrySettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix}, loggingSettings), run: runProjectionsRebuild})
 	register(&command{name: "projections unpark", summary: "let a projector try its parked partitions again: projections unpark [PARTITION...]", args: "[PARTITION...]",
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsUnpark})
+	register(&command{name: "projections skip", summary: "skip, on purpose and recorded, the record a projector's partition is parked on: projections skip -note WHY PARTITION OFFSET", args: "PARTITION OFFSET",
+		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsSkip})
 	register(&command{name: "projections list", summary: "the projections, their tables, rebuilds and parked partitions",
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsList})
 	register(&command{name: "reconcile", summary: "find stuck or ambiguous work (commands pending too long, outbox_dead, DLQ, unapplied inbound events, jobs out of attempts), ask their authority, correct through commands, audit, report",

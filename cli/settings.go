@@ -27,7 +27,7 @@ import (
 // The lists at the end say which command uses which.
 
 var (
-	kafkaSection     = &section{title: "Kafka"}
+	kafkaSection     = &section{title: "Kafka", check: decompressBound}
 	registrySection  = &section{title: "Schema registry"}
 	postgresSection  = &section{title: "Postgres"}
 	topicsSection    = &section{title: "Topics"}
@@ -72,7 +72,25 @@ var (
 	kafkaAllowPlaintextSASL = &setting{flag: "kafka-allow-plaintext-sasl", env: "KAFKA_ALLOW_PLAINTEXT_SASL", def: "false", kind: "bool", section: kafkaSection,
 		help: "let SASL run without TLS, on a network you trust",
 		set:  func(c *config, v string) (err error) { c.Kafka.AllowPlaintextSASL, err = boolean(v); return err }}
+	kafkaMaxDecompressBatchBytes = &setting{flag: "kafka-max-decompress-batch-bytes", env: "KAFKA_MAX_DECOMPRESS_BATCH_BYTES", def: "0", kind: "int", section: kafkaSection,
+		help: "largest size a fetched record batch may decompress to; a larger one stops its partition until an operator skips it (docs/security.md); 0: sixteen of the largest commands the processor takes, at least 16 MiB",
+		set: func(c *config, v string) (err error) {
+			if c.Kafka.MaxDecompressBatchBytes, err = atLeast(v, 0); err != nil {
+				return errors.New("want a size in bytes, or 0 for the default")
+			}
+			return nil
+		}}
 )
+
+// decompressBound sets the decompression bound unless given: sixteen of
+// the largest commands the processor takes (ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES,
+// when the command reads it), at least 16 MiB.
+func decompressBound(c *config) error {
+	if c.Kafka.MaxDecompressBatchBytes == 0 {
+		c.Kafka.MaxDecompressBatchBytes = kafka.MaxDecompressBatchBytesFor(c.Processor.MaxCommandBytes)
+	}
+	return nil
+}
 
 // The schema registry.
 var (
@@ -203,7 +221,7 @@ var (
 			return nil
 		}}
 	trustedProxies = &setting{flag: "trusted-proxies", env: "ONCEFLOW_TRUSTED_PROXIES", kind: "string", section: ingestSection,
-		help: "networks (CIDR, comma separated) of the load balancers in front of ingest: from them X-Forwarded-For names the client whose failed authentications are limited",
+		help: "addresses (CIDR, comma separated) of the load balancers in front of ingest, never a network clients come from: from them X-Forwarded-For names the client whose failed authentications are limited",
 		set:  func(c *config, v string) (err error) { c.Ingest.TrustedProxies, err = networks(v); return err }}
 	inboundConfig = &setting{flag: "inbound-config", env: "ONCEFLOW_INBOUND_CONFIG", section: ingestSection,
 		help: "JSON `file` of the webhook providers ingest accepts at POST /v1/inbound/{provider} (docs/inbound.md); secrets may stay in the environment (secrets_env)",
@@ -269,6 +287,19 @@ var (
 			}
 			return err
 		}}
+	processorMaxCommandAge = &setting{flag: "processor-max-command-age", env: "ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE", kind: "duration", section: processorSection,
+		help: "how far behind the processor's clock a command's record time may be; an earlier one (or one before 1970) goes to the DLQ (past-timestamp); empty: the commands topic's retention and a day",
+		set: func(c *config, v string) error {
+			if v == "" {
+				return nil
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil || d < processor.MinMaxCommandAge {
+				return fmt.Errorf("want a duration of at least %s like 192h", processor.MinMaxCommandAge)
+			}
+			c.Processor.MaxCommandAge = d
+			return nil
+		}}
 	processorMaxCommandBytes = &setting{flag: "processor-max-command-bytes", env: "ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES", def: "0", kind: "int", section: processorSection,
 		help: "largest command record value the processor decides; a larger one goes to the DLQ (too-large); 0: " + strconv.Itoa(processor.DefaultMaxCommandBytes),
 		set: func(c *config, v string) (err error) {
@@ -310,6 +341,9 @@ var (
 	workerMaxWorkers = &setting{flag: "worker-max-workers", env: "ONCEFLOW_WORKER_MAX_WORKERS", def: strconv.Itoa(jobs.DefaultMaxWorkers), kind: "int", section: workerSection,
 		help: "jobs a worker process runs at once",
 		set:  func(c *config, v string) (err error) { c.Worker.MaxWorkers, err = atLeast(v, 1); return err }}
+	workerBacklogWorkers = &setting{flag: "worker-backlog-workers", env: "ONCEFLOW_WORKER_BACKLOG_WORKERS", def: strconv.Itoa(jobs.DefaultBacklogWorkers), kind: "int", section: workerSection,
+		help: "jobs of tenants with a backlog of their own a worker process runs at once, besides ONCEFLOW_WORKER_MAX_WORKERS",
+		set:  func(c *config, v string) (err error) { c.Worker.BacklogWorkers, err = atLeast(v, 1); return err }}
 	workerLease = &setting{flag: "worker-lease", env: "ONCEFLOW_WORKER_LEASE", def: jobs.DefaultLease.String(), kind: "duration", section: workerSection,
 		help: "how long a job attempt may run before River's rescuer gives the job to another worker",
 		set:  func(c *config, v string) (err error) { c.Worker.Lease, err = positive(v, "30s"); return err }}
@@ -343,7 +377,7 @@ var (
 		help: "bound of one webhook request, connect to last byte",
 		set:  func(c *config, v string) (err error) { c.Webhooks.Timeout, err = positive(v, "10s"); return err }}
 	webhookAllowNetworks = &setting{flag: "webhook-allow-networks", env: "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS", kind: "string", section: webhooksSection,
-		help: "networks (CIDR, comma separated) webhooks may reach although they are loopback, private or link-local",
+		help: "networks (CIDR, comma separated) webhooks may reach although the address guard refuses them: loopback, private, link-local, NAT64 and the other special-purpose ranges",
 		set:  func(c *config, v string) (err error) { c.Webhooks.Allow, err = networks(v); return err }}
 	webhookBreakerFailures = &setting{flag: "webhook-breaker-failures", env: "ONCEFLOW_WEBHOOK_BREAKER_FAILURES", def: strconv.Itoa(webhooks.DefaultBreakerFailures), kind: "int", section: webhooksSection,
 		help: "failures in a row that open an endpoint's circuit breaker",
@@ -357,6 +391,19 @@ var (
 	webhookMaxPerTenant = &setting{flag: "webhook-max-per-tenant", env: "ONCEFLOW_WEBHOOK_MAX_PER_TENANT", def: strconv.Itoa(webhooks.DefaultMaxPerTenant), kind: "int", section: webhooksSection,
 		help: "deliveries of one tenant a worker process runs at once",
 		set:  func(c *config, v string) (err error) { c.Webhooks.MaxPerTenant, err = atLeast(v, 1); return err }}
+	webhookMaxPending = &setting{flag: "webhook-max-pending", env: "ONCEFLOW_WEBHOOK_MAX_PENDING", def: strconv.Itoa(webhooks.DefaultMaxPending), kind: "int", section: webhooksSection,
+		help: "a tenant's webhook deliveries in flight at most; at the cap its new events wait to be fanned out",
+		set:  func(c *config, v string) (err error) { c.Webhooks.MaxPending, err = atLeast(v, 1); return err }}
+	webhookRetention = &setting{flag: "webhook-retention", env: "ONCEFLOW_WEBHOOK_RETENTION", def: webhooks.DefaultRetention.String(), kind: "duration", section: webhooksSection,
+		help: "how long finished webhook deliveries and fanned-out events are kept; at least 24h",
+		set: func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 24*time.Hour {
+				return errors.New("want a duration of at least 24h like 2160h")
+			}
+			c.Webhooks.Retention = d
+			return nil
+		}}
 )
 
 // The NATS sink (docs/consumers.md#nats-jetstream): the events to a
@@ -411,7 +458,7 @@ var (
 
 // Which command uses which settings.
 var (
-	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL}
+	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL, kafkaMaxDecompressBatchBytes}
 	registrySettings = []*setting{registryURL, registryUser, registryPassword, registryCAFile}
 	loggingSettings  = []*setting{logLevel, logFormat}
 	// poolSettings are a component's database: it migrates, then holds a pool.
@@ -421,12 +468,13 @@ var (
 	ingestSettings = []*setting{httpAddr, tenantRateLimit, trustedProxies, inboundConfig, inboundRetention}
 	relaySettings  = []*setting{instanceID, relayLease, relayBatchSize, reconcileInterval}
 	// The processor's instance id names its transactional producer.
-	processorSettings = []*setting{instanceID, processorSessionTimeout, processorMaxClockSkew, processorMaxCommandBytes}
+	processorSettings = []*setting{instanceID, processorSessionTimeout, processorMaxClockSkew, processorMaxCommandAge, processorMaxCommandBytes}
 	// The projector enqueues the webhooks' jobs on the worker's queue with
-	// their attempts.
-	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts}
-	workerSettings    = []*setting{workerQueue, workerMaxWorkers, workerLease, workerAttemptTimeout, workerMaxAttempts, workerBaseDelay, workerMaxDelay,
-		webhookTimeout, webhookAllowNetworks, webhookBreakerFailures, webhookBreakerCooldown, webhookMaxPerTenant}
+	// their attempts, and makes a tenant's deliveries itself only below
+	// the cap of its deliveries in flight.
+	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts, webhookMaxPending}
+	workerSettings    = []*setting{workerQueue, workerMaxWorkers, workerBacklogWorkers, workerLease, workerAttemptTimeout, workerMaxAttempts, workerBaseDelay, workerMaxDelay,
+		webhookTimeout, webhookAllowNetworks, webhookBreakerFailures, webhookBreakerCooldown, webhookMaxPerTenant, webhookMaxPending, webhookRetention}
 	natsinkSettings = []*setting{natsURL, natsCredsFile, natsCAFile, natsDuplicateWindow, natsReplicas, natsMaxInFlight, natsSessionTimeout}
 	devSettings     = []*setting{dataDir, brokerAddr, registryAddr, brokerOnly, groupMinSessionTimeout, devAPIKey}
 )

@@ -76,22 +76,23 @@ func samples(t *testing.T) map[string]sample {
 	}
 	secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte("settings-test-secret-0123456789ab"))
 	return map[string]sample{
-		"-kafka-brokers":              {value: "127.0.0.1:19093", got: func(d onceflow.DevConfig) any { return d.Kafka.Brokers[0] }, want: "127.0.0.1:19093"},
-		"-kafka-sasl-mechanism":       {value: "SCRAM-SHA-256", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLMechanism }, want: "SCRAM-SHA-256"},
-		"-kafka-sasl-user":            {value: "u", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLUser }, want: "u"},
-		"-kafka-sasl-password":        {value: "p", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLPassword }, want: "p"},
-		"-kafka-tls":                  {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.TLS }, want: true},
-		"-kafka-tls-ca-file":          {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.Kafka.TLSCAFile }, want: "/ca.pem"},
-		"-kafka-allow-plaintext-sasl": {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.AllowPlaintextSASL }, want: true},
-		"-schema-registry-url":        {value: "http://r.example", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.URL }, want: "http://r.example"},
-		"-schema-registry-user":       {value: "u", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.User }, want: "u"},
-		"-schema-registry-password":   {value: "p", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.Password }, want: "p"},
-		"-schema-registry-ca-file":    {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.CAFile }, want: "/ca.pem"},
-		"-database-url":               {value: "postgres://a@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseURL }, want: "postgres://a@db/x"},
-		"-database-migration-url":     {value: "postgres://o@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseMigrationURL }, want: "postgres://o@db/x"},
-		"-database-max-conns":         {value: "7", got: func(d onceflow.DevConfig) any { return d.DatabaseMaxConns }, want: int32(7)},
-		"-topic-prefix":               {value: "p", got: func(d onceflow.DevConfig) any { return d.Topics.Prefix }, want: "p"},
-		"-partitions":                 {value: "5", got: func(d onceflow.DevConfig) any { return d.Topics.Partitions }, want: int32(5)},
+		"-kafka-brokers":                    {value: "127.0.0.1:19093", got: func(d onceflow.DevConfig) any { return d.Kafka.Brokers[0] }, want: "127.0.0.1:19093"},
+		"-kafka-sasl-mechanism":             {value: "SCRAM-SHA-256", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLMechanism }, want: "SCRAM-SHA-256"},
+		"-kafka-sasl-user":                  {value: "u", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLUser }, want: "u"},
+		"-kafka-sasl-password":              {value: "p", got: func(d onceflow.DevConfig) any { return d.Kafka.SASLPassword }, want: "p"},
+		"-kafka-tls":                        {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.TLS }, want: true},
+		"-kafka-tls-ca-file":                {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.Kafka.TLSCAFile }, want: "/ca.pem"},
+		"-kafka-allow-plaintext-sasl":       {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.AllowPlaintextSASL }, want: true},
+		"-kafka-max-decompress-batch-bytes": {value: "33554432", got: func(d onceflow.DevConfig) any { return d.Kafka.MaxDecompressBatchBytes }, want: 33554432},
+		"-schema-registry-url":              {value: "http://r.example", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.URL }, want: "http://r.example"},
+		"-schema-registry-user":             {value: "u", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.User }, want: "u"},
+		"-schema-registry-password":         {value: "p", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.Password }, want: "p"},
+		"-schema-registry-ca-file":          {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.CAFile }, want: "/ca.pem"},
+		"-database-url":                     {value: "postgres://a@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseURL }, want: "postgres://a@db/x"},
+		"-database-migration-url":           {value: "postgres://o@db/x", got: func(d onceflow.DevConfig) any { return d.DatabaseMigrationURL }, want: "postgres://o@db/x"},
+		"-database-max-conns":               {value: "7", got: func(d onceflow.DevConfig) any { return d.DatabaseMaxConns }, want: int32(7)},
+		"-topic-prefix":                     {value: "p", got: func(d onceflow.DevConfig) any { return d.Topics.Prefix }, want: "p"},
+		"-partitions":                       {value: "5", got: func(d onceflow.DevConfig) any { return d.Topics.Partitions }, want: int32(5)},
 		"-dedup-window": {value: "48h", got: func(d onceflow.DevConfig) any {
 			return []time.Duration{d.Processor.DedupWindow, d.Topics.DedupRetention}
 		},
@@ -115,12 +116,14 @@ func samples(t *testing.T) map[string]sample {
 		"-reconcile-interval":           {value: "5m", got: func(d onceflow.DevConfig) any { return d.Reconcile.Interval }, want: 5 * time.Minute},
 		"-processor-session-timeout":    {value: "7s", got: func(d onceflow.DevConfig) any { return d.Processor.SessionTimeout }, want: 7 * time.Second},
 		"-processor-max-clock-skew":     {value: "2m", got: func(d onceflow.DevConfig) any { return d.Processor.MaxClockSkew }, want: 2 * time.Minute},
+		"-processor-max-command-age":    {value: "720h", got: func(d onceflow.DevConfig) any { return d.Processor.MaxCommandAge }, want: 720 * time.Hour},
 		"-processor-max-command-bytes":  {value: "4096", got: func(d onceflow.DevConfig) any { return d.Processor.MaxCommandBytes }, want: 4096},
 		"-projector-session-timeout":    {value: "7s", got: func(d onceflow.DevConfig) any { return d.Projector.SessionTimeout }, want: 7 * time.Second},
 		"-projector-parallelism":        {value: "3", got: func(d onceflow.DevConfig) any { return d.Projector.Parallelism }, want: 3},
 		"-projector-synchronous-commit": {value: "true", got: func(d onceflow.DevConfig) any { return d.Projector.SynchronousCommit }, want: true},
 		"-worker-queue":                 {value: "q", got: func(d onceflow.DevConfig) any { return d.Worker.Queue }, want: "q"},
 		"-worker-max-workers":           {value: "3", got: func(d onceflow.DevConfig) any { return d.Worker.MaxWorkers }, want: 3},
+		"-worker-backlog-workers":       {value: "4", got: func(d onceflow.DevConfig) any { return d.Worker.BacklogWorkers }, want: 4},
 		"-worker-lease":                 {value: "30s", got: func(d onceflow.DevConfig) any { return d.Worker.Lease }, want: 30 * time.Second},
 		"-worker-attempt-timeout":       {value: "20s", got: func(d onceflow.DevConfig) any { return d.Worker.AttemptTimeout }, want: 20 * time.Second},
 		"-worker-max-attempts":          {value: "3", got: func(d onceflow.DevConfig) any { return d.Worker.MaxAttempts }, want: 3},
@@ -138,6 +141,8 @@ func samples(t *testing.T) map[string]sample {
 		"-nats-stream-replicas":         {value: "3", got: func(d onceflow.DevConfig) any { return d.NATSink.Replicas }, want: 3},
 		"-nats-max-in-flight":           {value: "1", got: func(d onceflow.DevConfig) any { return d.NATSink.MaxInFlight }, want: 1},
 		"-nats-session-timeout":         {value: "3s", got: func(d onceflow.DevConfig) any { return d.NATSink.SessionTimeout }, want: 3 * time.Second},
+		"-webhook-max-pending":          {value: "500", got: func(d onceflow.DevConfig) any { return d.Webhooks.MaxPending }, want: 500},
+		"-webhook-retention":            {value: "48h", got: func(d onceflow.DevConfig) any { return d.Webhooks.Retention }, want: 48 * time.Hour},
 		"-data-dir":                     {value: "/tmp/x", got: func(d onceflow.DevConfig) any { return d.DataDir }, want: "/tmp/x"},
 		"-registry-addr":                {value: "127.0.0.1:3", got: func(d onceflow.DevConfig) any { return d.RegistryAddr }, want: "127.0.0.1:3"},
 		"-broker-addr":                  {value: "127.0.0.1:4", got: func(d onceflow.DevConfig) any { return d.BrokerAddr }, want: "127.0.0.1:4"},
@@ -222,6 +227,7 @@ func TestCommandsListOnlyTheirSettings(t *testing.T) {
 	rebuild := listed(t, "projections rebuild")
 	want := []string{"-consumer", "-lock-timeout", "-restart", "-verify",
 		"-kafka-brokers", "-kafka-sasl-mechanism", "-kafka-sasl-user", "-kafka-sasl-password", "-kafka-tls", "-kafka-tls-ca-file", "-kafka-allow-plaintext-sasl",
+		"-kafka-max-decompress-batch-bytes",
 		"-schema-registry-url", "-schema-registry-user", "-schema-registry-password", "-schema-registry-ca-file",
 		"-database-url", "-database-migration-url", "-topic-prefix", "-log-level", "-log-format"}
 	if !slices.Equal(rebuild, want) {
@@ -328,12 +334,14 @@ func TestPlaintextSASLRefused(t *testing.T) {
 func TestProcessorLimits(t *testing.T) {
 	for _, tc := range []struct {
 		env       map[string]string
-		skew      time.Duration
+		skew, age time.Duration
 		bytes     int
 		wantError string
 	}{
 		{env: nil},
 		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW": "2m", "ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES": "4096"}, skew: 2 * time.Minute, bytes: 4096},
+		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE": "720h"}, age: 720 * time.Hour},
+		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE": "1h"}, wantError: `ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE "1h"`},
 		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW": "soon"}, wantError: `ONCEFLOW_PROCESSOR_MAX_CLOCK_SKEW "soon"`},
 		{env: map[string]string{"ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES": "-1"}, wantError: `ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES "-1"`},
 	} {
@@ -347,8 +355,8 @@ func TestProcessorLimits(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", tc.env, err)
 		}
-		if c.Processor.MaxClockSkew != tc.skew || c.Processor.MaxCommandBytes != tc.bytes {
-			t.Errorf("%v: skew %s, max command bytes %d; want %s and %d", tc.env, c.Processor.MaxClockSkew, c.Processor.MaxCommandBytes, tc.skew, tc.bytes)
+		if c.Processor.MaxClockSkew != tc.skew || c.Processor.MaxCommandAge != tc.age || c.Processor.MaxCommandBytes != tc.bytes {
+			t.Errorf("%v: skew %s, age %s, max command bytes %d; want %s, %s and %d", tc.env, c.Processor.MaxClockSkew, c.Processor.MaxCommandAge, c.Processor.MaxCommandBytes, tc.skew, tc.age, tc.bytes)
 		}
 	}
 }
@@ -408,9 +416,10 @@ func TestWorkerSettings(t *testing.T) {
 		t.Fatalf("defaults: %+v %+v %v", c.Worker, c.Webhooks, err)
 	}
 	c, err = configure("worker", map[string]string{"ONCEFLOW_WORKER_LEASE": "4s", "ONCEFLOW_WORKER_ATTEMPT_TIMEOUT": "3s", "ONCEFLOW_WEBHOOK_TIMEOUT": "2s",
-		"ONCEFLOW_WORKER_MAX_ATTEMPTS": "3", "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/8, 192.168.1.7/32", "ONCEFLOW_WORKER_QUEUE": "q"})
+		"ONCEFLOW_WORKER_MAX_ATTEMPTS": "3", "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "10.0.0.0/8, 192.168.1.7/32", "ONCEFLOW_WORKER_QUEUE": "q",
+		"ONCEFLOW_WEBHOOK_MAX_PENDING": "500", "ONCEFLOW_WEBHOOK_RETENTION": "48h", "ONCEFLOW_WORKER_BACKLOG_WORKERS": "4"})
 	if err != nil || c.Worker.Lease != 4*time.Second || c.Worker.AttemptTimeout != 3*time.Second || c.Webhooks.Timeout != 2*time.Second || c.Worker.MaxAttempts != 3 ||
-		len(c.Webhooks.Allow) != 2 || c.Worker.Queue != "q" {
+		len(c.Webhooks.Allow) != 2 || c.Worker.Queue != "q" || c.Webhooks.MaxPending != 500 || c.Webhooks.Retention != 48*time.Hour || c.Worker.BacklogWorkers != 4 {
 		t.Fatalf("set: %+v %+v %v", c.Worker, c.Webhooks, err)
 	}
 	for env, want := range map[string]string{
@@ -420,6 +429,9 @@ func TestWorkerSettings(t *testing.T) {
 		"ONCEFLOW_WEBHOOK_TIMEOUT=40s":           "ONCEFLOW_WEBHOOK_TIMEOUT",
 		"ONCEFLOW_WORKER_ATTEMPT_TIMEOUT=2m":     "ONCEFLOW_WORKER_ATTEMPT_TIMEOUT",
 		"ONCEFLOW_WEBHOOK_MAX_PER_TENANT=0":      "ONCEFLOW_WEBHOOK_MAX_PER_TENANT",
+		"ONCEFLOW_WEBHOOK_MAX_PENDING=0":         "ONCEFLOW_WEBHOOK_MAX_PENDING",
+		"ONCEFLOW_WEBHOOK_RETENTION=1h":          "ONCEFLOW_WEBHOOK_RETENTION",
+		"ONCEFLOW_WORKER_BACKLOG_WORKERS=0":      "ONCEFLOW_WORKER_BACKLOG_WORKERS",
 	} {
 		k, v, _ := strings.Cut(env, "=")
 		if _, err := configure("worker", map[string]string{k: v}); err == nil || !strings.Contains(err.Error(), want) {

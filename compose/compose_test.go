@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -452,5 +453,79 @@ func TestComposeIsAuthenticated(t *testing.T) {
 	}
 	if g := svc["grafana"].Environment; g["GF_AUTH_ANONYMOUS_ENABLED"] != "false" || g["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "" {
 		t.Errorf("grafana: want anonymous access off and the admin password from a secret: %v", g)
+	}
+}
+
+// Ingest counts failed authentications per client address, so a client
+// must not choose the address it is counted as: ingest trusts
+// X-Forwarded-For from the stack's own nginx only (its fixed address on
+// the stack's subnet, nothing wider: the published port's clients arrive
+// from Docker's gateway, a private address), and nginx writes the peer it
+// saw over whatever the client sent, never appending to it or taking a
+// client's header as the peer (real_ip). What ingest makes of such a
+// header: pipeline/ingest's TestForgedForwardedForBuysNoBudget.
+func TestComposeTrustsOnlyItsProxy(t *testing.T) {
+	b, err := os.ReadFile("docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Services map[string]struct {
+			Environment map[string]string `yaml:"environment"`
+			Networks    map[string]struct {
+				IPv4 string `yaml:"ipv4_address"`
+			} `yaml:"networks"`
+		} `yaml:"services"`
+		Networks map[string]struct {
+			IPAM struct {
+				Config []struct {
+					Subnet string `yaml:"subnet"`
+				} `yaml:"config"`
+			} `yaml:"ipam"`
+		} `yaml:"networks"`
+	}
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	lb, err := netip.ParseAddr(doc.Services["lb"].Networks["default"].IPv4)
+	if err != nil {
+		t.Fatalf("lb has no fixed address on the default network: %v", err)
+	}
+	subnets := doc.Networks["default"].IPAM.Config
+	if len(subnets) != 1 {
+		t.Fatalf("the default network has %d subnets, want one fixed subnet", len(subnets))
+	}
+	if sub, err := netip.ParsePrefix(subnets[0].Subnet); err != nil || !sub.Contains(lb) {
+		t.Errorf("lb's address %s is not in the stack's subnet %q (%v)", lb, subnets[0].Subnet, err)
+	}
+	trusted := doc.Services["ingest"].Environment["ONCEFLOW_TRUSTED_PROXIES"]
+	for _, s := range strings.Split(trusted, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil || !p.IsSingleIP() || p.Addr() != lb {
+			t.Errorf("ingest trusts %q for X-Forwarded-For; want only nginx's address %s/32", s, lb)
+		}
+	}
+
+	conf, err := os.ReadFile("nginx/nginx.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sets []string
+	for _, line := range strings.Split(string(conf), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		for _, bad := range []string{"$proxy_add_x_forwarded_for", "$http_x_forwarded_for", "real_ip_header", "set_real_ip_from"} {
+			if strings.Contains(line, bad) {
+				t.Errorf("nginx.conf: %q lets the client's own header through", line)
+			}
+		}
+		if f := strings.Fields(strings.TrimSuffix(line, ";")); len(f) == 3 && f[0] == "proxy_set_header" && strings.EqualFold(f[1], "X-Forwarded-For") {
+			sets = append(sets, f[2])
+		}
+	}
+	if len(sets) == 0 || slices.ContainsFunc(sets, func(v string) bool { return v != "$remote_addr" }) {
+		t.Errorf("nginx.conf sets X-Forwarded-For to %v; want $remote_addr, the peer nginx saw", sets)
 	}
 }

@@ -165,6 +165,54 @@ func (s *Server) revoked(r *http.Request, c caller) *Problem {
 
 var errLookupsBusy = errors.New("too many key lookups at once")
 
+// newKeysSQL reads the active keys made after the key id $1, newest first,
+// at most $2.
+const newKeysSQL = `SELECT id, key_hash, tenant FROM api_keys WHERE id > $1 AND revoked_at IS NULL ORDER BY id DESC LIMIT $2`
+
+// learnKeys puts the active keys made since it last ran (all of them, at
+// start: the newest maxCachedKeys/2) among the keys known valid, so that
+// their requests skip the failure limit and the lookups
+// (docs/security.md#starvation). A key revoked later is refused by the
+// transaction that serves its next request, as any cached key is. A key
+// whose id commits after a newer one was read is learned at its first
+// request instead.
+func (s *Server) learnKeys(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, newKeysSQL, s.learnedKey, maxCachedKeys/2)
+	if err != nil {
+		return fmt.Errorf("read api keys: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var h []byte
+		var tenant string
+		if err := rows.Scan(&id, &h, &tenant); err != nil {
+			return fmt.Errorf("read api keys: %w", err)
+		}
+		s.keys.put(h, tenant)
+		s.learnedKey = max(s.learnedKey, id)
+	}
+	return rows.Err()
+}
+
+// refreshKeys runs learnKeys every KeyRefresh until ctx ends.
+func (s *Server) refreshKeys(ctx context.Context) {
+	t := time.NewTicker(s.cfg.KeyRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := s.learnKeys(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("read new API keys; retrying", "err", err)
+		}
+	}
+}
+
 // lookupKey returns the tenant of the active key with hash h, or "" when
 // there is none. Concurrent lookups of one key share one query, and at
 // most MaxKeyLookups queries run at once.

@@ -80,6 +80,14 @@ type Config struct {
 	// client address is the last X-Forwarded-For hop outside them. Default
 	// none: the peer's own address, and X-Forwarded-For is ignored.
 	TrustedProxies []netip.Prefix
+	// KeyRefresh is how often ingest reads the API keys made since it last
+	// read them, so that a key is known valid before its first request:
+	// all the active keys are read at start (the newest maxCachedKeys/2),
+	// and a restarted process is not left to learn each key on its first
+	// request, through the failure limit and MaxKeyLookups, while a flood
+	// of made-up keys holds both. Default 10s; negative: keys are learned
+	// at their first request only.
+	KeyRefresh time.Duration
 	// MaxKeyLookups bounds the database lookups of keys this process does
 	// not know yet that run at once (a key's first request, unknown keys);
 	// concurrent requests with one key share its lookup. Beyond it a
@@ -167,6 +175,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.AuthFailureBurst == 0 {
 		c.AuthFailureBurst = 20
+	}
+	if c.KeyRefresh == 0 {
+		c.KeyRefresh = 10 * time.Second
 	}
 }
 

@@ -28,3 +28,9 @@ func (s *Server) Fresh() int {
 	defer s.wake.mu.Unlock()
 	return len(s.wake.fresh)
 }
+
+// KnowsKey reports whether key is among the keys the server knows valid.
+func (s *Server) KnowsKey(key string) bool {
+	_, ok := s.keys.get(hashKey(key))
+	return ok
+}

@@ -337,13 +337,27 @@ func TestInboundConfigurationIsChecked(t *testing.T) {
 				"y": {Command: "Deposit"},
 				"z": {Command: "Deposit", Fields: map[string]string{"amount": "/a", "color": "/c"}},
 			}},
+		// What a provider's signature does not cover, whoever replays a
+		// captured delivery within its tolerance can change: an event id,
+		// type, aggregate, version or command field read from an unsigned
+		// header would let them make another command of it.
+		{Name: "p5", Scheme: "standard-webhooks", Secrets: []string{paymentsSecret}, Tenant: "acme",
+			EventID: "header:X-Event-Id", EventType: "header:X-Event-Type", AggregateID: "header:X-Account", Version: "header:X-Seq",
+			Events: map[string]ingest.ProviderEvent{
+				"d": {Command: "Deposit", Fields: map[string]string{"amount": "header:X-Amount"}, AggregateID: "header:X-Other"},
+			}},
+		{Name: "p6", Scheme: "stripe", Secrets: []string{"s"}, Tenant: "acme", AggregateID: "/a", EventID: "header:webhook-id"},
 	}
 	_, err := ingest.New(ingest.Config{Providers: bad}, ledgerRoutes(commandSerde(t)), nil, pool, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err == nil {
 		t.Fatal("New accepted a bad configuration")
 	}
 	for _, want := range []string{`"Bad Name": name`, `"p2": scheme "hmac"`, `"p3": secret 1`, `aggregate_id "a"`,
-		`"NoSuchCommand" is no command type`, `Deposit needs field "amount"`, `Deposit has no field "color"`} {
+		`"NoSuchCommand" is no command type`, `Deposit needs field "amount"`, `Deposit has no field "color"`,
+		`"p5": event_id "header:X-Event-Id": the standard-webhooks signature does not cover that header`,
+		`"p5": event_type "header:X-Event-Type": the standard-webhooks signature`, `"p5": aggregate_id "header:X-Account"`,
+		`"p5": version "header:X-Seq"`, `"p5": event "d": aggregate_id "header:X-Other"`, `"p5": event "d": field "amount": "header:X-Amount"`,
+		`"p6": event_id "header:webhook-id": the stripe signature does not cover that header`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %s", err, want)
 		}

@@ -189,9 +189,12 @@ func (s *Server) prepareProviders(providers []Provider, byType map[string]*Route
 		if err := validateTenant(p.Tenant); err != nil {
 			bad("tenant: %v", err)
 		}
-		for what, loc := range map[string]string{"event_id": p.EventID, "event_type": p.EventType, "aggregate_id": p.AggregateID, "version": p.Version} {
-			if loc != "" && !validLocation(loc) {
+		// Sorted, so the error lists its problems in one order.
+		for _, w := range [][2]string{{"event_id", p.EventID}, {"event_type", p.EventType}, {"aggregate_id", p.AggregateID}, {"version", p.Version}} {
+			if what, loc := w[0], w[1]; loc != "" && !validLocation(loc) {
 				bad("%s %q: want a JSON pointer (/a/b) or header:Name", what, loc)
+			} else if why := unsigned(p.Scheme, loc); why != "" {
+				bad("%s %q: %s", what, loc, why)
 			}
 		}
 		ip := &inboundProvider{Provider: p, verifier: v, events: map[string]inboundEvent{}}
@@ -199,6 +202,8 @@ func (s *Server) prepareProviders(providers []Provider, byType map[string]*Route
 			ie := inboundEvent{ProviderEvent: e, aggregateID: cmp(e.AggregateID, p.AggregateID)}
 			if e.AggregateID != "" && !validLocation(e.AggregateID) {
 				bad("event %q: aggregate_id %q: want a JSON pointer or header:Name", t, e.AggregateID)
+			} else if why := unsigned(p.Scheme, e.AggregateID); why != "" {
+				bad("event %q: aggregate_id %q: %s", t, e.AggregateID, why)
 			}
 			if ie.aggregateID == "" {
 				bad("event %q: no aggregate_id (set the provider's or the event's)", t)
@@ -216,6 +221,8 @@ func (s *Server) prepareProviders(providers []Provider, byType map[string]*Route
 					}
 					if !validLocation(ptr) {
 						bad("event %q: field %q: %q is not a JSON pointer or header:Name", t, name, ptr)
+					} else if why := unsigned(p.Scheme, ptr); why != "" {
+						bad("event %q: field %q: %q: %s", t, name, ptr, why)
 					}
 				}
 				for _, f := range r.fields {
@@ -238,6 +245,31 @@ func cmp(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// signedHeaders are the headers each scheme's signature covers: Standard
+// Webhooks signs "id.timestamp.body", Stripe "t.body".
+var signedHeaders = map[string][]string{
+	SchemeStandardWebhooks: {"webhook-id", "webhook-timestamp"},
+	SchemeStripe:           nil,
+}
+
+// unsigned says why loc cannot be read, "" if it can: a header the
+// scheme's signature does not cover can be changed by whoever replays a
+// captured delivery within its tolerance (a proxy, a log reader), and an
+// event id, type, aggregate, version or field read from it would let them
+// make another command of a signed body.
+func unsigned(scheme, loc string) string {
+	h, ok := strings.CutPrefix(loc, "header:")
+	if !ok {
+		return ""
+	}
+	for _, s := range signedHeaders[scheme] {
+		if strings.EqualFold(h, s) {
+			return ""
+		}
+	}
+	return fmt.Sprintf("the %s signature does not cover that header; read it from the body, which is signed", scheme)
 }
 
 func validLocation(loc string) bool {

@@ -39,8 +39,10 @@ type Server struct {
 	limiter  *limiter // per tenant
 	failures *limiter // failed authentications per client address
 	keys     keyCache
-	badKeys  badKeyCache
-	lookups  singleflight.Group
+	// learnedKey is the id of the newest API key learnKeys read.
+	learnedKey int64
+	badKeys    badKeyCache
+	lookups    singleflight.Group
 	// lookupSlots bounds the key lookups running at once (MaxKeyLookups).
 	lookupSlots chan struct{}
 	waits       waits
@@ -490,6 +492,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 		return err
 	}
+	if err := s.learnKeys(ctx); err != nil {
+		// Not fatal: each key is then learned at its first request.
+		s.logger.Warn("cannot read the API keys at start; each is looked up at its first request", "err", err)
+	}
 	srv := &http.Server{
 		Handler:           s.mux,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -517,6 +523,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		defer wg.Done()
 		s.wake.run(cctx)
 	}()
+	if s.cfg.KeyRefresh > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.refreshKeys(cctx)
+		}()
+	}
 	defer func() {
 		stopCommitters()
 		wg.Wait()

@@ -146,12 +146,13 @@ func TestAnonymousFloodDoesNotStarveTenants(t *testing.T) {
 // A key found unknown, or revoked, is refused from then on without a
 // lookup (the negative cache); the failure limit is off here, so only the
 // cache stands between the requests and the database. A valid key is
-// looked up once, however many requests carry it at once.
+// looked up once, however many requests carry it at once (the keys made
+// after the start are not read again here: KeyRefresh off).
 func TestNegativeKeyCache(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, lookups := countingPool(t, 4)
-	s := startServer(t, pool, ingest.Config{})
+	s := startServer(t, pool, ingest.Config{KeyRefresh: -1})
 	bad := ingest.NewAPIKey()
 	for range 200 {
 		if r := s.do(t, req{method: http.MethodGet, path: "/v1/accounts/a", apiKey: bad}); r.Status != http.StatusUnauthorized {
@@ -216,6 +217,11 @@ func TestKeyLookupsAreBounded(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := countingPool(t, 4)
 	s := startServer(t, pool, ingest.Config{MaxKeyLookups: 1})
+	// Serving: the keys read at start are read (a lock taken before would
+	// hold the start, not the lookup).
+	if r := s.do(t, req{method: http.MethodGet, path: "/openapi.json"}); r.Status != http.StatusOK {
+		t.Fatalf("GET /openapi.json: %s", r)
+	}
 	// Hold api_keys so the first lookup waits on the lock.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -337,6 +343,12 @@ func TestClientAddr(t *testing.T) {
 		{"10.1.2.3:5000", "", trusted, "10.1.2.3"},
 		{"[2001:db8:1:2:3:4:5:6]:5000", "", nil, "2001:db8:1:2::/64"},
 		{"[::ffff:192.0.2.1]:5000", "", nil, "192.0.2.1"},
+		// A proxy that appends to the client's header, with the network
+		// its clients come from trusted too (Docker's gateway is private):
+		// the client names its own address. Hence the compose stack trusts
+		// nginx's address only, and nginx writes the peer over the header.
+		{"10.1.2.3:5000", "6.6.6.6, 10.200.0.1", trusted, "6.6.6.6"},
+		{"10.1.2.3:5000", "10.200.0.1", []netip.Prefix{netip.MustParsePrefix("10.1.2.3/32")}, "10.200.0.1"},
 	} {
 		r := &http.Request{RemoteAddr: tc.peer, Header: http.Header{}}
 		if tc.xff != "" {

@@ -127,8 +127,8 @@ func (s *Server) withID(write bool, fn func(ctx context.Context, db DB, tenant s
 // createWebhook is POST /v1/webhooks: {"url", "event_types"}. The
 // Idempotency-Key names the subscription (its id is derived from it): the
 // same key with the same request answers the same subscription again
-// (200, Idempotent-Replayed: true, with its newest secret), with another
-// request 409.
+// (200, Idempotent-Replayed: true, without its secret: shown once), with
+// another request 409.
 func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request, c caller) *Problem {
 	key, p := idempotencyKey(r)
 	if p != nil {

@@ -59,8 +59,9 @@ func TestWebhookRoutesMatchTheDocument(t *testing.T) {
 	var again webhooks.Subscription
 	r = do(create, req{path: "/v1/webhooks", idemKey: "w1", body: body})
 	decode(r, &again)
-	if r.Status != http.StatusOK || r.Header.Get("Idempotent-Replayed") != "true" || again.ID != sub.ID || again.Secret != sub.Secret {
-		t.Errorf("create again with the key: got %s, want 200 replayed with the same subscription", r)
+	if r.Status != http.StatusOK || r.Header.Get("Idempotent-Replayed") != "true" || again.ID != sub.ID || again.Secret != "" ||
+		strings.Contains(string(r.Body), sub.Secret) {
+		t.Errorf("create again with the key: got %s, want 200 replayed with the same subscription, without its secret", r)
 	}
 	for _, bad := range []struct {
 		q      req
@@ -107,6 +108,12 @@ func TestWebhookRoutesMatchTheDocument(t *testing.T) {
 	decode(r, &rotated)
 	if r.Status != 200 || !rotated.Rotating || rotated.Secret == sub.Secret || rotated.Secret == "" {
 		t.Errorf("rotate: got %s, want a new secret and rotating", r)
+	}
+	// The creating request replayed after a rotation shows neither the
+	// first secret nor the rotated one.
+	r = do(create, req{path: "/v1/webhooks", idemKey: "w1", body: body})
+	if r.Status != http.StatusOK || strings.Contains(string(r.Body), "whsec_") {
+		t.Errorf("create again after a rotation: got %s, want 200 without a secret", r)
 	}
 	r = do("DELETE /v1/webhooks/{id}/previous-secret", req{path: "/v1/webhooks/" + id + "/previous-secret"})
 	if r.Status != 200 || strings.Contains(string(r.Body), `"rotating":true`) {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/pipeline"
 )
@@ -24,9 +23,12 @@ type CallError struct {
 	Err    error // the transport's error when Status is 0
 }
 
+// Error is made printable (pipeline.Printable): a transport's error can
+// quote what the receiver sent, and it ends up in river_job.errors, the
+// attempt's note and logs.
 func (e *CallError) Error() string {
 	if e.Status == 0 {
-		return fmt.Sprintf("no answer: %v", e.Err)
+		return pipeline.Printable(fmt.Sprintf("no answer: %v", e.Err))
 	}
 	if e.Body == "" {
 		return fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
@@ -97,14 +99,12 @@ func Classify(err *CallError, retryAfter string, now time.Time) error {
 	}
 }
 
-// printable keeps a body's first line of valid UTF-8 for an error message.
+// printable keeps a body's first line for an error message, without the
+// control characters a receiver may send (pipeline.Printable).
 func printable(b []byte) string {
-	s := strings.ToValidUTF8(string(b), "?")
+	s := string(b)
 	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
 		s = s[:i]
 	}
-	for !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return strings.TrimSpace(s)
+	return strings.TrimSpace(pipeline.Printable(s))
 }

@@ -8,12 +8,14 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultQueue       = "onceflow"
-	DefaultMaxWorkers  = 50
-	DefaultLease       = time.Minute
-	DefaultMaxAttempts = 10
-	DefaultBaseDelay   = time.Second
-	DefaultMaxDelay    = 10 * time.Minute
+	DefaultQueue      = "onceflow"
+	DefaultMaxWorkers = 50
+	// DefaultBacklogWorkers is BacklogWorkers unless set.
+	DefaultBacklogWorkers = 10
+	DefaultLease          = time.Minute
+	DefaultMaxAttempts    = 10
+	DefaultBaseDelay      = time.Second
+	DefaultMaxDelay       = 10 * time.Minute
 	// DefaultFetchCooldown is a tenth of River's default: River waits at
 	// least this long between two fetches, and its inserts notify the
 	// workers at most this often, so it bounds the added latency of a job
@@ -28,6 +30,12 @@ type Config struct {
 	Queue string
 	// MaxWorkers is how many jobs the process runs at once. Default 50.
 	MaxWorkers int
+	// BacklogWorkers is how many jobs of the backlog queue (Queue
+	// + "-backlog": the jobs of a tenant with a backlog of its own, which
+	// InsertTx puts there) the process runs at once, besides MaxWorkers:
+	// a tenant's backlog takes these, never the others' (docs/webhooks.md#what-the-answer-does, Fairness).
+	// Default 10.
+	BacklogWorkers int
 	// Lease is how long an attempt may run before River's rescuer gives
 	// the job to another worker (River's RescueStuckJobsAfter); the
 	// rescuer looks every 30 s, so a job waits up to Lease + 30 s after
@@ -64,6 +72,9 @@ func (c *Config) setDefaults() {
 	if c.MaxWorkers == 0 {
 		c.MaxWorkers = DefaultMaxWorkers
 	}
+	if c.BacklogWorkers == 0 {
+		c.BacklogWorkers = DefaultBacklogWorkers
+	}
 	if c.Lease == 0 {
 		c.Lease = DefaultLease
 	}
@@ -84,10 +95,13 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// BacklogQueue is the River queue of the backlog's jobs.
+func (c Config) BacklogQueue() string { return c.Queue + "-backlog" }
+
 func (c *Config) validate() error {
 	var errs []error
-	if c.MaxWorkers < 1 {
-		errs = append(errs, fmt.Errorf("jobs: MaxWorkers %d: want 1 or more", c.MaxWorkers))
+	if c.MaxWorkers < 1 || c.BacklogWorkers < 1 {
+		errs = append(errs, fmt.Errorf("jobs: MaxWorkers %d, BacklogWorkers %d: want 1 or more", c.MaxWorkers, c.BacklogWorkers))
 	}
 	if c.Lease < time.Second {
 		errs = append(errs, fmt.Errorf("jobs: Lease %s: want at least 1s", c.Lease))

@@ -178,6 +178,13 @@ func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river
 		if !complete {
 			return nil
 		}
+		// The completion writes the output as recorded now: with the note
+		// fn set (Note), which the middleware's later record cannot reach.
+		if p, ok := ctx.Value(noteKey{}).(*string); ok && *p != "" {
+			if err := river.RecordOutput(ctx, Output{Attempt: job.Attempt, Note: *p}); err != nil {
+				return err
+			}
+		}
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 			return fmt.Errorf("complete job %d: %w", job.ID, err)
 		}

@@ -25,6 +25,9 @@ type Worker struct {
 	metrics *metrics
 	retry   *retryPolicy
 	ready   chan struct{}
+	// periodic are the periodic jobs the registered kinds asked for
+	// (Periodic), run by River's leader.
+	periodic []*river.PeriodicJob
 }
 
 // New builds a worker over pool. register adds the job kinds it runs
@@ -46,13 +49,14 @@ func New(cfg Config, pool *pgxpool.Pool, register func(*Worker, *river.Workers) 
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		ID:                   cfg.ID,
-		Queues:               map[string]river.QueueConfig{cfg.Queue: {MaxWorkers: cfg.MaxWorkers}},
+		Queues:               map[string]river.QueueConfig{cfg.Queue: {MaxWorkers: cfg.MaxWorkers}, cfg.BacklogQueue(): {MaxWorkers: cfg.BacklogWorkers}},
 		Workers:              workers,
 		Middleware:           []rivertype.Middleware{&fence{w: w}},
 		RescueStuckJobsAfter: cfg.Lease,
 		JobTimeout:           cfg.AttemptTimeout,
 		MaxAttempts:          cfg.MaxAttempts,
 		RetryPolicy:          w.retry,
+		PeriodicJobs:         w.periodic,
 		FetchPollInterval:    cfg.FetchPollInterval,
 		FetchCooldown:        cfg.FetchCooldown,
 		Logger:               w.logger,
@@ -62,6 +66,43 @@ func New(cfg Config, pool *pgxpool.Pool, register func(*Worker, *river.Workers) 
 	}
 	w.client = client
 	return w, nil
+}
+
+// Periodic has River's leader insert a job with args on the worker's
+// queue every interval, and once at start (River's periodic jobs; id
+// names it among them); call it from New's register.
+func (w *Worker) Periodic(id string, every time.Duration, args river.JobArgs) {
+	w.periodic = append(w.periodic, river.NewPeriodicJob(river.PeriodicInterval(every),
+		func() (river.JobArgs, *river.InsertOpts) {
+			return args, &river.InsertOpts{Queue: w.cfg.Queue, MaxAttempts: w.cfg.MaxAttempts}
+		},
+		&river.PeriodicJobOpts{ID: id, RunOnStart: true}))
+}
+
+// InsertTx enqueues jobs in tx, as a projection does (unique by key in
+// every state, MaxAttempts): a worker's job that makes more jobs, such as
+// a webhook fan-out. On the worker's queue, or with backlog on the backlog
+// queue, whose BacklogWorkers slots are the only ones its jobs take: the
+// jobs of a tenant with a backlog of its own wait there, not ahead of
+// every other tenant's in the queue they share. River takes a queue's jobs
+// of priority 1 first, then 2, to 4.
+func (w *Worker) InsertTx(ctx context.Context, tx pgx.Tx, args []Args, backlog bool, priority int) ([]*rivertype.JobInsertResult, error) {
+	queue := w.cfg.Queue
+	if backlog {
+		queue = w.cfg.BacklogQueue()
+	}
+	params := make([]river.InsertManyParams, len(args))
+	for i, a := range args {
+		params[i] = river.InsertManyParams{Args: a, InsertOpts: &river.InsertOpts{
+			Queue: queue, MaxAttempts: w.cfg.MaxAttempts, Priority: priority,
+			UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: allStates},
+		}}
+	}
+	res, err := w.client.InsertManyTx(ctx, tx, params)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue jobs: %w", err)
+	}
+	return res, nil
 }
 
 // Pool is the worker's database.
@@ -82,7 +123,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("jobs: start: %w", err)
 	}
 	close(w.ready)
-	w.logger.Info("worker started", "queue", w.cfg.Queue, "max_workers", w.cfg.MaxWorkers, "lease", w.cfg.Lease)
+	w.logger.Info("worker started", "queue", w.cfg.Queue, "max_workers", w.cfg.MaxWorkers, "backlog_workers", w.cfg.BacklogWorkers, "lease", w.cfg.Lease)
 	<-ctx.Done()
 	stopCtx, cancel := context.WithTimeout(context.Background(), w.cfg.AttemptTimeout+time.Second)
 	defer cancel()

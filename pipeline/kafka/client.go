@@ -39,8 +39,31 @@ type Config struct {
 	// session readable and open to a machine in the middle, so SASL without
 	// TLS is refused unless this says the network is trusted. Default false.
 	AllowPlaintextSASL bool
+	// MaxDecompressBatchBytes bounds what one fetched record batch may
+	// decompress to, in every client (KAFKA_MAX_DECOMPRESS_BATCH_BYTES):
+	// brokers bound a batch compressed, so a producer can write a few KiB
+	// that decompress to gigabytes (franz-go's own bound is 1 GiB a
+	// batch). A batch beyond it stops its partition for the consumer
+	// (BatchTooLarge), which reports it and waits for an operator.
+	// Default DefaultMaxDecompressBatchBytes.
+	MaxDecompressBatchBytes int
 	// Logger receives franz-go's warnings and errors; nil is silent.
 	Logger *slog.Logger
+}
+
+// DefaultMaxDecompressBatchBytes is MaxDecompressBatchBytes unless set:
+// sixteen of the largest commands the processor takes by default (1 MiB
+// each), uncompressed. A legitimate producer's batch holds its batch limit
+// uncompressed (franz-go's ProducerBatchMaxBytes, the relay's and the
+// processor's: 1 MiB; Java's batch.size: 16 KiB), or one larger record
+// alone; sixteen of them leaves room for producers that batch more.
+const DefaultMaxDecompressBatchBytes = 16 << 20
+
+// MaxDecompressBatchBytesFor is the bound that fits a processor taking
+// commands of up to maxCommandBytes: sixteen of them, never below the
+// default.
+func MaxDecompressBatchBytesFor(maxCommandBytes int) int {
+	return max(DefaultMaxDecompressBatchBytes, 16*maxCommandBytes)
 }
 
 // ParseBrokers splits a comma-separated broker list.
@@ -86,7 +109,11 @@ func (c Config) Opts() ([]kgo.Opt, error) {
 	if id == "" {
 		id = "onceflow"
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id)}
+	maxBatch := c.MaxDecompressBatchBytes
+	if maxBatch <= 0 {
+		maxBatch = DefaultMaxDecompressBatchBytes
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id), kgo.MaxDecompressBatchBytes(maxBatch)}
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(kgoLogger{c.Logger.With("lib", "franz-go")}))
 	}
@@ -124,6 +151,36 @@ func (c Config) mechanism() sasl.Mechanism {
 		return scram.Auth{User: c.SASLUser, Pass: c.SASLPassword}.AsSha512Mechanism()
 	}
 	return nil
+}
+
+// BatchTooLarge returns the franz-go error of a fetched batch that
+// decompresses beyond MaxDecompressBatchBytes: its partition is not
+// fetched again until the consumer sets its offset past the batch
+// (NextOffset) or restarts with a larger bound.
+func BatchTooLarge(err error) (*kgo.ErrDecompressTooLarge, bool) {
+	var e *kgo.ErrDecompressTooLarge
+	ok := errors.As(err, &e)
+	return e, ok
+}
+
+// BlockedPartition is a partition a consumer stopped at a batch that
+// decompresses beyond its bound: at Offset, up to NextOffset, where an
+// operator's skip moves it.
+type BlockedPartition struct {
+	Group      string `json:"group"`
+	Topic      string `json:"topic"`
+	Partition  int32  `json:"partition"`
+	Offset     int64  `json:"offset"`
+	NextOffset int64  `json:"next_offset"`
+}
+
+// decompressor is cl's bounded decompressor (MaxDecompressBatchBytes),
+// for reading fetch responses by hand.
+func decompressor(cl *kgo.Client) kgo.Decompressor {
+	if d, ok := cl.OptValue(kgo.WithDecompressor).(kgo.Decompressor); ok && d != nil {
+		return d
+	}
+	return kgo.DefaultDecompressor() // a client always has one; never reached
 }
 
 // NewClient builds a client from the configuration plus extra options.

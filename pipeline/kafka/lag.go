@@ -645,9 +645,9 @@ func fetchRecords(ctx context.Context, cl *kgo.Client, leader int32, details kad
 			}
 			fp, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
 				Offset: from, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: rp.Partition,
-			}, rp, kgo.DefaultDecompressor(), nil)
+			}, rp, decompressor(cl), nil)
 			if fp.Err != nil && len(fp.Records) == 0 || next <= from {
-				continue // nothing learned: try again next round
+				continue // nothing learned (a batch too large to decompress says nothing): try again next round
 			}
 			g := fetched{fetchFrom: fetchFrom{topic, rp.Partition, from}, next: next}
 			for _, r := range fp.Records {

@@ -132,7 +132,7 @@ func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 			IsolationLevel: isolation,
 			Topic:          topic,
 			Partition:      part,
-		}, presp, kgo.DefaultDecompressor(), nil)
+		}, presp, decompressor(cl), nil)
 		if fp.Err != nil {
 			return next, fmt.Errorf("read %s/%d at %d: %w", topic, part, next, fp.Err)
 		}
@@ -194,4 +194,60 @@ func ReadTopic(ctx context.Context, cl *kgo.Client, topic string, committed bool
 		}
 	}
 	return out, nil
+}
+
+// BlockedBatch reports whether the first batch of records at or after
+// offset of topic/part (past transaction markers and aborted records)
+// decompresses beyond cl's MaxDecompressBatchBytes: a consumer with the
+// same bound at offset cannot read past it (`onceflow lag` asks, for the
+// partitions a group lags on). It fetches a batch at a time, a few at
+// most.
+func BlockedBatch(ctx context.Context, cl *kgo.Client, topic string, part int32, offset int64) (*kgo.ErrDecompressTooLarge, error) {
+	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	td, ok := details[topic]
+	if !ok || td.Err != nil {
+		return nil, fmt.Errorf("metadata of %s: %v", topic, td.Err)
+	}
+	pd, ok := td.Partitions[part]
+	if !ok {
+		return nil, fmt.Errorf("%s has no partition %d", topic, part)
+	}
+	for range 8 {
+		req := kmsg.NewPtrFetchRequest()
+		req.ReplicaID = -1
+		req.IsolationLevel = 1
+		req.SessionEpoch = -1
+		req.MaxBytes = 1 // the broker still returns the whole first batch
+		rt := kmsg.NewFetchRequestTopic()
+		rt.Topic, rt.TopicID = topic, td.ID
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.FetchOffset, rp.CurrentLeaderEpoch, rp.LogStartOffset, rp.PartitionMaxBytes = part, offset, -1, -1, 1
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		kresp, err := cl.Broker(int(pd.Leader)).RetriableRequest(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, offset, err)
+		}
+		resp := kresp.(*kmsg.FetchResponse)
+		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
+			return nil, fmt.Errorf("fetch %s/%d: unexpected response shape", topic, part)
+		}
+		presp := &resp.Topics[0].Partitions[0]
+		if err := kerr.ErrorForCode(presp.ErrorCode); err != nil {
+			return nil, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, offset, err)
+		}
+		fp, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{Offset: offset, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: part},
+			presp, decompressor(cl), nil)
+		if e, ok := BatchTooLarge(fp.Err); ok && len(fp.Records) == 0 {
+			return e, nil
+		}
+		if len(fp.Records) > 0 || fp.Err != nil || next <= offset {
+			return nil, nil // a record, another error, or the end
+		}
+		offset = next // only markers or aborted records: the next batch
+	}
+	return nil, nil
 }

@@ -165,3 +165,73 @@ func TestReadPartitionStableWaitsForAnOpenTransaction(t *testing.T) {
 		t.Error("the stable read never waited")
 	}
 }
+
+// A batch of a few KiB that decompresses to megabytes (a bomb: the broker
+// measures it compressed) is refused by every reader with the bound of its
+// Config, named by offsets, instead of decompressed: ReadPartition returns
+// BatchTooLarge, BlockedBatch finds it, and a consumer's partition stops
+// at it with the same error while the records around it are read.
+func TestDecompressionIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	brokers := pipelinetest.Broker(t).Addrs()
+	const topic = "bombs"
+	if _, err := kadm.NewClient(pipelinetest.Client(t, brokers)).CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	plain := pipelinetest.Client(t, brokers)
+	bomber := pipelinetest.Client(t, brokers, kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerBatchMaxBytes(64<<20))
+	if err := plain.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte("before")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	bomb, err := bomber.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: make([]byte, 32<<20)}).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte("after")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	bounded, err := kafka.Config{Brokers: brokers, MaxDecompressBatchBytes: 16 << 20}.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bounded.Close()
+	var read []string
+	err = kafka.ReadPartition(ctx, bounded, topic, 0, true, func(r *kgo.Record) error { read = append(read, string(r.Value)); return nil })
+	tooLarge, ok := kafka.BatchTooLarge(err)
+	if !ok || tooLarge.Offset != bomb.Offset || tooLarge.NextOffset != bomb.Offset+1 || !slices.Equal(read, []string{"before"}) {
+		t.Fatalf("ReadPartition: read %q, error %v; want the record before, then the batch at %d too large", read, err, bomb.Offset)
+	}
+	if b, err := kafka.BlockedBatch(ctx, bounded, topic, 0, bomb.Offset); err != nil || b == nil || b.NextOffset != bomb.Offset+1 {
+		t.Errorf("BlockedBatch at the bomb: %+v, %v", b, err)
+	}
+	if b, err := kafka.BlockedBatch(ctx, bounded, topic, 0, bomb.Offset+1); err != nil || b != nil {
+		t.Errorf("BlockedBatch after the bomb: %+v, %v; want nothing blocked", b, err)
+	}
+
+	// A consumer: the partition stops at the bomb, with its offsets.
+	consumer, err := kafka.Config{Brokers: brokers, MaxDecompressBatchBytes: 1 << 20}.NewClient(
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	var fetchErr error
+	read = nil
+	for fetchErr == nil {
+		fs := consumer.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) { read = append(read, string(r.Value)) })
+		fs.EachError(func(_ string, _ int32, err error) { fetchErr = err })
+	}
+	if tl, ok := kafka.BatchTooLarge(fetchErr); !ok || tl.Offset != bomb.Offset || !slices.Equal(read, []string{"before"}) {
+		t.Fatalf("consumer: read %q, error %v", read, fetchErr)
+	}
+	// Past it on purpose, the rest is read.
+	consumer.SetOffsets(map[string]map[int32]kgo.EpochOffset{topic: {0: {Epoch: -1, Offset: tooLarge.NextOffset}}})
+	fs := consumer.PollFetches(ctx)
+	if fs.NumRecords() != 1 || string(fs.Records()[0].Value) != "after" {
+		t.Errorf("after skipping the bomb: %d records, errors %v", fs.NumRecords(), fs.Errors())
+	}
+}

@@ -81,6 +81,9 @@ func IsUnavailable(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
+		if len(pgErr.Code) != 5 {
+			return false // not a SQLSTATE (FuzzClassify found the panic)
+		}
 		switch pgErr.Code[:2] {
 		case "08", // connection exception
 			"53", // insufficient resources (too many connections, out of memory, disk full)

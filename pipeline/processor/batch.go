@@ -35,7 +35,12 @@ const (
 	ReasonOutputRefused       = "output-refused"
 	ReasonInvalidField        = "invalid-field"
 	ReasonFutureTimestamp     = "future-timestamp"
+	ReasonPastTimestamp       = "past-timestamp"
 	ReasonTooLarge            = "too-large"
+	// ReasonBatchTooLarge is the DLQ record of an operator's skip of a
+	// batch that decompresses beyond the consumers' bound: the batch
+	// itself could not be read, so the record names its offsets only.
+	ReasonBatchTooLarge = "batch-too-large"
 )
 
 // HeaderDLQDetail carries the human-readable detail of a DLQ reason.
@@ -293,6 +298,10 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
 		return cmd, poisoned(ReasonFutureTimestamp, "record time %s is %s ahead of the processor's clock (the limit is %s)",
 			r.Timestamp.UTC().Format(time.RFC3339Nano), time.Duration(skew)*time.Millisecond, b.p.cfg.MaxClockSkew), nil
 	}
+	if b.tooOld(r.Timestamp) {
+		return cmd, poisoned(ReasonPastTimestamp, "record time %s is before the Unix epoch or more than %s behind the processor's clock (the commands topic's retention and a day, or ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE)",
+			r.Timestamp.UTC().Format(time.RFC3339Nano), b.p.maxCommandAge), nil
+	}
 	v, err := b.p.serdes.Commands.Decode(b.ctx, r.Value)
 	switch {
 	case errors.Is(err, pipeline.ErrUnknownSchema):
@@ -455,7 +464,7 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	b.p.dlqLog.log(b.p.logger, "poison command to dlq", "partition", r.Partition, "offset", r.Offset, "reason", p.reason, "err", p.err)
 	detail := truncate(p.err.Error(), maxDetailBytes)
-	b.produce(deadLetterRecord(b.p.dlq, r, p.reason, detail, b.notAfterNow(r.Timestamp), int(b.p.batchMaxBytes)-batchOverhead))
+	b.produce(deadLetterRecord(b.p.dlq, r, p.reason, detail, b.dated(r.Timestamp), int(b.p.batchMaxBytes)-batchOverhead))
 	b.dlq[p.reason]++
 	if cmd.ID.IsZero() {
 		return
@@ -471,7 +480,7 @@ func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	} else if t := headerValue(r, pipeline.HeaderCommandType); utf8.ValidString(t) && !strings.ContainsRune(t, 0) {
 		cmdType = truncate(t, 128)
 	}
-	at := b.notAfterNow(cmd.Time)
+	at := b.dated(cmd.Time)
 	ev := pipeline.Event{
 		ID: pipeline.FailureEventID(cmd.AggregateID, cmd.ID, r.Partition, r.Offset), CommandID: cmd.ID, CommandType: cmdType,
 		Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Version: agg.snap.Version, Time: at, Traceparent: cmd.Traceparent,
@@ -487,18 +496,28 @@ func (b *batch[S]) deadLetter(r *kgo.Record, cmd pipeline.Command, p *poison) {
 	b.produce(rec)
 }
 
-// notAfterNow is t, or the batch's time if t is later. A command dated
-// further ahead of the processor's clock than MaxClockSkew is poison: its
-// DLQ record and its failure are dated when it was handled, so no broker
-// refuses them for a timestamp ahead of its own (Kafka 4 refuses records
-// more than an hour ahead by default), which would fail the whole batch
-// they are in. A command inside the skew keeps its time in its events:
-// MaxClockSkew stays well below the brokers' limit.
-func (b *batch[S]) notAfterNow(t time.Time) time.Time {
-	if t.UnixMilli() > b.now {
+// dated is t, or the batch's time if t is later or too old (tooOld). A
+// command dated further ahead of the processor's clock than MaxClockSkew
+// is poison: its DLQ record and its failure are dated when it was
+// handled, so no broker refuses them for a timestamp ahead of its own
+// (Kafka 4 refuses records more than an hour ahead by default), which
+// would fail the whole batch they are in. A command inside the skew keeps
+// its time in its events: MaxClockSkew stays well below the brokers'
+// limit. A command dated too far back is poison too, and its failure is
+// dated when it was handled, so no consumer of the events meets a time it
+// cannot hold.
+func (b *batch[S]) dated(t time.Time) time.Time {
+	if t.UnixMilli() > b.now || b.tooOld(t) {
 		return time.UnixMilli(b.now)
 	}
 	return t
+}
+
+// tooOld says whether t is before the Unix epoch or more than
+// MaxCommandAge behind the batch's time.
+func (b *batch[S]) tooOld(t time.Time) bool {
+	ms := t.UnixMilli()
+	return ms < 0 || b.now-ms > b.p.maxCommandAge.Milliseconds()
 }
 
 // maxDetailBytes bounds a DLQ detail (a header and an event field).

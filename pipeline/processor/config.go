@@ -2,6 +2,7 @@ package processor
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -38,6 +39,16 @@ type Config struct {
 	// (message.timestamp.after.max.ms, an hour by default in Kafka 4).
 	// Default 15 minutes.
 	MaxClockSkew time.Duration
+	// MaxCommandAge is how far behind the processor's clock a command's
+	// record time may be; a record dated earlier, or before the Unix
+	// epoch, goes to the DLQ (past-timestamp). A command's events carry
+	// its time: a time no consumer can hold (before year 0 for JSON,
+	// before 4713 BC for Postgres) would stop a projection. Default: the
+	// commands topic's retention and a day, read at start (a record the
+	// topic should already have deleted was not written in its time), at
+	// least MinMaxCommandAge; DefaultMaxCommandAge when the retention
+	// cannot be read.
+	MaxCommandAge time.Duration
 	// MaxCommandBytes bounds a command record's value; a larger one goes
 	// to the DLQ (too-large). Default 1 MiB, ingest's request body limit.
 	MaxCommandBytes int
@@ -65,9 +76,16 @@ type Config struct {
 // The defaults of Config's settings that the application also shows (its
 // flags say what an unset variable means).
 const (
-	DefaultDedupWindow     = 7 * 24 * time.Hour
-	DefaultSessionTimeout  = 10 * time.Second
-	DefaultMaxClockSkew    = 15 * time.Minute
+	DefaultDedupWindow    = 7 * 24 * time.Hour
+	DefaultSessionTimeout = 10 * time.Second
+	DefaultMaxClockSkew   = 15 * time.Minute
+	// DefaultMaxCommandAge is MaxCommandAge when the commands topic's
+	// retention cannot be read: its default retention (7 days) and a day.
+	DefaultMaxCommandAge = 8 * 24 * time.Hour
+	// MinMaxCommandAge is the least MaxCommandAge: a redrive dates a
+	// dead letter older than RedriveRedateAge anew, and the processor must
+	// take that.
+	MinMaxCommandAge       = 2 * RedriveRedateAge
 	DefaultMaxCommandBytes = 1 << 20
 )
 
@@ -85,6 +103,9 @@ func (c *Config) setDefaults() error {
 	if c.DedupWindow < 0 || c.MaxPollRecords < 0 || c.SessionTimeout < 0 || c.TransactionTimeout < 0 ||
 		c.MaxClockSkew < 0 || c.MaxCommandBytes < 0 || c.MaxStringBytes < 0 {
 		return errors.New("processor: negative DedupWindow, MaxPollRecords, SessionTimeout, TransactionTimeout, MaxClockSkew, MaxCommandBytes or MaxStringBytes")
+	}
+	if c.MaxCommandAge != 0 && c.MaxCommandAge < MinMaxCommandAge {
+		return fmt.Errorf("processor: MaxCommandAge %s: want at least %s (a redrive dates older dead letters anew)", c.MaxCommandAge, MinMaxCommandAge)
 	}
 	if c.MaxClockSkew == 0 {
 		c.MaxClockSkew = DefaultMaxClockSkew

@@ -94,20 +94,31 @@ func DeadLetterOf(r *kgo.Record) DeadLetter {
 // part of the command out (Omitted).
 var ErrIncomplete = errors.New("the DLQ copy left part of the command out")
 
+// RedriveRedateAge is the age beyond which a redriven dead letter is dated
+// when it is redriven rather than with its own time: the processor refuses
+// commands older than MaxCommandAge (past-timestamp), at least twice this.
+const RedriveRedateAge = 24 * time.Hour
+
 // Redrive returns the record that republishes the dead letter to the
 // commands topic: the original key, value, headers (its command id among
 // them, so a command that was in fact handled meanwhile is recognized) and
-// timestamp (the command's time). It is produced with the default key
-// partitioner, so it lands on its aggregate's partition.
-// A dead letter whose copy omitted a part cannot be redriven: the error
-// says where the original was.
-func (d DeadLetter) Redrive(commandsTopic string) (*kgo.Record, error) {
+// timestamp (the command's time), unless that time is more than
+// RedriveRedateAge before now: then it is dated now, the operator's
+// decision to run it now, which the processor's MaxCommandAge lets
+// through. It is produced with the default key partitioner, so it lands
+// on its aggregate's partition. A dead letter whose copy omitted a part
+// cannot be redriven: the error says where the original was.
+func (d DeadLetter) Redrive(commandsTopic string, now time.Time) (*kgo.Record, error) {
 	if len(d.Omitted) > 0 {
 		return nil, fmt.Errorf("%w (%s): the original is at %s/%d@%d while that topic keeps it", ErrIncomplete,
 			strings.Join(d.Omitted, ", "), d.SourceTopic, d.SourcePartition, d.SourceOffset)
 	}
+	at := d.Time
+	if now.Sub(at) > RedriveRedateAge {
+		at = now
+	}
 	return &kgo.Record{
-		Topic: commandsTopic, Key: d.Key, Value: d.Value, Timestamp: d.Time,
+		Topic: commandsTopic, Key: d.Key, Value: d.Value, Timestamp: at,
 		Headers: append([]kgo.RecordHeader(nil), d.Headers...),
 	}, nil
 }

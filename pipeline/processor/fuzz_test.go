@@ -50,7 +50,7 @@ func FuzzParseCommand(f *testing.F) {
 		processor.ReasonMissingCommandID: true, processor.ReasonInvalidCommandID: true, processor.ReasonMissingTenant: true,
 		processor.ReasonInvalidKey: true, processor.ReasonTenantMismatch: true, processor.ReasonUnknownSchema: true,
 		processor.ReasonUndecodable: true, processor.ReasonUnknownType: true, processor.ReasonCommandTypeMismatch: true,
-		processor.ReasonInvalidField: true, processor.ReasonFutureTimestamp: true, processor.ReasonTooLarge: true,
+		processor.ReasonInvalidField: true, processor.ReasonFutureTimestamp: true, processor.ReasonPastTimestamp: true, processor.ReasonTooLarge: true,
 	}
 	f.Fuzz(func(t *testing.T, key, id, tenant, cmdType, traceparent string, value []byte, ahead int64) {
 		r := &kgo.Record{Topic: topics.Commands(), Key: []byte(key), Value: value, Timestamp: now.Add(time.Duration(ahead) * time.Millisecond)}
@@ -84,6 +84,9 @@ func FuzzParseCommand(f *testing.F) {
 		}
 		if parsed, err := pipeline.ParseID(id); err != nil || parsed != cmd.ID {
 			t.Fatalf("accepted command id %q as %s", id, cmd.ID)
+		}
+		if cmd.Time.UnixMilli() < 0 || now.Sub(cmd.Time) > processor.DefaultMaxCommandAge || cmd.Time.Sub(now) > p.Config().MaxClockSkew {
+			t.Fatalf("accepted a command dated %s, %s from now", cmd.Time, cmd.Time.Sub(now))
 		}
 		if cmd.Payload == nil || pipeline.ValidateMessage(cmd.Payload, p.Config().MaxStringBytes) != nil {
 			t.Fatalf("accepted a command that breaks a field rule: %#v", cmd.Payload)

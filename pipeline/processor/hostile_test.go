@@ -57,6 +57,13 @@ func TestHostileRecords(t *testing.T) {
 		// Inside Apache Kafka 4's message.timestamp.after.max.ms (an hour),
 		// which refuses a record dated later at produce.
 		{processor.ReasonFutureTimestamp, e.recordAt(future, time.Now().Add(30*time.Minute)), true},
+		// Dated before the commands topic's retention and a day; before
+		// the Unix epoch; before year 0, which no JSON encoder of a time
+		// takes; before 4713 BC, which Postgres's timestamps do not hold.
+		{processor.ReasonPastTimestamp, e.recordAt(newCmd(acc, ledger.Deposit{Amount: 1}), time.Now().Add(-9*24*time.Hour)), true},
+		{processor.ReasonPastTimestamp, e.recordAt(newCmd(acc, ledger.Deposit{Amount: 1}), time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC)), true},
+		{processor.ReasonPastTimestamp, e.recordAt(newCmd(acc, ledger.Deposit{Amount: 1}), time.Date(-1, 6, 1, 0, 0, 0, 0, time.UTC)), true},
+		{processor.ReasonPastTimestamp, e.recordAt(newCmd(acc, ledger.Deposit{Amount: 1}), time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)), true},
 	}
 	// The first good command's id is reused for the other account and for
 	// another tenant's account: three commands, each applied.
@@ -93,6 +100,15 @@ func TestHostileRecords(t *testing.T) {
 	for _, a := range []string{other, foreign} {
 		if balances[a] != 100 {
 			t.Errorf("%s: balance %d, want 100 (the reused command id is its own command)", a, balances[a])
+		}
+	}
+	// Whatever a record's time, what the processor writes is dated within
+	// the bounds: a refused record's failure carries the time it was
+	// handled.
+	since := time.Now().Add(-time.Hour)
+	for _, ev := range evs {
+		if ev.Time.Before(since) || ev.Time.After(time.Now().Add(time.Minute)) {
+			t.Errorf("event %s of %s dated %s, want within the last hour", ev.Type(), ev.AggregateID, ev.Time)
 		}
 	}
 	var failed []pipeline.CommandFailed
@@ -132,6 +148,9 @@ func TestHostileRecords(t *testing.T) {
 	got := map[string]int{}
 	for _, r := range dlq {
 		got[headers(r)[pipeline.HeaderDLQReason]]++
+		if r.Timestamp.Before(since) {
+			t.Errorf("DLQ record of %s dated %s, want the time it was handled", headers(r)[pipeline.HeaderDLQReason], r.Timestamp)
+		}
 	}
 	want := map[string]int{}
 	for _, c := range cases {

@@ -17,6 +17,7 @@ type metrics struct {
 	aggregates   prometheus.Gauge
 	sessions     prometheus.Counter
 
+	blocked       prometheus.Gauge
 	rememberedIDs prometheus.Gauge
 	dedupBytes    prometheus.Gauge
 	snapshotBytes prometheus.Histogram
@@ -90,7 +91,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(16, 4, 10),
 		}),
 	}
-	reg.MustRegister(m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.restoreWaits, m.aggregates, m.sessions,
+	m.blocked = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "onceflow_processor_blocked_partitions",
+		Help: "Commands partitions this processor stopped at a batch that decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES, until an operator skips it (POST /status/skip-batch) or raises the bound.",
+	})
+	reg.MustRegister(m.blocked, m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.restoreWaits, m.aggregates, m.sessions,
 		m.rememberedIDs, m.dedupBytes, m.snapshotBytes, m.age)
 	return m
 }

@@ -63,6 +63,9 @@ type Processor[S any] struct {
 	// max.message.bytes of the topics written (checkTopics).
 	batchMaxBytes    int32
 	digestsPerRecord int
+	// maxCommandAge is Config.MaxCommandAge, or what the commands topic's
+	// retention makes of it (checkTopics).
+	maxCommandAge time.Duration
 
 	// parts holds the state of each assigned partition. Rebalances are
 	// blocked while a batch runs, so a partition's state never changes
@@ -79,6 +82,12 @@ type Processor[S any] struct {
 	// refused again, so the next batch sends them to the DLQ instead.
 	// Entries go when the command is set aside or its partition leaves.
 	refused map[digest]refusedCommand
+	// blocked holds the partitions the consumer stopped at a batch that
+	// decompresses beyond the bound (blocked.go), until an operator skips
+	// it or the partition leaves; skips carries the operators' requests to
+	// the session's goroutine.
+	blocked map[int32]*kgo.ErrDecompressTooLarge
+	skips   chan skipRequest
 
 	ready chan struct{}
 	once  sync.Once
@@ -107,12 +116,14 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
 		commands: cfg.Topics.Commands(), events: cfg.Topics.Events(), state: cfg.Topics.State(), dlq: cfg.Topics.DLQ(),
 		dedupTopic: cfg.Topics.Dedup(), now: cfg.now,
-		batchMaxBytes: defaultBatchMaxBytes, digestsPerRecord: maxDigestsPerRecord,
+		batchMaxBytes: defaultBatchMaxBytes, digestsPerRecord: maxDigestsPerRecord, maxCommandAge: cmp.Or(cfg.MaxCommandAge, DefaultMaxCommandAge),
 		logger:  logger.With("component", "processor", "instance", cfg.InstanceID),
 		metrics: newMetrics(reg),
 		parts:   make(map[int32]*table),
 		ids:     make(map[int32]*idStore),
 		refused: make(map[digest]refusedCommand),
+		blocked: make(map[int32]*kgo.ErrDecompressTooLarge),
+		skips:   make(chan skipRequest),
 		ready:   make(chan struct{}),
 	}, nil
 }
@@ -263,17 +274,29 @@ func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client, prev 
 	p.fencePredecessor(ctx, sess.Client())
 
 	for {
-		fetches := sess.PollRecords(ctx, p.cfg.MaxPollRecords)
+		// With a partition blocked, the poll wakes now and then for an
+		// operator's skip: the blocked partition fetches nothing, and the
+		// others may have nothing either.
+		pollCtx, cancel := ctx, context.CancelFunc(func() {})
+		if p.hasBlocked() {
+			pollCtx, cancel = context.WithTimeout(ctx, blockedPollInterval)
+		}
+		fetches := sess.PollRecords(pollCtx, p.cfg.MaxPollRecords)
+		cancel()
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			sess.AllowRebalance()
 			return committed, nil
 		}
 		p.logFetchErrors(fetches)
-		if fetches.NumRecords() == 0 {
-			sess.AllowRebalance()
-			continue
+		if fetches.NumRecords() > 0 {
+			ok, err := p.transact(ctx, sess, fetches.Records())
+			if err != nil {
+				sess.AllowRebalance()
+				return committed, err
+			}
+			committed = committed || ok
 		}
-		ok, err := p.transact(ctx, sess, fetches.Records())
+		ok, err := p.serveSkips(ctx, sess)
 		sess.AllowRebalance()
 		if err != nil {
 			var se *errSession
@@ -288,7 +311,11 @@ func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client, prev 
 
 func (p *Processor[S]) logFetchErrors(fetches kgo.Fetches) {
 	fetches.EachError(func(topic string, part int32, err error) {
-		if !errors.Is(err, context.Canceled) {
+		if tl, ok := kafka.BatchTooLarge(err); ok && topic == p.commands {
+			p.block(tl)
+			return
+		}
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 			p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 		}
 	})
@@ -427,6 +454,7 @@ func (p *Processor[S]) drop(parts []int32) {
 	for _, part := range parts {
 		delete(p.parts, part)
 		delete(p.ids, part)
+		delete(p.blocked, part)
 	}
 	for d, r := range p.refused {
 		if slices.Contains(parts, r.partition) {
@@ -446,6 +474,7 @@ func (p *Processor[S]) dropAll() {
 	clear(p.parts)
 	clear(p.ids)
 	clear(p.refused)
+	clear(p.blocked)
 	p.updateGaugesLocked()
 }
 
@@ -462,6 +491,7 @@ func (p *Processor[S]) updateGaugesLocked() {
 	p.metrics.aggregates.Set(float64(aggs))
 	p.metrics.rememberedIDs.Set(float64(ids))
 	p.metrics.dedupBytes.Set(float64(idBytes))
+	p.metrics.blocked.Set(float64(len(p.blocked)))
 }
 
 // State returns the state of every aggregate held in memory, by aggregate

@@ -201,15 +201,18 @@ func TestDedupWindow(t *testing.T) {
 	}
 }
 
-// A command older than the aggregate's newest (a DLQ record redriven days
+// A command older than the aggregate's newest (a DLQ record redriven hours
 // later keeps its original time) is remembered for a full window from the
 // aggregate's newest command, not forgotten by the next one: redriven
 // twice, with other commands between, it is handled once.
 func TestOldCommandRememberedForAWindow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	p := e.start("p1", func(c *processor.Config) { c.DedupWindow = time.Hour })
 	now := time.UnixMilli(1_700_000_000_000)
+	p := e.start("p1", func(c *processor.Config) {
+		c.DedupWindow = time.Hour
+		processor.SetClock(c, func() time.Time { return now.Add(2 * time.Minute) })
+	})
 	open := newCmd("acme/r", ledger.OpenAccount{Currency: "EUR"})
 	old := newCmd("acme/r", ledger.Deposit{Amount: 5}) // from three hours before: three windows
 	next, last := newCmd("acme/r", ledger.Deposit{Amount: 1}), newCmd("acme/r", ledger.Deposit{Amount: 2})

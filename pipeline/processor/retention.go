@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -25,6 +26,9 @@ import (
 // the client finds before sending, so the command it belongs to is the one
 // blamed (learnRefused) and never a neighbour in its batch. Dedup
 // changelog records are sized to fit too.
+//
+// A command dated further back than the commands topic's retention and a
+// day is refused (past-timestamp) unless MaxCommandAge says otherwise.
 //
 // A commands topic that keeps records longer than the window only draws a
 // warning: a command re-delivered after its id was forgotten (a consumer
@@ -64,9 +68,13 @@ func (p *Processor[S]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 		return out
 	}
 	window := p.cfg.DedupWindow
-	if ms, ok := configs(t.Commands())["retention.ms"]; ok && (ms < 0 || time.Duration(ms)*time.Millisecond > window) {
+	retention, ok := configs(t.Commands())["retention.ms"]
+	if ok && (retention < 0 || time.Duration(retention)*time.Millisecond > window) {
 		p.logger.Warn("the dedup window is shorter than the commands topic's retention: a command re-delivered after the window is handled again",
-			"dedup_window", window, "topic", t.Commands(), "retention_ms", ms)
+			"dedup_window", window, "topic", t.Commands(), "retention_ms", retention)
+	}
+	if p.cfg.MaxCommandAge == 0 && ok {
+		p.maxCommandAge = commandAge(retention)
 	}
 	if ms, ok := configs(t.Dedup())["retention.ms"]; ok && ms >= 0 && time.Duration(ms)*time.Millisecond < window {
 		return fmt.Errorf("topic %s keeps records %s, less than the dedup window (%s): a restore would forget command ids inside the window; raise its retention.ms",
@@ -85,6 +93,17 @@ func (p *Processor[S]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 	p.batchMaxBytes = int32(limit)
 	p.digestsPerRecord = min(maxDigestsPerRecord, int(limit-batchOverhead)/16)
 	return nil
+}
+
+// commandAge is the MaxCommandAge a commands topic that keeps records
+// retentionMs (-1: forever) makes: its retention and a day, at least
+// MinMaxCommandAge; a topic that keeps records forever bounds them at
+// the Unix epoch only.
+func commandAge(retentionMs int64) time.Duration {
+	if retentionMs < 0 || retentionMs > math.MaxInt64/int64(time.Millisecond)-int64(24*time.Hour/time.Millisecond) {
+		return math.MaxInt64
+	}
+	return max(time.Duration(retentionMs)*time.Millisecond+24*time.Hour, MinMaxCommandAge)
 }
 
 const (

@@ -30,8 +30,11 @@ type event struct {
 type park struct {
 	partition int32
 	offset    int64
-	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError
+	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge
 	detail    string
+	// skipTo, if set, is where an operator's skip moves the partition
+	// (reasonBatchTooLarge: past the whole batch); else past the record.
+	skipTo int64
 }
 
 // Park reasons, as stored in projector_parked and shown by `onceflow lag`.
@@ -40,11 +43,18 @@ const (
 	reasonUndecodable = "undecodable"
 	reasonRefused     = "rejected-by-projection"
 	reasonDataError   = "data-error"
+	// reasonProjectionError: an error of no known kind that failed the
+	// event's batch Config.MaxUnknownFailures times (classify).
+	reasonProjectionError = "projection-error"
+	// reasonBatchTooLarge: the fetched batch at the offset decompresses
+	// beyond the consumer's bound (kafka.Config.MaxDecompressBatchBytes):
+	// none of its records can be read.
+	reasonBatchTooLarge = "batch-too-large"
 )
 
 // parkReasons are every reason a partition parks for (the reason label of
 // onceflow_projector_parked_partitions).
-var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError}
+var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge}
 
 // result is what a committed batch did.
 type result struct {
@@ -168,10 +178,10 @@ const (
 	saveOffsetsSQL = `UPDATE consumer_offsets o SET next_offset = v.next, updated_at = now()
 		FROM unnest($3::int[], $4::bigint[]) AS v(partition, next)
 		WHERE o.consumer = $1 AND o.topic = $2 AND o.partition = v.partition`
-	saveParkedSQL = `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail)
-		SELECT $1, $2, * FROM unnest($3::int[], $4::bigint[], $5::text[], $6::text[])
+	saveParkedSQL = `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail, skip_to)
+		SELECT $1, $2, p, o, r, d, nullif(s, 0) FROM unnest($3::int[], $4::bigint[], $5::text[], $6::text[], $7::bigint[]) AS v(p, o, r, d, s)
 		ON CONFLICT (consumer, topic, partition) DO UPDATE SET
-			next_offset = EXCLUDED.next_offset, reason = EXCLUDED.reason, detail = EXCLUDED.detail, parked_at = now()`
+			next_offset = EXCLUDED.next_offset, reason = EXCLUDED.reason, detail = EXCLUDED.detail, skip_to = EXCLUDED.skip_to, parked_at = now()`
 	// clearParkedSQL forgets a parked partition once it has moved past the
 	// record it stopped on, and the transient error the batch's partitions
 	// ($5) were retried on, now that a batch of them commits (one
@@ -190,9 +200,17 @@ const (
 // that partition stopped at the event. A data error fails a projection's
 // statement, not one event, so the transaction is first run again
 // carefully (applyCarefully) to find the event at fault. Other errors are
-// transient: the caller retries the whole batch.
+// the caller's to retry (classify).
 func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result, error) {
-	careful := false // a projection raised a data error on this batch
+	return a.applyBlaming(ctx, evs, parks, 0)
+}
+
+// applyBlaming is apply, with an error of no known kind (classify) that a
+// projection returns taken as its event's, as a data error is, when the
+// batch has failed blame > 0 times with such errors: the event is found
+// the same way and its partition parks on it (reasonProjectionError).
+func (a *applier) applyBlaming(ctx context.Context, evs []event, parks []park, blame int) (result, error) {
+	careful := false // a projection raised an error an event is blamed for on this batch
 	for {
 		var res result
 		var more []park
@@ -203,14 +221,14 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 		if err != nil {
 			return result{}, fmt.Errorf("begin: %w", err)
 		}
-		res, more, err = a.applyInTx(ctx, tx, evs, parks, careful)
+		res, more, err = a.applyInTx(ctx, tx, evs, parks, careful, blame)
 		if err == nil && len(more) == 0 && a.hold != nil {
 			a.hold(HoldInTx, tx.Conn().PgConn().PID())
 		}
 		if err != nil || len(more) > 0 {
 			tx.Rollback(context.WithoutCancel(ctx))
 			if err != nil {
-				if !careful && isProjectionDataError(err) {
+				if !careful && (isProjectionDataError(err) || blame > 0 && isProjectionError(err) && kindOf(err) == unknown) {
 					careful = true
 					continue
 				}
@@ -241,8 +259,9 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 // applyInTx is the body of a batch's transaction. It returns the parks
 // the projections asked for (then nothing must be committed), or the
 // result to commit. careful runs each projection under a savepoint and
-// finds the events its data errors are raised on (applyCarefully).
-func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, careful bool) (result, []park, error) {
+// finds the events its data errors (and with blame > 0 its errors of no
+// known kind) are raised on (applyCarefully).
+func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, careful bool, blame int) (result, []park, error) {
 	res := result{next: make(map[int32]kgo.EpochOffset)}
 	parts := batchPartitions(evs, parks)
 	if len(parts) == 0 {
@@ -261,7 +280,7 @@ func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks [
 	}
 	// 3. The projections, each over all fresh events at once.
 	if len(fresh) > 0 {
-		more, err := a.project(ctx, tx, fresh, careful, &res)
+		more, err := a.project(ctx, tx, fresh, careful, blame, &res)
 		if err != nil || len(more) > 0 {
 			return res, more, err
 		}
@@ -382,8 +401,9 @@ func (a *applier) inbox(ctx context.Context, tx pgx.Tx, kept []event, res *resul
 
 // project runs each projection over the fresh events at once and returns
 // the parks their outcomes ask for: a version gap, a refusal, a data
-// error of one event. Any other error of an event is the batch's.
-func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful bool, res *result) ([]park, error) {
+// error of one event, and with blame > 0 an error of no known kind of one
+// event (classify). Any other error of an event is the batch's.
+func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful bool, blame int, res *result) ([]park, error) {
 	pevs := make([]pipeline.Event, len(fresh))
 	for i, e := range fresh {
 		pevs[i] = e.Event
@@ -393,7 +413,7 @@ func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful
 		var outcomes []error
 		var err error
 		if careful {
-			outcomes, err = applyCarefully(ctx, tx, proj, fresh, pevs)
+			outcomes, err = applyCarefully(ctx, tx, proj, fresh, pevs, blame > 0)
 		} else {
 			outcomes, err = applyProjection(ctx, tx, proj, pevs)
 		}
@@ -408,17 +428,21 @@ func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful
 			case errors.Is(o, pipeline.ErrDuplicate):
 				res.duplicates++
 			case errors.As(o, &gap):
-				more = append(more, park{e.partition, e.offset, reasonGap,
-					fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+				more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonGap,
+					detail: fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
 			case pipeline.IsPermanent(o):
-				more = append(more, park{e.partition, e.offset, reasonRefused,
-					fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
+				more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonRefused,
+					detail: fmt.Sprintf("%s: %s event %s: %v", proj.Name(), e.Type(), e.ID, o)})
 			default:
 				if pgErr, ok := dataError(o); ok {
-					more = append(more, park{e.partition, e.offset, reasonDataError, dataErrorDetail(proj.Name(), e, pgErr)})
+					more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonDataError, detail: dataErrorDetail(proj.Name(), e, pgErr)})
 					continue
 				}
-				return nil, fmt.Errorf("%s: apply %s %s: %w", proj.Name(), e.Type(), e.ID, o)
+				if blame > 0 && kindOf(o) == unknown {
+					more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonProjectionError, detail: unknownErrorDetail(proj.Name(), e, o, blame)})
+					continue
+				}
+				return nil, &projectionError{proj.Name(), fmt.Errorf("apply %s %s: %w", e.Type(), e.ID, o)}
 			}
 		}
 	}
@@ -445,11 +469,11 @@ func (a *applier) saveOffsets(ctx context.Context, tx pgx.Tx, res *result, store
 	b.Queue(clearParkedSQL, a.consumer, a.topic, offParts, offs, parts)
 	if len(keptParks) > 0 {
 		n := len(keptParks)
-		pp, po, pr, pd := make([]int32, n), make([]int64, n), make([]string, n), make([]string, n)
+		pp, po, pr, pd, ps := make([]int32, n), make([]int64, n), make([]string, n), make([]string, n), make([]int64, n)
 		for i, pk := range keptParks {
-			pp[i], po[i], pr[i], pd[i] = pk.partition, pk.offset, pk.reason, cleanText(pk.detail)
+			pp[i], po[i], pr[i], pd[i], ps[i] = pk.partition, pk.offset, pk.reason, cleanText(pk.detail), pk.skipTo
 		}
-		b.Queue(saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd)
+		b.Queue(saveParkedSQL, a.consumer, a.topic, pp, po, pr, pd, ps)
 		res.parks = keptParks
 	}
 	if a.asyncCommit {
@@ -599,7 +623,7 @@ func decodeAll(ctx context.Context, dec Decoder, records []*kgo.Record) ([]event
 		}
 		e, err := decode(ctx, dec, r)
 		if errors.Is(err, errPoison) {
-			parks = append(parks, park{r.Partition, r.Offset, reasonUndecodable, err.Error()})
+			parks = append(parks, park{partition: r.Partition, offset: r.Offset, reason: reasonUndecodable, detail: err.Error()})
 			stopped[r.Partition] = true
 			continue
 		}

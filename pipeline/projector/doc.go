@@ -65,13 +65,20 @@
 // after the commit loses only the Kafka copy of the offsets, which the next
 // commit repairs. Postgres unavailable: the batch is retried with backoff
 // (onceflow_projector_batch_errors_total); a registry that cannot be
-// reached likewise. Every error but a projection's data error (below) is
-// such a transient one, retried for as long as it lasts and never
-// silently: counted by class, the batch's partitions shown as retrying
+// reached likewise. Every error a projection returns is classified
+// (classify): a data error, pipeline.Permanent or a gap is permanent and
+// parks its event (below); one of a class known to pass (the connection,
+// a serialization failure, a missing table) is transient, retried for as
+// long as it lasts; any other is of no known kind, retried
+// Config.MaxUnknownFailures times in a row and then taken as its event's,
+// found and parked as a data error is (reason projection-error), never
+// retried for ever. The runtime's own errors are transient. Retrying is
+// never silent: counted by class, the batch's partitions shown as retrying
 // (onceflow_projector_retrying_partitions, and a projector_retrying row
 // per partition, written best-effort outside the failed transaction and
 // deleted by the next transaction that commits one of its batches), logged
-// at the first failure and then every 30 seconds.
+// at the first failure and then every 30 seconds, alerted after ten
+// minutes.
 //
 // # Parking
 //
@@ -94,6 +101,10 @@
 // acts: `onceflow projections unpark` (the projector notices within
 // ParkCheckInterval and tries the record again) or a restart. Either way
 // the record is tried again and parks again if the cause is still there.
+// Or the operator skips the record on purpose (Skip, `onceflow projections
+// skip`): under the offset lock, the stored offset moves past it, the park
+// ends and projector_skips records who, why and what; the projector reads
+// on from there as after an unpark.
 // The row disappears once the partition moves past the record.
 //
 // # Inbox retention and uniqueness

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -54,6 +55,13 @@ func isProjectionDataError(err error) bool {
 	}
 	_, ok := dataError(pe.err)
 	return ok
+}
+
+// unknownErrorDetail is the park detail of an error of no known kind that
+// failed the event's batch tries times.
+func unknownErrorDetail(projection string, e event, err error, tries int) string {
+	return fmt.Sprintf("%s: %s event %s (aggregate %s, version %d): %v (failed %d tries; an error of no known kind is taken as the event's)",
+		projection, e.Type(), e.ID, e.AggregateID, e.Version, err, tries)
 }
 
 // dataErrorDetail is a data error's park detail: the projection, the event
@@ -123,6 +131,55 @@ var retryClasses = []string{classConnection, classShutdown, classSerialization, 
 // decoded for a reason that is not theirs (the registry is unreachable).
 var errRegistry = errors.New("schema registry")
 
+// errorKind is what a projection's error means for its batch (classify).
+type errorKind int
+
+const (
+	// transient: the cause passes (the connection, a serialization
+	// failure, a deploy ahead of its migration): retried with backoff for
+	// as long as it lasts, counted by class, the partitions shown as
+	// retrying and alerted after a bound (OnceflowProjectorRetrying).
+	transient errorKind = iota
+	// permanent: the same event fails the same way every time (a data
+	// error, pipeline.Permanent, a version gap): its partition parks on it.
+	permanent
+	// unknown: neither is known (a projection's own Go error, a SQLSTATE
+	// of no class above): retried Config.MaxUnknownFailures times, then
+	// taken as permanent (reasonProjectionError), never retried for ever.
+	unknown
+)
+
+func (k errorKind) String() string {
+	switch k {
+	case transient:
+		return "transient"
+	case permanent:
+		return "permanent"
+	}
+	return "unknown"
+}
+
+// classify says what kind of error err is, and its class (retryClass).
+func classify(err error) (errorKind, string) {
+	class := retryClass(err)
+	var gap *pipeline.VersionGapError
+	switch {
+	case pipeline.IsPermanent(err), errors.As(err, &gap), class == classData:
+		return permanent, class
+	case class == classPostgres, class == classOther:
+		return unknown, class
+	}
+	return transient, class
+}
+
+// isProjectionError reports whether err was returned by a projection (for
+// an event or its batch), rather than by the runtime's own statements or
+// the commit, which no event can be blamed for.
+func isProjectionError(err error) bool {
+	var pe *projectionError
+	return errors.As(err, &pe)
+}
+
 // retryClass names the kind of a transient batch failure.
 func retryClass(err error) string {
 	var pgErr *pgconn.PgError
@@ -152,10 +209,16 @@ func retryClass(err error) string {
 	switch {
 	case errors.Is(err, errRegistry):
 		return classRegistry
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return classCanceled
 	case postgres.IsUnavailable(err):
 		return classConnection
 	}
 	return classOther
+}
+
+// kindOf is classify's kind alone.
+func kindOf(err error) errorKind {
+	k, _ := classify(err)
+	return k
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -118,4 +119,61 @@ func TestCleanText(t *testing.T) {
 	if len(long) > maxDetail+len("…") || !utf8.ValidString(long) {
 		t.Errorf("long text cut to %d bytes, valid UTF-8 %v", len(long), utf8.ValidString(long))
 	}
+}
+
+// The classification of any error a projection can return: it never
+// panics; the kind follows the class (data errors and pipeline.Permanent
+// park at once, the known passing classes are retried for as long as they
+// last, anything else is of no known kind); wrapping an error, as a
+// projection or the runtime does, never changes its kind or class; and
+// pipeline.Permanent makes any error permanent.
+func FuzzClassify(f *testing.F) {
+	for _, c := range []string{"22001", "23505", "54000", "40001", "40P01", "08006", "53300", "57P01", "42P01", "XX000", "P0001", "22", ""} {
+		f.Add(c, "m", uint8(0), false)
+	}
+	f.Add("", "json: unsupported value", uint8(3), false)
+	f.Add("", "refused", uint8(1), true)
+	f.Add("0", "m", uint8(0), true) // postgres.IsUnavailable sliced a code shorter than 2
+	transientClasses := map[string]bool{classConnection: true, classShutdown: true, classSerialization: true, classDeadlock: true,
+		classLockTimeout: true, classCanceled: true, classResources: true, classSchema: true, classRegistry: true}
+	f.Fuzz(func(t *testing.T, code, msg string, wraps uint8, perm bool) {
+		var err error = errors.New(msg)
+		if code != "" {
+			err = &pgconn.PgError{Code: code, Message: msg}
+		}
+		kind, class := classify(err)
+		if !slices.Contains(retryClasses, class) {
+			t.Fatalf("%v: class %q is not one of the retry classes", err, class)
+		}
+		switch {
+		case class == classData && kind != permanent, transientClasses[class] && kind != transient,
+			(class == classPostgres || class == classOther) && kind != unknown:
+			t.Fatalf("%v: class %s, kind %s", err, class, kind)
+		}
+		if len(code) == 5 && (strings.HasPrefix(code, "22") || strings.HasPrefix(code, "23") || strings.HasPrefix(code, "54")) && kind != permanent {
+			t.Fatalf("SQLSTATE %s: kind %s, want permanent", code, kind)
+		}
+		if code == "" && kind != unknown {
+			t.Fatalf("a plain error %q: kind %s, want unknown", msg, kind)
+		}
+		wrapped := err
+		for i := range int(wraps % 8) {
+			switch i % 3 {
+			case 0:
+				wrapped = fmt.Errorf("apply: %w", wrapped)
+			case 1:
+				wrapped = &projectionError{"p", wrapped}
+			case 2:
+				wrapped = errors.Join(wrapped)
+			}
+		}
+		if k, c := classify(wrapped); k != kind || c != class {
+			t.Fatalf("%v wrapped as %v: %s/%s, want %s/%s", err, wrapped, k, c, kind, class)
+		}
+		if perm {
+			if k, _ := classify(pipeline.Permanent(wrapped)); k != permanent {
+				t.Fatalf("Permanent(%v): kind %s", wrapped, k)
+			}
+		}
+	})
 }

@@ -14,9 +14,10 @@ import (
 // its projector_retrying rows refreshed (it is retried more often).
 const retryLogInterval = 30 * time.Second
 
-// failures is a batch's run of transient failures.
+// failures is a batch's run of failures.
 type failures struct {
 	n       int       // attempts that failed
+	unknown int       // of them, in a row, by a projection's error of no known kind (classify)
 	since   time.Time // the first
 	logged  time.Time // last logged and saved to projector_retrying
 	unsaved int64     // attempts not counted in projector_retrying yet
@@ -34,7 +35,12 @@ const saveRetryingSQL = `INSERT INTO projector_retrying AS r (consumer, topic, p
 // and written to projector_retrying at the first failure and then every
 // retryLogInterval (best-effort: Postgres may be what failed).
 func (p *Projector) failed(ctx context.Context, records []*kgo.Record, err error, f *failures, wait time.Duration) {
-	class := retryClass(err)
+	kind, class := classify(err)
+	if isProjectionError(err) && kind == unknown {
+		f.unknown++
+	} else {
+		f.unknown = 0
+	}
 	p.metrics.errors.WithLabelValues(class).Inc()
 	parts := partitionsOf(records)
 	p.setRetrying(parts, retrying{class, err.Error()})
@@ -46,7 +52,7 @@ func (p *Projector) failed(ctx context.Context, records []*kgo.Record, err error
 		return
 	}
 	f.logged = time.Now()
-	p.logger.Warn("apply batch failed; retrying", "class", class, "err", err, "failures", f.n, "since", f.since,
+	p.logger.Warn("apply batch failed; retrying", "class", class, "kind", kind, "err", err, "failures", f.n, "since", f.since,
 		"backoff", wait, "records", len(records), "partitions", parts)
 	saveCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

@@ -34,6 +34,9 @@ type env struct {
 	url     string
 	serde   *avro.Serde
 	prod    *kgo.Client
+	// maxDecompress is the projectors' kafka.Config.MaxDecompressBatchBytes
+	// (0: the default).
+	maxDecompress int
 }
 
 // ledgerMigrations are the ledger's read model's: the accounts table.
@@ -177,7 +180,7 @@ func (e *env) start(cfg projector.Config, projections ...pipeline.Projection[pgx
 		projections = ledgerProjections()
 	}
 	reg := prometheus.NewRegistry()
-	p, err := projector.New(cfg, kafka.Config{Brokers: e.brokers}, e.pool, e.serde, projections, quietLogger(), reg)
+	p, err := projector.New(cfg, kafka.Config{Brokers: e.brokers, MaxDecompressBatchBytes: e.maxDecompress}, e.pool, e.serde, projections, quietLogger(), reg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 			Name: "onceflow_projector_rewinds_total", Help: "Partitions read again from an earlier offset because the stored offset was behind what this projector had committed: the database lost commits (a crash after asynchronous commits) or an operator moved the offset back.", ConstLabels: l,
 		}),
 		parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onceflow_projector_parked_partitions", Help: "Partitions parked until an operator acts, by reason (version-gap, undecodable, rejected-by-projection, data-error).", ConstLabels: l,
+			Name: "onceflow_projector_parked_partitions", Help: "Partitions parked until an operator acts, by reason (version-gap, undecodable, rejected-by-projection, data-error, projection-error, batch-too-large).", ConstLabels: l,
 		}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_projector_batch_errors_total", Help: "Batches that failed with a transient error and were retried, by class of error.", ConstLabels: l,

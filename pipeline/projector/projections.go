@@ -58,8 +58,8 @@ func applyProjection(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pg
 // 2·log2(N) statements per bad event instead of N. Only a batch that has
 // already failed with a data error runs so: the fast path takes no
 // savepoint.
-func applyCarefully(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []event, pevs []pipeline.Event) ([]error, error) {
-	s := search{tx: tx, proj: proj, evs: evs, pevs: pevs, out: make([]error, len(evs)), stopped: make(map[int32]bool)}
+func applyCarefully(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], evs []event, pevs []pipeline.Event, blame bool) ([]error, error) {
+	s := search{tx: tx, proj: proj, evs: evs, pevs: pevs, out: make([]error, len(evs)), stopped: make(map[int32]bool), blame: blame}
 	all := make([]int, len(evs))
 	for i := range all {
 		all[i] = i
@@ -78,6 +78,14 @@ type search struct {
 	pevs    []pipeline.Event
 	out     []error        // outcomes, by index in evs
 	stopped map[int32]bool // partitions that park at an event of this batch
+	blame   bool           // errors of no known kind are the event's too
+}
+
+// blamed reports whether err, failing a projection over some events, is
+// one of theirs: a data error, or with blame an error of no known kind.
+func (s *search) blamed(err error) bool {
+	_, isData := dataError(err)
+	return isData || s.blame && kindOf(err) == unknown
 }
 
 // apply applies the events at idx (in log order) under a savepoint,
@@ -107,13 +115,13 @@ func (s *search) apply(ctx context.Context, idx []int) error {
 		}
 		for j, i := range todo {
 			s.out[i] = out[j]
-			if parksPartition(out[j]) {
+			if parksPartition(out[j]) || s.blame && out[j] != nil && kindOf(out[j]) == unknown {
 				s.stopped[s.evs[i].partition] = true
 			}
 		}
 		return nil
 	}
-	if _, isData := dataError(err); !isData {
+	if !s.blamed(err) {
 		return err // a failure of the statement: the batch is retried
 	}
 	if err := sp.Rollback(ctx); err != nil {

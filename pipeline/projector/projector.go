@@ -55,6 +55,15 @@ type Config struct {
 	// included, and the projector, which remembers what it stored, reads
 	// them again (docs/projector.md#asynchronous-commit).
 	SynchronousCommit bool
+	// MaxUnknownFailures is how many times in a row a batch is tried when
+	// a projection fails it with an error of no known kind (neither a data
+	// error nor pipeline.Permanent, which park at once, nor one of the
+	// transient classes, retried for as long as they last: a projection's
+	// own Go error, an unusual SQLSTATE). After that the error is taken as
+	// the event's: the partition parks on the event that raises it
+	// (projection-error), never retried for ever. Default 10 (about 20 s
+	// of backoff).
+	MaxUnknownFailures int
 	// Hold is a test hook called at each crash point of a batch (see
 	// Hold). Nil, its default, is what production runs.
 	Hold Hold
@@ -62,8 +71,9 @@ type Config struct {
 
 // The defaults of Config's settings that the application also shows.
 const (
-	DefaultSessionTimeout = 10 * time.Second
-	DefaultParallelism    = 2
+	DefaultSessionTimeout     = 10 * time.Second
+	DefaultParallelism        = 2
+	DefaultMaxUnknownFailures = 10
 )
 
 func (c *Config) setDefaults() error {
@@ -87,6 +97,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ParkCheckInterval == 0 {
 		c.ParkCheckInterval = 2 * time.Second
+	}
+	if c.MaxUnknownFailures <= 0 {
+		c.MaxUnknownFailures = DefaultMaxUnknownFailures
 	}
 	return nil
 }
@@ -258,7 +271,14 @@ func (p *Projector) Run(ctx context.Context) error {
 			cl.AllowRebalance()
 			return nil
 		}
+		var tooLarge []park
 		fetches.EachError(func(topic string, part int32, err error) {
+			if tl, ok := kafka.BatchTooLarge(err); ok && topic == p.cfg.Topic {
+				tooLarge = append(tooLarge, park{partition: part, offset: tl.Offset, reason: reasonBatchTooLarge, skipTo: tl.NextOffset,
+					detail: fmt.Sprintf("the batch at offsets %d to %d decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES: raise it if the batch is legitimate, or skip it (onceflow projections skip)",
+						tl.Offset, tl.NextOffset-1)})
+				return
+			}
 			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 			}
@@ -271,6 +291,9 @@ func (p *Projector) Run(ctx context.Context) error {
 		})
 		if len(records) > 0 {
 			p.processAll(ctx, cl, records)
+		}
+		if len(tooLarge) > 0 {
+			p.parkTooLarge(ctx, cl, tooLarge)
 		}
 		p.checkUnparked(ctx, cl)
 		if p.app.asyncCommit {
@@ -441,7 +464,11 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 	var f failures
 	for {
 		start := time.Now()
-		res, err := p.processOnce(ctx, records)
+		blame := 0
+		if f.unknown >= p.cfg.MaxUnknownFailures {
+			blame = f.unknown
+		}
+		res, err := p.processOnce(ctx, records, blame)
 		var rw *rewindError
 		if errors.As(err, &rw) {
 			if rewind == nil {
@@ -492,12 +519,39 @@ func (p *Projector) process(ctx context.Context, cl *kgo.Client, records []*kgo.
 	}
 }
 
-func (p *Projector) processOnce(ctx context.Context, records []*kgo.Record) (result, error) {
+// parkTooLarge parks partitions the consumer stopped at a batch that
+// decompresses beyond the bound: the park is written in a transaction of
+// its own (the stored offset at the batch, skip_to past it), retried like
+// any batch, and the partition is paused like any parked one.
+func (p *Projector) parkTooLarge(ctx context.Context, cl *kgo.Client, parks []park) {
+	wait := 50 * time.Millisecond
+	for {
+		res, err := p.app.apply(ctx, nil, parks)
+		if err == nil {
+			for _, pk := range res.parks {
+				p.park(cl, pk)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			return // the partition stops at the batch again after a restart
+		}
+		p.logger.Warn("park a partition at a batch too large to read: retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = backoff(wait, p.cfg.MaxBackoff)
+	}
+}
+
+func (p *Projector) processOnce(ctx context.Context, records []*kgo.Record, blame int) (result, error) {
 	evs, parks, err := decodeAll(ctx, p.dec, records)
 	if err != nil {
 		return result{}, fmt.Errorf("%w: %w", errRegistry, err)
 	}
-	return p.app.apply(ctx, evs, parks)
+	return p.app.applyBlaming(ctx, evs, parks, blame)
 }
 
 // partitionsOf returns the partitions of records, sorted.

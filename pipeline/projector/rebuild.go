@@ -437,7 +437,7 @@ func (b *builder) readParked(ctx context.Context) error {
 	}
 	for _, p := range all {
 		if p.Consumer == b.st.shadowConsumer && p.Topic == b.cfg.Topic {
-			b.parked[p.Partition] = park{p.Partition, p.Offset, p.Reason, p.Detail}
+			b.parked[p.Partition] = park{partition: p.Partition, offset: p.Offset, reason: p.Reason, detail: p.Detail}
 		}
 	}
 	return nil
@@ -482,6 +482,16 @@ func (b *builder) poll(ctx context.Context, wait time.Duration) {
 	fetches := b.cl.PollRecords(pctx, b.cfg.MaxPollRecords)
 	cancel()
 	fetches.EachError(func(topic string, part int32, err error) {
+		if tl, ok := kafka.BatchTooLarge(err); ok {
+			// The shadow stops there, as it does on any record it cannot
+			// apply (stuck says so once the live projector is past it).
+			if _, known := b.parked[part]; !known {
+				b.parked[part] = park{partition: part, offset: tl.Offset, reason: reasonBatchTooLarge, skipTo: tl.NextOffset,
+					detail: fmt.Sprintf("the batch at offsets %d to %d decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES", tl.Offset, tl.NextOffset-1)}
+				b.logger.Warn("the rebuild stopped on a batch too large to read", "partition", part, "offset", tl.Offset)
+			}
+			return
+		}
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			b.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 		}
@@ -527,8 +537,12 @@ func (b *builder) eligible(upTo map[int32]int64, take bool) []*kgo.Record {
 }
 
 // applyEligible applies the held records below the live offsets, in
-// batches, each in its own transaction.
+// batches, each in its own transaction. A batch that fails is retried;
+// one that a projection's error of no known kind fails
+// DefaultMaxUnknownFailures times in a row stops the rebuild's partition
+// on the event that raises it, as the live projector does.
 func (b *builder) applyEligible(ctx context.Context) error {
+	unknowns := 0
 	for {
 		recs := b.eligible(b.liveNext, false)
 		if len(recs) == 0 {
@@ -541,12 +555,21 @@ func (b *builder) applyEligible(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("decode: %w", err)
 		}
-		res, err := b.app.apply(ctx, evs, parks)
+		blame := 0
+		if unknowns >= DefaultMaxUnknownFailures {
+			blame = unknowns
+		}
+		res, err := b.app.applyBlaming(ctx, evs, parks, blame)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			b.logger.Warn("apply batch failed; retrying", "err", err)
+			if isProjectionError(err) && kindOf(err) == unknown {
+				unknowns++
+			} else {
+				unknowns = 0
+			}
+			b.logger.Warn("apply batch failed; retrying", "err", err, "kind", kindOf(err))
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -554,6 +577,7 @@ func (b *builder) applyEligible(ctx context.Context) error {
 			}
 			continue
 		}
+		unknowns = 0
 		b.commitResult(res, recs)
 	}
 }

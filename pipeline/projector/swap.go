@@ -121,7 +121,7 @@ func (b *builder) applyDelta(ctx context.Context, tx pgx.Tx, live map[int32]int6
 		if err != nil {
 			return result{}, err
 		}
-		r, more, err := b.app.applyInTx(ctx, sp, evs, parks, careful)
+		r, more, err := b.app.applyInTx(ctx, sp, evs, parks, careful, 0)
 		if err != nil && !careful && isProjectionDataError(err) {
 			if err := sp.Rollback(ctx); err != nil {
 				return result{}, err

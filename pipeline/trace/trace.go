@@ -216,11 +216,19 @@ const (
 	deliveriesSQL = `SELECT event_id::text, tenant, subscription_id::text, status, attempts, last_status, coalesce(last_error, ''),
 			job_id, created_at, delivered_at
 		FROM webhook_deliveries WHERE event_id = ANY($1::uuid[]) ORDER BY created_at, subscription_id`
-	// jobsSQL: jobs name their event in args (event_id); River's args are
-	// not indexed, and River keeps finished jobs a day or a week.
-	jobsSQL = `SELECT args->>'event_id', id, kind, coalesce(args->>'key', ''), state::text, attempt, max_attempts,
+	// jobsSQL: jobs name their event in args (event_id), a webhook fan-out
+	// the range of its tenant's webhook_events it makes the deliveries of
+	// (from, to: the event's seq); River's args are not indexed, and River
+	// keeps finished jobs a day or a week.
+	jobsSQL = `SELECT event_id, id, kind, coalesce(args->>'key', ''), state::text, attempt, max_attempts,
 			coalesce(errors[array_length(errors, 1)]->>'error', ''), created_at, finalized_at
-		FROM river_job WHERE args->>'event_id' = ANY($1) ORDER BY id`
+		FROM (SELECT args->>'event_id' AS event_id, * FROM river_job WHERE args->>'event_id' = ANY($1)
+		      UNION ALL
+		      SELECT e.event_id::text, j.* FROM webhook_events e JOIN river_job j
+		      ON j.kind = 'webhook_fanout' AND j.args->>'tenant' = e.tenant
+		         AND e.seq BETWEEN (j.args->>'from')::bigint AND (j.args->>'to')::bigint
+		      WHERE e.event_id = ANY($1::uuid[])) AS j
+		ORDER BY id`
 	inboxSQL       = `SELECT event_id::text, consumer, received_at FROM inbox WHERE event_id = ANY($1::uuid[]) ORDER BY received_at`
 	correctionsSQL = `SELECT kind, subject, action, command_id::text, reason, corrected_at FROM reconcile_corrections
 		WHERE aggregate_id = $2 AND (command_id = $1 OR subject = $1::text OR subject = $3) ORDER BY corrected_at`

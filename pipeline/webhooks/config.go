@@ -13,6 +13,14 @@ const (
 	DefaultBreakerCooldown = 30 * time.Second
 	DefaultMaxPerTenant    = 10
 	DefaultCacheTTL        = time.Second
+	DefaultMaxPending      = 100_000
+	DefaultMaxFanout       = 1000
+	// DefaultRetention is three times the projector's inbox (30 days):
+	// an event the projector reads again within it is absorbed by the
+	// inbox, after it by the delivery log, until its rows go.
+	DefaultRetention = 90 * 24 * time.Hour
+	// RetentionInterval is how often the retention job runs.
+	RetentionInterval = time.Hour
 )
 
 // Config is how a worker delivers; zero means the default.
@@ -38,6 +46,24 @@ type Config struct {
 	// rotation, a deletion, another worker's breaker) reaches it within
 	// that. Default 1s.
 	CacheTTL time.Duration
+	// MaxPending caps a tenant's deliveries in flight (pending or failed,
+	// ONCEFLOW_WEBHOOK_MAX_PENDING): at the cap the tenant's new events
+	// wait to be fanned out until deliveries finish — counted
+	// (onceflow_webhooks_fanouts_total{outcome="capped"},
+	// onceflow_webhooks_capped_tenants) and logged once a minute. Nothing
+	// is dropped. Default 100,000.
+	MaxPending int
+	// MaxFanout is how many deliveries one fan-out transaction makes at
+	// most (at least one event's): the projector's batch of a tenant's
+	// events is fanned out in transactions of about that many delivery
+	// rows and jobs, so the worker's transactions are bounded too and a
+	// capped tenant overshoots its cap by at most that. Default 1000.
+	MaxFanout int
+	// Retention is how long finished deliveries (delivered, dead) and
+	// fanned-out events are kept (ONCEFLOW_WEBHOOK_RETENTION): the delivery
+	// log, and the memory that keeps an event applied again from being
+	// sent again. Default 90 days; at least a day.
+	Retention time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -56,6 +82,15 @@ func (c *Config) setDefaults() {
 	if c.CacheTTL == 0 {
 		c.CacheTTL = DefaultCacheTTL
 	}
+	if c.MaxPending == 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.MaxFanout == 0 {
+		c.MaxFanout = DefaultMaxFanout
+	}
 }
 
 func (c *Config) validate() error {
@@ -68,6 +103,12 @@ func (c *Config) validate() error {
 		return fmt.Errorf("webhooks: BreakerCooldown %s: want a positive duration", c.BreakerCooldown)
 	case c.MaxPerTenant < 1:
 		return fmt.Errorf("webhooks: MaxPerTenant %d: want 1 or more", c.MaxPerTenant)
+	case c.MaxPending < 1:
+		return fmt.Errorf("webhooks: MaxPending %d: want 1 or more", c.MaxPending)
+	case c.MaxFanout < 1:
+		return fmt.Errorf("webhooks: MaxFanout %d: want 1 or more", c.MaxFanout)
+	case c.Retention < 24*time.Hour:
+		return fmt.Errorf("webhooks: Retention %s: want at least a day", c.Retention)
 	}
 	return nil
 }

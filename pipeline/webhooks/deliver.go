@@ -33,7 +33,13 @@ type Deliverer struct {
 	mu       sync.Mutex
 	inflight map[string]int // per tenant
 	subs     map[subKey]subscription
+	lastLog  time.Time // of a failed attempt (logFailure)
+	unlogged int       // failed attempts not logged since
 	recorder recorder
+	// backlogs is each tenant's deliveries in flight as last counted
+	// (fanout.go), cappedLogged when its cap was last logged.
+	backlogs     map[string]backlogCount
+	cappedLogged map[string]time.Time
 }
 
 // Register returns what jobs.New needs to run deliveries with cfg.
@@ -48,8 +54,10 @@ func Register(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (func(
 	m := newMetrics(reg)
 	return func(w *jobs.Worker, ws *river.Workers) error {
 		d := &Deliverer{cfg: cfg, w: w, pool: w.Pool(), client: Guard{Allow: cfg.Allow}.Client(cfg.Timeout),
-			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{}}
-		return river.AddWorkerSafely(ws, d)
+			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{},
+			backlogs: map[string]backlogCount{}, cappedLogged: map[string]time.Time{}}
+		w.Periodic(RetentionKind, RetentionInterval, RetentionArgs{})
+		return errors.Join(river.AddWorkerSafely(ws, d), river.AddWorkerSafely(ws, &fanout{d: d}), river.AddWorkerSafely(ws, &retention{d: d}))
 	}, nil
 }
 
@@ -351,9 +359,10 @@ func (d *Deliverer) failed(ctx context.Context, job *river.Job[DeliveryArgs], ce
 	if ce != nil && ce.Status != 0 {
 		code = &ce.Status
 	}
+	category := Category(callErr)
 	var opened bool
 	err := jobs.Record(context.WithoutCancel(ctx), d.pool, job, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, failedSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID), status, job.Attempt, code, callErr.Error(), job.ID); err != nil {
+		if _, err := tx.Exec(ctx, failedSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID), status, job.Attempt, code, category, job.ID); err != nil {
 			return fmt.Errorf("record delivery: %w", err)
 		}
 		err := tx.QueryRow(ctx, openBreakerSQL, a.Tenant, [16]byte(a.SubscriptionID), d.cfg.BreakerFailures, d.cfg.BreakerCooldown.String()).Scan(&opened)
@@ -372,9 +381,33 @@ func (d *Deliverer) failed(ctx context.Context, job *river.Job[DeliveryArgs], ce
 		d.metrics.breakerOpen.Inc()
 		d.forget(a.Tenant, a.SubscriptionID)
 	}
+	d.logFailure(job, status, category, callErr)
 	jobs.Note(ctx, status+": "+callErr.Error())
 	d.metrics.deliveries.WithLabelValues(status).Inc()
 	return callErr
+}
+
+// failureLogInterval spaces the worker's log lines of failed attempts:
+// one endpoint that fails every delivery would otherwise fill the log.
+const failureLogInterval = time.Second
+
+// logFailure writes a failed attempt with the transport's text (made
+// printable: jobs.CallError) to the operator's log, at most once per
+// failureLogInterval with the count of those left out; the tenant's
+// delivery log has its category only.
+func (d *Deliverer) logFailure(job *river.Job[DeliveryArgs], status, category string, err error) {
+	d.mu.Lock()
+	if time.Since(d.lastLog) < failureLogInterval {
+		d.unlogged++
+		d.mu.Unlock()
+		return
+	}
+	left := d.unlogged
+	d.lastLog, d.unlogged = time.Now(), 0
+	d.mu.Unlock()
+	a := job.Args
+	d.logger.Info("webhook delivery failed", "tenant", a.Tenant, "subscription_id", a.SubscriptionID, "event_id", a.EventID,
+		"attempt", job.Attempt, "status", status, "category", category, "err", err, "failures_not_logged", left)
 }
 
 const disableSQL = `UPDATE webhook_subscriptions SET status = 'disabled', disabled_reason = $3, updated_at = now()
@@ -385,7 +418,7 @@ func (d *Deliverer) gone(ctx context.Context, job *river.Job[DeliveryArgs], ce *
 	a := job.Args
 	reason := fmt.Sprintf("410 Gone at %s (delivery of event %s)", time.Now().UTC().Format(time.RFC3339), a.EventID)
 	err := jobs.Record(context.WithoutCancel(ctx), d.pool, job, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, failedSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID), "dead", job.Attempt, ce.Status, ce.Error(), job.ID); err != nil {
+		if _, err := tx.Exec(ctx, failedSQL, a.Tenant, [16]byte(a.SubscriptionID), [16]byte(a.EventID), "dead", job.Attempt, ce.Status, Category(ce), job.ID); err != nil {
 			return fmt.Errorf("record delivery: %w", err)
 		}
 		tag, err := tx.Exec(ctx, disableSQL, a.Tenant, [16]byte(a.SubscriptionID), reason)

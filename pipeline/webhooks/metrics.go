@@ -9,6 +9,9 @@ type metrics struct {
 	disabled       prometheus.Counter
 	breakerOpen    prometheus.Counter
 	batchSize      prometheus.Histogram
+	fanouts        *prometheus.CounterVec // outcome
+	capped         prometheus.Gauge
+	retained       *prometheus.CounterVec // table
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -41,8 +44,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}),
 	}
+	m.fanouts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "onceflow_webhooks_fanouts_total",
+		Help: "Fan-outs of an event into its deliveries, by outcome: expanded, capped (the tenant's deliveries in flight are at ONCEFLOW_WEBHOOK_MAX_PENDING: the event waits).",
+	}, []string{"outcome"})
+	m.capped = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "onceflow_webhooks_capped_tenants",
+		Help: "Tenants this worker found at their cap of deliveries in flight within the last minute.",
+	})
+	m.retained = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "onceflow_webhooks_retention_deleted_rows_total",
+		Help: "Rows the retention deleted, older than ONCEFLOW_WEBHOOK_RETENTION: finished deliveries (webhook_deliveries) and fanned-out events (webhook_events).",
+	}, []string{"table"})
 	if reg != nil {
-		reg.MustRegister(m.deliveries, m.latency, m.requestSeconds, m.disabled, m.breakerOpen, m.batchSize)
+		reg.MustRegister(m.deliveries, m.latency, m.requestSeconds, m.disabled, m.breakerOpen, m.batchSize, m.fanouts, m.capped, m.retained)
 	}
 	return m
 }

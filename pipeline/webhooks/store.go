@@ -122,8 +122,10 @@ func scan(row pgx.Row) (Subscription, error) {
 // Create makes tenant's subscription named by key (an Idempotency-Key)
 // for url and types (empty: every event type), with a new secret, and
 // returns it with its secret. The same key again returns the same
-// subscription (created false), or ErrConflict if it was made for another
-// url or types.
+// subscription without its secret (created false): a secret is shown once,
+// and a replay after a rotation must not hand out the new one to whoever
+// holds the creating request. It returns ErrConflict if the key made a
+// subscription for another url or types.
 func Create(ctx context.Context, db DB, tenant, key, rawURL string, types []string) (s Subscription, created bool, err error) {
 	id := SubscriptionID(tenant, key)
 	types = normalize(types)
@@ -143,6 +145,7 @@ func Create(ctx context.Context, db DB, tenant, key, rawURL string, types []stri
 	case s.URL != rawURL || !slices.Equal(s.EventTypes, types):
 		return Subscription{}, false, ErrConflict
 	}
+	s.Secret = ""
 	return s, false, nil
 }
 

@@ -19,7 +19,8 @@
 // over the limit; a command-id that is no UUID or over its length; no
 // command-id or no tenant header; a value that is not Avro, or of a schema
 // id the registry does not have; a tenant header of another tenant; a
-// command-type header unlike the value; a timestamp half an hour ahead, past the
+// command-type header unlike the value; a timestamp days back or before
+// year 0 (past-timestamp); a timestamp half an hour ahead, past the
 // processor's MaxClockSkew; a value over the processors' MaxCommandBytes
 // (64 KiB in the run) but under the topic's max.message.bytes; and a
 // record over max.message.bytes, which the broker must refuse to its

@@ -38,6 +38,10 @@ const headerHostile = "chaos-hostile"
 // (an hour), beyond which the broker refuses the record at produce.
 const futureSkew = 30 * time.Minute
 
+// pastAge is how far back a past-timestamp record is dated: beyond the
+// commands topic's retention (7 days) and a day, the processor's bound.
+const pastAge = 9 * 24 * time.Hour
+
 // hostileKind is one kind of record the processor must refuse.
 type hostileKind struct {
 	name string
@@ -103,6 +107,16 @@ var hostileKinds = []hostileKind{
 	{"timestamp half an hour ahead", processor.ReasonFutureTimestamp, true, func(h hostileTarget) *kgo.Record {
 		r := h.deposit()
 		r.Timestamp = time.Now().Add(futureSkew)
+		return r
+	}},
+	{"timestamp days back, past the commands topic's retention", processor.ReasonPastTimestamp, true, func(h hostileTarget) *kgo.Record {
+		r := h.deposit()
+		r.Timestamp = time.Now().Add(-pastAge)
+		return r
+	}},
+	{"timestamp before year 0", processor.ReasonPastTimestamp, true, func(h hostileTarget) *kgo.Record {
+		r := h.deposit()
+		r.Timestamp = time.Date(-1, 6, 1, 0, 0, 0, 0, time.UTC)
 		return r
 	}},
 	{"value over the processor's MaxCommandBytes", processor.ReasonTooLarge, true, func(h hostileTarget) *kgo.Record {

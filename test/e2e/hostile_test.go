@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
 // hostileMaxCommandBytes is the processor's MaxCommandBytes in
@@ -41,7 +43,10 @@ const hostileMaxCommandBytes = 4096
 // valid account show `failed` with that reason in GET /v1/commands/{id},
 // a command id reused on another account and by another tenant is
 // another command, applied, and a record over the broker's limit is
-// refused to its producer without holding anything up.
+// refused to its producer without holding anything up. The tenant has a
+// webhook subscription to every event type, so each event also goes
+// through the webhooks projection (no worker runs: the deliveries wait),
+// which a record dated before year 0 stopped.
 func TestHostileProducer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -49,6 +54,9 @@ func TestHostileProducer(t *testing.T) {
 		"ONCEFLOW_TENANT_RATE_LIMIT":           "0",
 		"ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES": fmt.Sprint(hostileMaxCommandBytes),
 	})
+	if _, _, err := webhooks.Create(ctx, d.pool, "acme", "every-event", "http://127.0.0.1:1/hook", nil); err != nil {
+		t.Fatal(err)
+	}
 	betaKey := ingest.NewAPIKey()
 	if err := ingest.CreateAPIKey(ctx, d.pool, "beta", "e2e", betaKey); err != nil {
 		t.Fatal(err)
@@ -146,6 +154,11 @@ func TestHostileProducer(t *testing.T) {
 	// record dated later at produce (INVALID_TIMESTAMP; kfake takes it).
 	future := deposit(agg("acme", acct0))
 	future.Timestamp = time.Now().Add(30 * time.Minute)
+	dated := func(at time.Time) *kgo.Record {
+		r := deposit(agg("acme", acct0))
+		r.Timestamp = at
+		return r
+	}
 	type poison struct {
 		name, reason string
 		rec          *kgo.Record
@@ -168,6 +181,13 @@ func TestHostileProducer(t *testing.T) {
 		{"value that is not Avro", processor.ReasonUndecodable, func() *kgo.Record { r := deposit(agg("acme", acct0)); r.Value = []byte("{\"amount\": 7}"); return r }(), true},
 		{"value over the processor's limit", processor.ReasonTooLarge, transfer("t-"+run, strings.Repeat("c", hostileMaxCommandBytes)), true},
 		{"timestamp 30 minutes ahead", processor.ReasonFutureTimestamp, future, true},
+		// Older than the commands topic keeps records (7 days) and a day;
+		// before year 0 (no JSON encoder of a time takes it: the webhooks
+		// projection retried it for ever); before 4713 BC (Postgres holds
+		// no such date: the read models' partition parked).
+		{"timestamp nine days back", processor.ReasonPastTimestamp, dated(time.Now().Add(-9 * 24 * time.Hour)), true},
+		{"timestamp before year 0", processor.ReasonPastTimestamp, dated(time.Date(-1, 6, 1, 0, 0, 0, 0, time.UTC)), true},
+		{"timestamp before 4713 BC", processor.ReasonPastTimestamp, dated(time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)), true},
 		// 2 MiB that compress to a few KiB: the broker measures the
 		// compressed batch and takes it; the DLQ copy leaves the value
 		// out (dlq-omitted).
@@ -198,9 +218,18 @@ func TestHostileProducer(t *testing.T) {
 	for _, a := range []string{agg("acme", accounts[1]), agg("beta", foreign)} {
 		reused = append(reused, record(a, sharedID, ledger.Deposit{Amount: 100}))
 	}
+	taken := poisons[:0:0]
 	for i, p := range poisons {
 		if err := produce(p.rec); err != nil {
-			t.Fatalf("produce %s: %v", p.name, err)
+			// A broker may refuse a time before the epoch itself (Apache
+			// Kafka's INVALID_TIMESTAMP; kfake takes it): refused at the
+			// door is as good as the DLQ.
+			if !(errors.Is(err, kerr.InvalidTimestamp) && p.rec.Timestamp.UnixMilli() < 0) {
+				t.Fatalf("produce %s: %v", p.name, err)
+			}
+			t.Logf("%s: refused by the broker (%v)", p.name, err)
+		} else {
+			taken = append(taken, p)
 		}
 		if i < len(reused) {
 			if err := produce(reused[i]); err != nil {
@@ -209,6 +238,7 @@ func TestHostileProducer(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // interleaved with the HTTP traffic
 	}
+	poisons = taken
 	// Over the topic's max.message.bytes (1 MiB) as sent: the broker
 	// refuses it to its producer, for good.
 	huge := transfer("t-"+run, strings.Repeat("d", 2<<20))
@@ -355,4 +385,157 @@ func TestHostileProducer(t *testing.T) {
 	if want := len(ids) + len(reused) + len(wantFailed); !maps.Equal(failedEvents, wantFailed) || len(seen) != want {
 		t.Errorf("events topic: %d events, CommandFailed by command id %v; want %d events and %v", len(seen), failedEvents, want, wantFailed)
 	}
+}
+
+// A producer writes a batch of a few KiB that decompresses to 32 MiB (the
+// broker measures it compressed) among a tenant's commands. The processor
+// (bounded at 16 MiB, the default) does not decompress it: that
+// partition stops, and says so — the metric, `onceflow lag`
+// (batch-too-large@OFFSET), the status page's lag — while the other
+// partitions go on. An operator skips it on the processor's admin port,
+// with the token: the DLQ records who skipped which offsets and why, and
+// the command waiting behind the batch is applied.
+func TestDecompressionBomb(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const token = "e2e-admin-token"
+	d := deployWith(t, ctx, map[string]string{"ONCEFLOW_ADMIN_TOKEN": token})
+	run := fmt.Sprintf("%x", rand.Uint32())
+	// Two accounts on different partitions of the commands topic.
+	part := func(a string) int {
+		return kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(&kgo.Record{Key: []byte(pipeline.AggregateID("acme", a))}, 8)
+	}
+	acct, other := "acc-"+run+"-0", "acc-"+run+"-1"
+	for i := 2; part(other) == part(acct); i++ {
+		other = fmt.Sprintf("acc-%s-%d", run, i)
+	}
+	for _, a := range []string{acct, other} {
+		acc, _, err := send(ctx, d.client, "open-"+a, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+			return d.client.OpenAccount(ctx, k, a, "EUR")
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmd, err := d.client.WaitCommand(ctx, acc.CommandID); err != nil || cmd.Status != "accepted" {
+			t.Fatalf("open %s: %+v %v", a, cmd, err)
+		}
+	}
+	serdes := registrySerdes(t, ctx, d.Pipeline)
+	value, err := serdes.Commands.Encode(ctx, ledger.Deposit{Amount: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bomb, err := kafka.CommandRecord(d.Prefix+".commands", pipeline.AggregateID("acme", acct), pipeline.NewCommandID(), "Deposit", value, time.Now(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bomb.Value = make([]byte, 32<<20)
+	bomber := pipelinetest.Client(t, []string{d.BrokerAddr}, kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerBatchMaxBytes(64<<20))
+	got, err := bomber.ProduceSync(ctx, bomb).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind, _, err := send(ctx, d.client, "dep-behind-"+run, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return d.client.Deposit(ctx, k, acct, 5)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere, _, err := send(ctx, d.client, "dep-other-"+run, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return d.client.Deposit(ctx, k, other, 3)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := d.comps["processor"]
+	pipelinetest.Eventually(t, 60*time.Second, func() error {
+		n, err := proc.Metric(ctx, "onceflow_processor_blocked_partitions")
+		if err == nil && n != 1 {
+			err = fmt.Errorf("blocked partitions %v, want 1", n)
+		}
+		return err
+	})
+	if cmd, err := d.client.WaitCommand(ctx, elsewhere.CommandID); err != nil || cmd.Status != "accepted" {
+		t.Errorf("a deposit on another partition: %+v %v, want accepted", cmd, err)
+	}
+	if cmd, err := d.client.Command(ctx, behind.CommandID); err != nil || cmd.Status != "pending" {
+		t.Errorf("the deposit behind the bomb: %+v %v, want pending", cmd, err)
+	}
+	want := fmt.Sprintf("batch-too-large@%d", got.Offset)
+	out, err := runCLI(ctx, d.Pipeline, "lag", "-group", "onceflow-processor")
+	if err != nil || !strings.Contains(out, want) {
+		t.Errorf("onceflow lag does not show %s (%v):\n%s", want, err, out)
+	}
+	var st struct {
+		Lag struct {
+			Groups []struct {
+				Group      string `json:"group"`
+				Partitions []struct {
+					Partition int32  `json:"partition"`
+					Parked    string `json:"parked"`
+				} `json:"partitions"`
+			} `json:"groups"`
+		} `json:"lag"`
+	}
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		if err := getJSON(ctx, proc.Admin+"/status.json", &st); err != nil {
+			return err
+		}
+		for _, g := range st.Lag.Groups {
+			for _, p := range g.Partitions {
+				if g.Group == "onceflow-processor" && p.Partition == got.Partition && p.Parked == "batch-too-large" {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("the status page does not mark partition %d: %+v", got.Partition, st.Lag)
+	})
+
+	skip := func(tok string, offset int64) int {
+		body := fmt.Sprintf(`{"topic":%q,"partition":%d,"offset":%d,"note":"32 MiB of zeros","operator":"e2e"}`, d.Prefix+".commands", got.Partition, offset)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, proc.Admin+"/status/skip-batch", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := skip("wrong", got.Offset); code != http.StatusUnauthorized {
+		t.Errorf("a skip without the token: %d, want 401", code)
+	}
+	if code := skip(token, got.Offset+1); code != http.StatusNotFound {
+		t.Errorf("a skip at another offset: %d, want 404", code)
+	}
+	if code := skip(token, got.Offset); code != http.StatusOK {
+		t.Fatalf("the skip: %d, want 200", code)
+	}
+	if cmd, err := d.client.WaitCommand(ctx, behind.CommandID); err != nil || cmd.Status != "accepted" {
+		t.Errorf("the deposit behind the bomb after the skip: %+v %v, want accepted", cmd, err)
+	}
+	var audit *kgo.Record
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		for _, r := range readEvents(t, ctx, d.BrokerAddr, d.Prefix+".commands.dlq") {
+			if header(r, pipeline.HeaderDLQReason) == processor.ReasonBatchTooLarge {
+				audit = r
+				return nil
+			}
+		}
+		return fmt.Errorf("no batch-too-large record in the DLQ")
+	})
+	if header(audit, pipeline.HeaderDLQSourceOffset) != fmt.Sprint(got.Offset) || !strings.Contains(header(audit, processor.HeaderDLQDetail), "e2e: 32 MiB of zeros") {
+		t.Errorf("the skip's DLQ record: offset %s, detail %q", header(audit, pipeline.HeaderDLQSourceOffset), header(audit, processor.HeaderDLQDetail))
+	}
+}
+
+// getJSON decodes what GET url answers.
+func getJSON(ctx context.Context, url string, v any) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
 }

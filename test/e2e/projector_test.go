@@ -324,3 +324,173 @@ func runCLI(ctx context.Context, pl *Pipeline, args ...string) (string, error) {
 	}
 	return out, nil
 }
+
+// A projection error of no known kind — here a trigger an operator added
+// to the accounts table raises P0001 on one account's update; the
+// webhooks projection's JSON encoding of a time before year 0 was another
+// (the embedded broker cannot carry such a time) — failed the projector's
+// batch with no known class and was retried for ever. Now it is retried
+// MaxUnknownFailures times, then its partition parks on the event
+// (projection-error, shown by `onceflow lag`), and `onceflow projections
+// skip` moves the partition past it on purpose, recorded in
+// projector_skips; the events after it are applied.
+func TestProjectorParksAnEventOfNoKnownErrorAndSkipsIt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r := newProjRig(t, ctx)
+	r.produce(ctx, 24)
+	r.startProjector(ctx)
+	r.check(ctx)
+
+	a := r.accounts["acc-0"]
+	if _, err := r.pool.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION e2e_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.account_id = 'acc-0' AND NEW.version = %d THEN RAISE EXCEPTION 'refused by a trigger' USING ERRCODE = 'P0001'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER e2e_refuse BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION e2e_refuse()`, a.version+1)); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(version int64) *kgo.Record {
+		cmd := pipeline.NewCommandID()
+		value, _ := r.serdes.Events.Encode(ctx, ledger.Deposited{Amount: 1})
+		return kafka.EventRecord(r.Prefix+".events", pipeline.Event{ID: pipeline.EventID("acme/acc-0", cmd, 0), CommandID: cmd,
+			Tenant: "acme", AggregateID: "acme/acc-0", Version: version, Time: time.Now(), Payload: ledger.Deposited{Amount: 1}}, value)
+	}
+	got, err := r.cl.ProduceSync(ctx, ev(a.version+1)).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("projection-error@%d", got.Offset)
+	pipelinetest.Eventually(t, 90*time.Second, func() error {
+		out, err := runCLI(ctx, r.Pipeline, "lag", "-group", projector.DefaultConsumer)
+		if err != nil || !strings.Contains(out, want) {
+			return fmt.Errorf("onceflow lag does not show %s (%v):\n%s", want, err, out)
+		}
+		return nil
+	})
+	if n, err := r.proj.Metric(ctx, `onceflow_projector_batch_errors_total{class="postgres",consumer="onceflow-projector"}`); err != nil || n < projector.DefaultMaxUnknownFailures {
+		t.Errorf("batch errors of class postgres: %v (%v), want at least %d", n, err, projector.DefaultMaxUnknownFailures)
+	}
+	out, err := runCLI(ctx, r.Pipeline, "projections", "skip", "-note", "refused by the operator's trigger", "-operator", "e2e",
+		fmt.Sprint(got.Partition), fmt.Sprint(got.Offset))
+	if err != nil || !strings.Contains(out, "skipped partition") {
+		t.Fatalf("onceflow projections skip: %v\n%s", err, out)
+	}
+	if _, err := r.pool.Exec(ctx, `DROP TRIGGER e2e_refuse ON accounts`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cl.ProduceSync(ctx, ev(a.version+1)).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		var ver int64
+		err := r.pool.QueryRow(ctx, `SELECT version FROM accounts WHERE tenant = 'acme' AND account_id = 'acc-0'`).Scan(&ver)
+		if err == nil && ver != a.version+1 {
+			err = fmt.Errorf("acc-0 at version %d, want %d: the event after the skipped one applied", ver, a.version+1)
+		}
+		return err
+	})
+	var note, reason, detail string
+	if err := r.pool.QueryRow(ctx, `SELECT note, reason, detail FROM projector_skips WHERE partition = $1 AND from_offset = $2`, got.Partition, got.Offset).Scan(&note, &reason, &detail); err != nil ||
+		reason != "projection-error" || !strings.Contains(note, "trigger") || !strings.Contains(detail, "refused by a trigger") {
+		t.Errorf("projector_skips: %q %q %q (%v)", reason, note, detail, err)
+	}
+}
+
+// A writer to the events topic puts a batch of a few KiB that
+// decompresses to 32 MiB (beyond the projector's bound, 16 MiB by default)
+// before one account's next event. The projector does not decompress it:
+// the partition parks at it (batch-too-large), which the projector's
+// metric and `onceflow lag` show, while the events of the other
+// partitions are applied; `onceflow projections skip` at its offset moves
+// the partition past the whole batch, recorded in projector_skips, and the
+// account's next event is applied.
+func TestDecompressionBombOnTheEventsTopic(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r := newProjRig(t, ctx)
+	r.produce(ctx, 24)
+	r.startProjector(ctx)
+	r.check(ctx)
+
+	a := r.accounts["acc-0"]
+	ev := func(version int64) *kgo.Record {
+		cmd := pipeline.NewCommandID()
+		value, _ := r.serdes.Events.Encode(ctx, ledger.Deposited{Amount: 1})
+		return kafka.EventRecord(r.Prefix+".events", pipeline.Event{ID: pipeline.EventID("acme/acc-0", cmd, 0), CommandID: cmd,
+			Tenant: "acme", AggregateID: "acme/acc-0", Version: version, Time: time.Now(), Payload: ledger.Deposited{Amount: 1}}, value)
+	}
+	bomb := ev(a.version + 1)
+	bomb.Value = make([]byte, 32<<20)
+	bomber := pipelinetest.Client(t, r.Brokers(), kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerBatchMaxBytes(64<<20))
+	got, err := bomber.ProduceSync(ctx, bomb).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("batch-too-large@%d", got.Offset)
+	pipelinetest.Eventually(t, 90*time.Second, func() error {
+		out, err := runCLI(ctx, r.Pipeline, "lag", "-group", projector.DefaultConsumer)
+		if err != nil || !strings.Contains(out, want) {
+			return fmt.Errorf("onceflow lag does not show %s (%v):\n%s", want, err, out)
+		}
+		return nil
+	})
+	if n, err := r.proj.MetricSum(ctx, "onceflow_projector_parked_partitions", `reason="batch-too-large"`); err != nil || n != 1 {
+		t.Errorf("parked partitions of reason batch-too-large: %v (%v), want 1", n, err)
+	}
+	// Another account's next event, on another partition, is applied
+	// meanwhile.
+	topics, err := kadm.NewClient(r.cl).ListTopics(ctx, r.Prefix+".events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := len(topics[r.Prefix+".events"].Partitions)
+	other := ""
+	for i := 1; i < 12 && other == ""; i++ {
+		id := fmt.Sprint("acc-", i)
+		if kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(&kgo.Record{Key: []byte("acme/" + id)}, parts) != int(got.Partition) {
+			other = id
+		}
+	}
+	if other == "" {
+		t.Fatalf("no account of the 12 outside partition %d of %d", got.Partition, parts)
+	}
+	o := r.accounts[other]
+	cmd := pipeline.NewCommandID()
+	value, _ := r.serdes.Events.Encode(ctx, ledger.Deposited{Amount: 1})
+	if err := r.cl.ProduceSync(ctx, kafka.EventRecord(r.Prefix+".events", pipeline.Event{ID: pipeline.EventID("acme/"+other, cmd, 0), CommandID: cmd,
+		Tenant: "acme", AggregateID: "acme/" + other, Version: o.version + 1, Time: time.Now(), Payload: ledger.Deposited{Amount: 1}}, value)).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, 30*time.Second, func() error {
+		var ver int64
+		err := r.pool.QueryRow(ctx, `SELECT version FROM accounts WHERE tenant = 'acme' AND account_id = $1`, other).Scan(&ver)
+		if err == nil && ver != o.version+1 {
+			err = fmt.Errorf("%s at version %d, want %d: a partition without the bomb goes on", other, ver, o.version+1)
+		}
+		return err
+	})
+	out, err := runCLI(ctx, r.Pipeline, "projections", "skip", "-note", "32 MiB of zeros", "-operator", "e2e",
+		fmt.Sprint(got.Partition), fmt.Sprint(got.Offset))
+	if err != nil || !strings.Contains(out, "skipped partition") || !strings.Contains(out, "batch-too-large") {
+		t.Fatalf("onceflow projections skip: %v\n%s", err, out)
+	}
+	next, err := r.cl.ProduceSync(ctx, ev(a.version+1)).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, 60*time.Second, func() error {
+		var ver int64
+		err := r.pool.QueryRow(ctx, `SELECT version FROM accounts WHERE tenant = 'acme' AND account_id = 'acc-0'`).Scan(&ver)
+		if err == nil && ver != a.version+1 {
+			err = fmt.Errorf("acc-0 at version %d, want %d: the event after the skipped batch (offset %d) applied", ver, a.version+1, next.Offset)
+		}
+		return err
+	})
+	var reason, operator string
+	if err := r.pool.QueryRow(ctx, `SELECT reason, operator FROM projector_skips WHERE partition = $1 AND from_offset = $2`, got.Partition, got.Offset).Scan(&reason, &operator); err != nil ||
+		reason != "batch-too-large" || operator != "e2e" {
+		t.Errorf("projector_skips: %q by %q (%v), want batch-too-large by e2e", reason, operator, err)
+	}
+}

@@ -61,6 +61,46 @@ func (p *Page) unpark(w http.ResponseWriter, r *http.Request) {
 		req.Consumer, *req.Partition, req.Topic)})
 }
 
+type skipBatchRequest struct {
+	Topic     string `json:"topic"`
+	Partition *int32 `json:"partition"`
+	Offset    *int64 `json:"offset"`
+	Note      string `json:"note"`
+	Operator  string `json:"operator"`
+}
+
+// skipBatch skips a batch too large to decompress that a processor of
+// this process is blocked on, recorded in the DLQ (processor.SkipBatch).
+func (p *Page) skipBatch(w http.ResponseWriter, r *http.Request) {
+	var req skipBatchRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Topic == "" || req.Partition == nil || req.Offset == nil || req.Note == "" || req.Operator == "" {
+		fail(w, http.StatusBadRequest, "name the topic, partition and offset of the blocked batch, why (note) and who (operator)")
+		return
+	}
+	if p.cfg.SkipBatch == nil {
+		fail(w, http.StatusConflict, "this process runs no processor: skip from the process whose processor is blocked (its page marks the partition)")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	to, err := p.cfg.SkipBatch(ctx, req.Topic, *req.Partition, *req.Offset, req.Note, req.Operator)
+	switch {
+	case errors.Is(err, processor.ErrNotBlocked):
+		fail(w, http.StatusNotFound, "no processor of this process is blocked on %s partition %d at offset %d", req.Topic, *req.Partition, *req.Offset)
+		return
+	case err != nil:
+		p.cfg.Logger.Error("status page: skip a batch", "topic", req.Topic, "partition", *req.Partition, "offset", *req.Offset, "err", err)
+		fail(w, http.StatusInternalServerError, "the skip failed; the process's log says why")
+		return
+	}
+	p.cfg.Logger.Warn("status page: batch skipped", "topic", req.Topic, "partition", *req.Partition, "offset", *req.Offset, "to", to, "operator", req.Operator)
+	writeJSON(w, http.StatusOK, actionResult{Count: 1, Message: fmt.Sprintf(
+		"skipped %s partition %d from %d to %d; the DLQ has its record (reason batch-too-large)", req.Topic, *req.Partition, *req.Offset, to)})
+}
+
 type redriveRequest struct {
 	Topic   string   `json:"topic"`
 	Records []string `json:"records"`
@@ -137,7 +177,7 @@ func (p *Page) redrive(w http.ResponseWriter, r *http.Request) {
 	var recs []*kgo.Record
 	incomplete := 0
 	for _, d := range picked {
-		rec, err := d.Redrive(dlq.Commands)
+		rec, err := d.Redrive(dlq.Commands, time.Now())
 		if err != nil {
 			incomplete++
 			continue

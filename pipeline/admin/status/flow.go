@@ -102,6 +102,7 @@ var flow = []stage{
 		name: "worker",
 		rates: []rate{
 			{"webhook deliveries", "onceflow_webhooks_deliveries_total", "outcome"},
+			{"webhook fan-outs", "onceflow_webhooks_fanouts_total", "outcome"},
 			{"job attempts", "onceflow_worker_attempts_total", "outcome"},
 			{"dead jobs", "onceflow_worker_dead_jobs_total", "reason"},
 		},

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline/admin"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -53,7 +54,14 @@ type Config struct {
 	// DLQInterval bounds how often the DLQ topics are read: a reading is
 	// reused for that long. Default 10s.
 	DLQInterval time.Duration
-	Logger      *slog.Logger
+	// Blocked, if set, lists the commands partitions this process's
+	// processors stopped at a batch too large to decompress; the lag marks
+	// them. SkipBatch, if set, skips one on an operator's say-so
+	// (POST /status/skip-batch): it returns the offset the partition goes
+	// on from (processor.ErrNotBlocked when no processor here holds it).
+	Blocked   func() []kafka.BlockedPartition
+	SkipBatch func(ctx context.Context, topic string, partition int32, offset int64, note, operator string) (int64, error)
+	Logger    *slog.Logger
 }
 
 // DLQTopicConfig is one DLQ topic and where its records are redriven.
@@ -119,6 +127,7 @@ func (p *Page) Register(s *admin.Server) {
 	s.Handle("GET /status.json", http.HandlerFunc(p.serveJSON))
 	s.Act("POST /status/unpark", http.HandlerFunc(p.unpark))
 	s.Act("POST /status/redrive", http.HandlerFunc(p.redrive))
+	s.Act("POST /status/skip-batch", http.HandlerFunc(p.skipBatch))
 }
 
 // page serves one embedded file under a policy that lets it load only
@@ -268,7 +277,13 @@ func (p *Page) Build(ctx context.Context) Status {
 		}
 	}
 
-	st.Lag = lagOf(&now, st.Parked.Partitions)
+	marked := st.Parked.Partitions
+	if p.cfg.Blocked != nil {
+		for _, b := range p.cfg.Blocked() {
+			marked = append(marked, ParkedPartition{Consumer: b.Group, Topic: b.Topic, Partition: b.Partition, Offset: b.Offset, Reason: "batch-too-large"})
+		}
+	}
+	st.Lag = lagOf(&now, marked)
 	st.Flow = p.flowOf(&now, then, st.Lag)
 	st.Outbox = outboxOf(&now)
 	st.DLQ.Sent = sentOf(&now)
