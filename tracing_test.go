@@ -44,45 +44,7 @@ func TestOneCommandOneTrace(t *testing.T) {
 	}))
 	defer receiver.Close()
 
-	var out syncBuffer
-	logger := slog.New(slog.NewTextHandler(&out, nil))
-	const key = "of_trace-test-key-0123456789"
-	dbURL := pipelinetest.DatabaseURL(t, ledgerMigrations)
-	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan onceflow.Addrs, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
-			RunConfig: onceflow.RunConfig{
-				Config: onceflow.Config{
-					Domains:        ledgerDomains(),
-					Kafka:          kafka.Config{Logger: logger},
-					Topics:         kafka.Topics{Prefix: "ledger", Partitions: 1},
-					DatabaseURL:    dbURL,
-					Logger:         logger,
-					TracerProvider: tp,
-				},
-				Webhooks: webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
-				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", ShutdownTimeout: 20 * time.Second,
-				Started: func(a onceflow.Addrs) { addrs <- a },
-			},
-			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
-			APIKey: key, Out: &out,
-		})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("dev: %v", err)
-		}
-	}()
-	var api string
-	select {
-	case a := <-addrs:
-		api = "http://" + a.HTTP
-	case err := <-done:
-		t.Fatalf("dev stopped: %v\n%s", err, out.String())
-	}
+	api, key, _ := tracedDev(t, tp)
 	post := func(path, idemKey, body string, header http.Header) {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, api+path, strings.NewReader(body))
@@ -220,4 +182,99 @@ func spanNames(spans []sdktrace.ReadOnlySpan) string {
 		fmt.Fprintf(&b, "\n  %s %s <- %s", s.SpanContext().SpanID(), s.Name(), s.Parent().SpanID())
 	}
 	return b.String()
+}
+
+// tracedDev runs onceflow dev with tp (nil: no tracing) and webhooks
+// allowed to loopback until the test ends, and returns its API's URL and
+// key.
+func tracedDev(t testing.TB, tp trace.TracerProvider) (api, key string, stop func()) {
+	t.Helper()
+	var out syncBuffer
+	logger := slog.New(slog.NewTextHandler(&out, nil))
+	key = "of_trace-test-key-0123456789"
+	dbURL := pipelinetest.DatabaseURL(t, ledgerMigrations)
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan onceflow.Addrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
+			RunConfig: onceflow.RunConfig{
+				Config: onceflow.Config{
+					Domains:        ledgerDomains(),
+					Kafka:          kafka.Config{Logger: logger},
+					Topics:         kafka.Topics{Prefix: "ledger", Partitions: 1},
+					DatabaseURL:    dbURL,
+					Logger:         logger,
+					TracerProvider: tp,
+				},
+				Webhooks: webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", ShutdownTimeout: 20 * time.Second,
+				Started: func(a onceflow.Addrs) { addrs <- a },
+			},
+			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
+			APIKey: key, Out: &out,
+		})
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("dev: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	select {
+	case a := <-addrs:
+		return "http://" + a.HTTP, key, stop
+	case err := <-done:
+		done <- err
+		t.Fatalf("dev stopped: %v\n%s", err, out.String())
+	}
+	return "", "", stop
+}
+
+// Without a tracer provider no span is made, and a command's traceparent
+// still goes on as it came, to the webhook delivery's request
+// (docs/observability.md#without-tracing).
+func TestTraceparentWithoutTracing(t *testing.T) {
+	got := make(chan string, 10)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("traceparent")
+	}))
+	defer receiver.Close()
+	api, key, _ := tracedDev(t, nil)
+	post := func(path, idemKey, body string, header http.Header) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, api+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			req.Header[k] = v
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Idempotency-Key", idemKey)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			t.Fatalf("POST %s: %d", path, resp.StatusCode)
+		}
+	}
+	post("/v1/webhooks", "sub-1", fmt.Sprintf(`{"url":%q,"event_types":["AccountOpened"]}`, receiver.URL), nil)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	post("/v1/accounts", "open-1", `{"account_id":"acc-1","currency":"EUR"}`, http.Header{"Traceparent": {tp}})
+	select {
+	case h := <-got:
+		if h != tp {
+			t.Errorf("the delivery carried traceparent %q, want the client's %q", h, tp)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("no delivery within 60s")
+	}
 }
