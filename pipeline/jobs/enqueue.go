@@ -115,6 +115,9 @@ func (p *Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.E
 	if err != nil {
 		return nil, err
 	}
+	if len(perEvent) != len(evs) {
+		return nil, fmt.Errorf("jobs: the router answered %d events of %d", len(perEvent), len(evs))
+	}
 	var params []river.InsertManyParams
 	seen := map[[2]string]bool{} // one insert per key: River refuses a key twice in one statement
 	for i, jobs := range perEvent {
@@ -128,7 +131,7 @@ func (p *Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.E
 			params = append(params, river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{
 				Queue: p.queue, MaxAttempts: p.attempts,
 				UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: allStates},
-				Metadata:   jobMetadata(evs[i].Traceparent),
+				Metadata:   jobMetadata(evs[i].Traceparent), // #nosec G602 -- perEvent has evs' length (checked above)
 			}})
 		}
 	}

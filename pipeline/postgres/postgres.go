@@ -45,7 +45,7 @@ func connect(ctx context.Context, url string, maxConns int32, tp trace.TracerPro
 		// The pool's acquire spans are left out: a command's statements
 		// are what its trace shows.
 		cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tracing.ChildOnly(tp)),
-			otelpgx.WithDisableAcquireTracer(), otelpgx.WithTrimSQLInSpanName())
+			otelpgx.WithDisableAcquireTracer())
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
