@@ -23,8 +23,9 @@ import (
 )
 
 // BenchmarkTracing measures what tracing costs the pipeline in a closed
-// loop (docs/benchmarks.md#tracing): 8 clients, each sending a deposit to
-// its own account and waiting for its outcome (?wait=) before the next,
+// loop (docs/benchmarks.md#tracing-what-spans-cost-a-closed-loop): 8
+// clients, each sending a deposit to its own account and waiting for its
+// outcome (?wait=) before the next,
 // on onceflow dev (embedded broker, real Postgres, one partition) with a
 // webhook subscription to every deposit (a delivery per command), in three
 // stacks running side by side:
