@@ -128,7 +128,7 @@ dev: build ## run the embedded default (broker, registry, Postgres, all componen
 .PHONY: bench
 bench: build ## run the benchmarks; each prints its figures next to a baseline measured in the same run
 	@$(PG_URL) && \
-	DATABASE_URL="$$url" $(GO) test -run '^$$' -bench . -benchtime $(BENCH_TIME) -timeout 60m ./pipeline/... ./examples/... | tee $(BIN)/bench.txt
+	DATABASE_URL="$$url" $(GO) test -run '^$$' -bench . -benchtime $(BENCH_TIME) -timeout 60m ./pipeline/... ./examples/... . | tee $(BIN)/bench.txt
 
 # bench/ is a module of its own (the load generator's plot and the Watermill
 # peer stay out of onceflow's go.mod); make test runs its smoke test. It

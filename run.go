@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 	"github.com/onceflow/onceflow/pipeline/relay"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
@@ -77,6 +78,11 @@ type RunConfig struct {
 	// (ONCEFLOW_LAG_EXPORT): LagExportOwn, LagExportCluster or
 	// LagExportOff. Default LagExportOwn.
 	LagExport string
+	// OTLPEndpoint, if set and Config.TracerProvider is not, is the OTLP
+	// collector (OTEL_EXPORTER_OTLP_ENDPOINT) the process exports its spans
+	// to (docs/observability.md); the SDK reads the other OTEL_* variables.
+	// Default: no spans.
+	OTLPEndpoint string
 
 	Ingest    ingest.Config
 	Relay     relay.Config
@@ -114,6 +120,23 @@ type Addrs struct {
 // then shuts them down gracefully. A component that fails ends the
 // process.
 func RunComponents(ctx context.Context, rc RunConfig) error {
+	if rc.OTLPEndpoint != "" && rc.TracerProvider == nil {
+		tp, err := tracing.OTLP(ctx, rc.OTLPEndpoint, "onceflow")
+		if err != nil {
+			return err
+		}
+		defer func() {
+			// What is left goes out, within a bound: a collector that is
+			// gone does not hold the exit.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				rc.Logger.Warn("tracing: spans not exported at exit", "err", err)
+			}
+		}()
+		rc.TracerProvider = tp
+	}
+	rc.traced()
 	p, err := newProcess(ctx, rc)
 	if err != nil {
 		return err
@@ -128,6 +151,21 @@ func RunComponents(ctx context.Context, rc RunConfig) error {
 		rc.Started(p.addrs)
 	}
 	return p.wait(ctx)
+}
+
+// traced gives the components Config.TracerProvider: the Kafka clients
+// (and the relay's, processor's and projector's own spans, made with the
+// provider of their Kafka configuration), ingest, the jobs and the
+// webhook deliveries.
+func (rc *RunConfig) traced() {
+	tp := rc.TracerProvider
+	if tp == nil {
+		return
+	}
+	rc.Kafka.TracerProvider = tp
+	rc.Ingest.TracerProvider = tp
+	rc.Worker.TracerProvider = tp
+	rc.Webhooks.TracerProvider = tp
 }
 
 // process is one process's components while RunComponents builds and

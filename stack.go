@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/avro"
@@ -59,6 +60,10 @@ type Config struct {
 	// (ONCEFLOW_IDEMPOTENCY_RETENTION), given to both so they agree.
 	// Default 24h.
 	IdempotencyRetention time.Duration
+	// TracerProvider receives the components' spans (docs/observability.md);
+	// RunComponents builds an OTLP exporter's when RunConfig.OTLPEndpoint
+	// is set. Nil: no spans and no instrumentation installed.
+	TracerProvider trace.TracerProvider
 	// TenantRateLimit is ingest's per-tenant rate in requests per second
 	// (ONCEFLOW_TENANT_RATE_LIMIT; negative: none). Default 1000.
 	TenantRateLimit float64
@@ -282,7 +287,7 @@ func (cfg Config) OpenDatabase(ctx context.Context, maxConns int32) (*pgxpool.Po
 	if err != nil {
 		return nil, err
 	}
-	return postgres.Connect(ctx, cfg.DatabaseURL, maxConns)
+	return postgres.ConnectTraced(ctx, cfg.DatabaseURL, maxConns, cfg.TracerProvider)
 }
 
 // DefaultDatabaseMaxConns is a component's pool size unless

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -33,6 +34,7 @@ var (
 	topicsSection    = &section{title: "Topics"}
 	processSection   = &section{title: "This process"}
 	loggingSection   = &section{title: "Logging", check: buildLogger}
+	tracingSection   = &section{title: "Tracing (OpenTelemetry)"}
 	outboxSection    = &section{title: "Outbox (ingest and relay)"}
 	ingestSection    = &section{title: "Ingest", check: ingestHooks}
 	relaySection     = &section{title: "Relay"}
@@ -180,6 +182,20 @@ var (
 	logLevel = &setting{flag: "log-level", env: "LOG_LEVEL", def: "info", kind: "string", section: loggingSection,
 		help: "debug, info, warn or error",
 		set:  func(c *config, v string) error { c.logLevel = v; return nil }}
+	// The collector is the standard variable's; the SDK reads the other
+	// OTEL_* variables itself (docs/observability.md).
+	otlpEndpoint = &setting{flag: "otlp-endpoint", env: "OTEL_EXPORTER_OTLP_ENDPOINT", kind: "url", section: tracingSection,
+		help: "OTLP/HTTP collector the process exports its spans to (http://127.0.0.1:4318); unset, no spans are made",
+		set: func(c *config, v string) error {
+			if v == "" {
+				return nil
+			}
+			if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return errors.New("want an http:// or https:// URL")
+			}
+			c.OTLPEndpoint = v
+			return nil
+		}}
 	logFormat = &setting{flag: "log-format", env: "LOG_FORMAT", def: "text", kind: "string", section: loggingSection,
 		help: "text or json",
 		set:  func(c *config, v string) error { c.logFormat = v; return nil }}
@@ -461,6 +477,7 @@ var (
 	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL, kafkaMaxDecompressBatchBytes}
 	registrySettings = []*setting{registryURL, registryUser, registryPassword, registryCAFile}
 	loggingSettings  = []*setting{logLevel, logFormat}
+	tracingSettings  = []*setting{otlpEndpoint}
 	// poolSettings are a component's database: it migrates, then holds a pool.
 	poolSettings   = []*setting{databaseURL, databaseMigrationURL, databaseMaxConns}
 	topicsSettings = []*setting{topicPrefix, partitions, dedupWindow}
@@ -483,7 +500,7 @@ var (
 // each one's own, and what they share (Kafka, the registry and the topics
 // for those on Kafka; the database for those on Postgres).
 func componentSettings(c onceflow.Components) []*setting {
-	lists := [][]*setting{{adminAddr, adminToken}, loggingSettings}
+	lists := [][]*setting{{adminAddr, adminToken}, loggingSettings, tracingSettings}
 	decodes := c.Ingest || c.Relay || c.Processor || c.Projector
 	if decodes || c.NATSink {
 		lists = append(lists, kafkaSettings, topicsSettings, []*setting{lagExport})

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/onceflow/onceflow/pipeline"
 )
 
@@ -113,6 +115,11 @@ type Config struct {
 	// commands commits: `onceflow dev` wires it to the relay's wake-up so
 	// commands leave the outbox at once instead of at the next poll.
 	OnAccept func()
+	// TracerProvider, if set, makes ingest's spans (docs/observability.md):
+	// otelhttp's server span of each request, and a command's outbox
+	// insert, whose traceparent the command record carries on. Nil: none,
+	// and a request's traceparent header goes on as it came.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultRateLimit is each tenant's default rate, requests per second.

@@ -13,10 +13,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // acceptItem is one validated request waiting for an accept transaction.
@@ -92,10 +95,12 @@ type committer struct {
 	metrics *metrics
 	queue   chan *acceptItem
 	wake    *wakeups // tells the relays of each commit; nil in tests of the committer alone
+	tracer  tracing.Tracer
 }
 
 func newCommitter(pool *pgxpool.Pool, cfg Config, logger *slog.Logger, m *metrics) *committer {
-	return &committer{pool: pool, cfg: cfg, logger: logger, metrics: m, queue: make(chan *acceptItem, cfg.MaxPending)}
+	return &committer{pool: pool, cfg: cfg, logger: logger, metrics: m, queue: make(chan *acceptItem, cfg.MaxPending),
+		tracer: tracing.New(cfg.TracerProvider)}
 }
 
 // do queues it and waits for its outcome, the request's end or the
@@ -248,6 +253,16 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 	// Not the server's context: a batch in flight at shutdown finishes.
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RequestTimeout)
 	defer cancel()
+	// The transaction's span links to each command's outbox insert
+	// (docs/observability.md); its statements are its children.
+	var links []trace.Link
+	if c.tracer.On() {
+		for _, it := range batch {
+			links = tracing.Link(links, it.ctx)
+		}
+	}
+	ctx, span := c.tracer.Batch(ctx, "onceflow.ingest.commit", links, trace.WithAttributes(attribute.Int("onceflow.batch.size", len(batch))))
+	defer span.End()
 	start := time.Now()
 	results, err := c.tryCommit(ctx, conn, batch)
 	if postgres.IsSerialization(err) && !conn.Conn().IsClosed() {

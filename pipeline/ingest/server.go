@@ -18,10 +18,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // Encoder encodes a command payload into the bytes of a Kafka record value
@@ -52,6 +57,7 @@ type Server struct {
 	routes      []string // the API's routes, "METHOD /path", for the OpenAPI check
 	providers   map[string]*inboundProvider
 	byType      map[string]*Route // the first route of each command type
+	tracer      tracing.Tracer
 }
 
 // New returns a server for the command routes and the queries of the
@@ -79,6 +85,7 @@ func New(cfg Config, routes []Route, queries []Query, pool *pgxpool.Pool, logger
 		lookupSlots: make(chan struct{}, cfg.MaxKeyLookups),
 		waits:       waits{max: cfg.MaxWaits, maxPerTenant: cfg.MaxWaitsPerTenant},
 		committer:   newCommitter(pool, cfg, logger, m),
+		tracer:      tracing.New(cfg.TracerProvider),
 		wake:        newWakeups(pool, logger, cfg.WaitPoll),
 		mux:         http.NewServeMux(),
 		byType:      map[string]*Route{},
@@ -226,7 +233,14 @@ func (s *Server) accept(route *Route) handlerFunc {
 		if tp := r.Header.Get("traceparent"); traceparentRe.MatchString(tp) {
 			it.traceparent = tp
 		}
+		// The outbox insert's span, a child of otelhttp's (when tracing is
+		// on): the command goes on in its trace from there.
+		ctx, span := s.tracer.Child(r.Context(), "onceflow.ingest.outbox_insert")
+		if span.IsRecording() {
+			it.ctx, it.traceparent = ctx, tracing.Traceparent(ctx)
+		}
 		res := s.committer.do(it)
+		endAccept(span, res)
 		switch {
 		case res.err != nil:
 			return s.internal(r, res.err)
@@ -497,7 +511,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.logger.Warn("cannot read the API keys at start; each is looked up at its first request", "err", err)
 	}
 	srv := &http.Server{
-		Handler:           s.mux,
+		Handler:           s.handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -549,4 +563,41 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("ingest shutdown: %w", err)
 	}
 	return nil
+}
+
+// handler is the server's routes, under otelhttp's server span when
+// tracing is on: a child of the request's traceparent, named by the
+// route's pattern once it is known.
+func (s *Server) handler() http.Handler {
+	if s.cfg.TracerProvider == nil {
+		return s.mux
+	}
+	return otelhttp.NewHandler(s.mux, "ingest",
+		otelhttp.WithTracerProvider(s.cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator),
+		otelhttp.WithSpanNameFormatter(func(op string, r *http.Request) string {
+			if r.Pattern != "" {
+				return r.Pattern
+			}
+			return op
+		}))
+}
+
+// endAccept ends an outbox insert's span with its outcome.
+func endAccept(span trace.Span, res acceptResult) {
+	if !span.IsRecording() {
+		return
+	}
+	switch {
+	case res.err != nil:
+		span.SetStatus(codes.Error, res.err.Error())
+	case res.outcome == outcomeAccepted:
+		span.SetAttributes(attribute.String("onceflow.outcome", "accepted"), attribute.String("onceflow.command_id", res.command.String()))
+	case res.outcome == outcomeReplayed:
+		span.SetAttributes(attribute.String("onceflow.outcome", "replayed"))
+	case res.outcome == outcomeConflict:
+		span.SetAttributes(attribute.String("onceflow.outcome", "conflict"))
+	case res.outcome == outcomeUnauthorized:
+		span.SetAttributes(attribute.String("onceflow.outcome", "unauthorized"))
+	}
+	span.End()
 }

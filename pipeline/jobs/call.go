@@ -9,7 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // IdempotencyKeyHeader carries a job's key on every call it makes.
@@ -63,10 +66,15 @@ const maxErrorBody = 256
 //   - any other 4xx (and 3xx: redirects are not followed): permanent
 //     (pipeline.Permanent), the job ends at once.
 //
+// The request carries the job's trace (ctx's, from the job's metadata) as
+// its traceparent; a client instrumented by otelhttp replaces it with its
+// own span's, a child of it.
+//
 // Every failure is a *CallError wrapped as above.
 func Call(ctx context.Context, client *http.Client, req *http.Request, key string) (*http.Response, error) {
 	req = req.WithContext(ctx)
 	req.Header.Set(IdempotencyKeyHeader, key)
+	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := client.Do(req) // #nosec G704 -- the URL is a subscriber's by design; webhooks.Guard checks the address dialled
 	if err != nil {
 		return nil, &CallError{Err: err}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults of Config.
@@ -63,6 +65,11 @@ type Config struct {
 	// ID names the worker process in River (attempted_by). Default River's
 	// (host name and time).
 	ID string
+	// TracerProvider, if set, gets River's OpenTelemetry middleware on the
+	// projector's inserts and the worker's attempts
+	// (docs/observability.md). Nil: none (a job's traceparent still goes
+	// on with its calls).
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {

@@ -66,7 +66,8 @@ func NewProjection(name string, cfg Config, router Router, reg prometheus.Regist
 	cfg.setDefaults()
 	// An insert-only client: no queues, no pool (it writes through the
 	// projector's transaction).
-	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{MaxAttempts: cfg.MaxAttempts, FetchCooldown: cfg.FetchCooldown})
+	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{MaxAttempts: cfg.MaxAttempts, FetchCooldown: cfg.FetchCooldown,
+		Middleware: riverTracing(cfg.TracerProvider)})
 	if err != nil {
 		return nil, fmt.Errorf("jobs: river client: %w", err)
 	}
@@ -114,9 +115,12 @@ func (p *Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.E
 	if err != nil {
 		return nil, err
 	}
+	if len(perEvent) != len(evs) {
+		return nil, fmt.Errorf("jobs: the router answered %d events of %d", len(perEvent), len(evs))
+	}
 	var params []river.InsertManyParams
 	seen := map[[2]string]bool{} // one insert per key: River refuses a key twice in one statement
-	for _, jobs := range perEvent {
+	for i, jobs := range perEvent {
 		for _, args := range jobs {
 			k := [2]string{args.Kind(), args.JobKey()}
 			if seen[k] {
@@ -127,6 +131,7 @@ func (p *Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.E
 			params = append(params, river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{
 				Queue: p.queue, MaxAttempts: p.attempts,
 				UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: allStates},
+				Metadata:   jobMetadata(evs[i].Traceparent), // #nosec G602 -- perEvent has evs' length (checked above)
 			}})
 		}
 	}

@@ -51,7 +51,7 @@ func New(cfg Config, pool *pgxpool.Pool, register func(*Worker, *river.Workers) 
 		ID:                   cfg.ID,
 		Queues:               map[string]river.QueueConfig{cfg.Queue: {MaxWorkers: cfg.MaxWorkers}, cfg.BacklogQueue(): {MaxWorkers: cfg.BacklogWorkers}},
 		Workers:              workers,
-		Middleware:           []rivertype.Middleware{&fence{w: w}},
+		Middleware:           append(append([]rivertype.Middleware{&traceContext{}}, riverTracing(cfg.TracerProvider)...), &fence{w: w}),
 		RescueStuckJobsAfter: cfg.Lease,
 		JobTimeout:           cfg.AttemptTimeout,
 		MaxAttempts:          cfg.MaxAttempts,

@@ -14,6 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // Config is how to reach a Kafka cluster.
@@ -49,6 +53,12 @@ type Config struct {
 	MaxDecompressBatchBytes int
 	// Logger receives franz-go's warnings and errors; nil is silent.
 	Logger *slog.Logger
+	// TracerProvider, if set, gives every client franz-go's kotel hooks
+	// (docs/observability.md): a publish span for each record produced in
+	// a trace (its Context carries a span), whose traceparent replaces the
+	// record's, and a receive span for each record fetched with one. Nil:
+	// no hooks.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultMaxDecompressBatchBytes is MaxDecompressBatchBytes unless set:
@@ -116,6 +126,10 @@ func (c Config) Opts() ([]kgo.Opt, error) {
 	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id), kgo.MaxDecompressBatchBytes(maxBatch)}
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(kgoLogger{c.Logger.With("lib", "franz-go")}))
+	}
+	if c.TracerProvider != nil {
+		kt := kotel.NewTracer(kotel.TracerProvider(tracing.ChildOnly(c.TracerProvider)), kotel.TracerPropagator(tracing.Propagator))
+		opts = append(opts, kgo.WithHooks(kotel.NewKotel(kotel.WithTracer(kt)).Hooks()...))
 	}
 	if m := c.mechanism(); m != nil {
 		opts = append(opts, kgo.SASL(m))

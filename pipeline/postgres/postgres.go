@@ -8,26 +8,44 @@ import (
 	"net"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // Connect opens a pool to url and checks that the server answers.
 // maxConns of zero keeps pgx's default (the larger of 4 and the CPU count).
 // Its errors never quote url's password.
 func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
-	pool, err := connect(ctx, url, maxConns)
+	return ConnectTraced(ctx, url, maxConns, nil)
+}
+
+// ConnectTraced is Connect with otelpgx's query tracer on tp
+// (docs/observability.md): a span for each statement, batch and
+// transaction run in a trace (its context carries a span), and none for
+// the others (polls, leases). A nil tp traces nothing.
+func ConnectTraced(ctx context.Context, url string, maxConns int32, tp trace.TracerProvider) (*pgxpool.Pool, error) {
+	pool, err := connect(ctx, url, maxConns, tp)
 	return pool, redactError(url, err)
 }
 
-func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+func connect(ctx context.Context, url string, maxConns int32, tp trace.TracerProvider) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if tp != nil {
+		// The pool's acquire spans are left out: a command's statements
+		// are what its trace shows.
+		cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tracing.ChildOnly(tp)),
+			otelpgx.WithDisableAcquireTracer())
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -172,12 +174,17 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	if b.failed != nil {
 		return
 	}
+	// The decision's span, a child of kotel's receive span when the record
+	// has a trace; the records of the decision are produced in it.
+	ctx, span := b.p.tracer.Child(r.Context, "onceflow.processor.decide")
+	defer span.End()
 	cmd, perr, err := b.parse(r)
 	if err != nil {
 		b.fail(err)
 		return
 	}
 	if perr != nil {
+		outcomeOf(span, "dlq")
 		b.deadLetter(r, cmd, perr)
 		return
 	}
@@ -188,6 +195,7 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	}
 	d := dedupDigest(cmd.AggregateID, cmd.ID)
 	if b.remembered(r.Partition, d) {
+		outcomeOf(span, "duplicate")
 		b.dedup++
 		return
 	}
@@ -198,6 +206,7 @@ func (b *batch[S]) handle(r *kgo.Record) {
 	}
 	out, perr := b.decide(agg, cmd)
 	if perr != nil {
+		outcomeOf(span, "dlq")
 		b.deadLetter(r, cmd, perr)
 		return
 	}
@@ -221,11 +230,16 @@ func (b *batch[S]) handle(r *kgo.Record) {
 		recs = append(recs, rec)
 	}
 	for _, rec := range recs {
+		if span.IsRecording() {
+			rec.Context = ctx
+		}
 		b.produceFor(rec, d)
 	}
 	if out.rejected {
+		outcomeOf(span, "rejected")
 		b.rejected++
 	} else {
+		outcomeOf(span, "accepted")
 		b.accepted++
 	}
 	b.decidedAt = append(b.decidedAt, cmd.Time.UnixMilli())
@@ -669,5 +683,12 @@ func (b *batch[S]) commit() {
 	p.metrics.dedup.Add(float64(b.dedup))
 	for reason, n := range b.dlq {
 		p.metrics.dlq.WithLabelValues(reason).Add(float64(n))
+	}
+}
+
+// outcomeOf notes a decision's outcome on its span.
+func outcomeOf(span trace.Span, outcome string) {
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("onceflow.outcome", outcome))
 	}
 }

@@ -13,9 +13,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // Serde encodes and decodes the Kafka record values of one topic (the Avro
@@ -48,6 +52,7 @@ type Target struct {
 type Processor[S any] struct {
 	cfg     Config
 	kafka   kafka.Config
+	tracer  tracing.Tracer // with the Kafka clients' provider: a decision is a child of kotel's receive span
 	decider pipeline.Decider[S]
 	serdes  Serdes
 	codec   *snapshotCodec[S]
@@ -113,7 +118,7 @@ func New[S any](cfg Config, kcfg kafka.Config, decider pipeline.Decider[S], serd
 		return nil, fmt.Errorf("processor: %w", err)
 	}
 	return &Processor[S]{
-		cfg: cfg, kafka: kcfg, decider: decider, serdes: serdes, codec: codec,
+		cfg: cfg, kafka: kcfg, tracer: tracing.New(kcfg.TracerProvider), decider: decider, serdes: serdes, codec: codec,
 		commands: cfg.Topics.Commands(), events: cfg.Topics.Events(), state: cfg.Topics.State(), dlq: cfg.Topics.DLQ(),
 		dedupTopic: cfg.Topics.Dedup(), now: cfg.now,
 		batchMaxBytes: defaultBatchMaxBytes, digestsPerRecord: maxDigestsPerRecord, maxCommandAge: cmp.Or(cfg.MaxCommandAge, DefaultMaxCommandAge),
@@ -342,6 +347,16 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 		return false, &errSession{err: fmt.Errorf("begin transaction: %w", err)}
 	}
 	cl := sess.Client()
+	// The transaction's span links to each command's receive span
+	// (docs/observability.md).
+	var links []trace.Link
+	if p.tracer.On() {
+		for _, r := range records {
+			links = tracing.Link(links, r.Context)
+		}
+	}
+	_, span := p.tracer.Batch(ctx, "onceflow.processor.transaction", links, trace.WithAttributes(attribute.Int("onceflow.batch.size", len(records))))
+	defer span.End()
 	b := newBatch(p, txCtx, cl, kgo.AbortingFirstErrPromise(cl))
 	for _, r := range records {
 		b.handle(r)
@@ -360,12 +375,14 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	committed, err := sess.End(endCtx, kgo.TransactionEndTry(b.promise.Err() == nil && txCtx.Err() == nil))
 	p.metrics.commit.Observe(time.Since(commitStart).Seconds())
 	if err != nil {
+		span.SetStatus(codes.Error, "end transaction: "+err.Error())
 		p.metrics.transactions.WithLabelValues("unknown").Inc()
 		// kgo: "No returned error is retryable": the commit may or may
 		// not have happened. Only a new session can tell.
 		return false, &errSession{err: fmt.Errorf("end transaction: %w", err)}
 	}
 	if !committed {
+		span.SetStatus(codes.Error, "aborted")
 		p.metrics.transactions.WithLabelValues("aborted").Inc()
 		p.logger.Warn("transaction aborted; the batch will be decided again", "records", len(records),
 			"produce_err", b.promise.Err(), "err", b.failed)

@@ -12,10 +12,13 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // event is a decoded record with where it came from.
@@ -24,6 +27,7 @@ type event struct {
 	partition int32
 	offset    int64
 	epoch     int32
+	trace     context.Context // the record's (kotel's receive span), nil without tracing
 }
 
 // park is a partition stopping at the record at offset.
@@ -71,6 +75,7 @@ type applier struct {
 	pool        *pgxpool.Pool
 	projections []pipeline.Projection[pgx.Tx]
 	hold        Hold
+	tracer      tracing.Tracer // the live projector's, with its Kafka clients' provider
 	// notBefore, if set, is when the consumer first wrote to the inbox
 	// (less the clock skew): a rebuild's consumer has no older rows.
 	notBefore time.Time
@@ -209,7 +214,12 @@ func (a *applier) apply(ctx context.Context, evs []event, parks []park) (result,
 // projection returns taken as its event's, as a data error is, when the
 // batch has failed blame > 0 times with such errors: the event is found
 // the same way and its partition parks on it (reasonProjectionError).
-func (a *applier) applyBlaming(ctx context.Context, evs []event, parks []park, blame int) (result, error) {
+func (a *applier) applyBlaming(ctx context.Context, evs []event, parks []park, blame int) (_ result, err error) {
+	if a.tracer.On() {
+		var end func(error)
+		ctx, end = a.traceApply(ctx, evs)
+		defer func() { end(err) }()
+	}
 	careful := false // a projection raised an error an event is blamed for on this batch
 	for {
 		var res result
@@ -590,7 +600,7 @@ func stopAtParks(evs []event, parks []park) []event {
 // fault wrap errPoison.
 func decode(ctx context.Context, dec Decoder, r *kgo.Record) (event, error) {
 	envelope, err := kafka.EventOf(r)
-	e := event{Event: envelope, partition: r.Partition, offset: r.Offset, epoch: r.LeaderEpoch}
+	e := event{Event: envelope, partition: r.Partition, offset: r.Offset, epoch: r.LeaderEpoch, trace: r.Context}
 	if err != nil {
 		return e, fmt.Errorf("%w: %v", errPoison, err)
 	}
@@ -644,3 +654,31 @@ func ensureInboxPartitions(ctx context.Context, pool *pgxpool.Pool) error {
 
 // backoff doubles a wait up to max.
 func backoff(d, max time.Duration) time.Duration { return min(d*2, max) }
+
+// traceApply starts the spans of a batch (docs/observability.md): each
+// event's apply, a child of its receive span, whose traceparent the event
+// then carries to the projections (the jobs it enqueues go on in it), and
+// the transaction's, linked to each event's receive span, in whose context
+// the batch runs (its statements and inserts are its children). end ends
+// them all.
+func (a *applier) traceApply(ctx context.Context, evs []event) (_ context.Context, end func(error)) {
+	spans := make([]trace.Span, 0, len(evs))
+	var links []trace.Link
+	for i := range evs {
+		e := &evs[i]
+		links = tracing.Link(links, e.trace)
+		sctx, span := a.tracer.Child(e.trace, "onceflow.projector.apply",
+			trace.WithAttributes(attribute.String("onceflow.event_id", e.ID.String()), attribute.String("onceflow.event_type", e.Type())))
+		if span.IsRecording() {
+			e.Traceparent = tracing.Traceparent(sctx)
+			spans = append(spans, span)
+		}
+	}
+	ctx, tx := a.tracer.Batch(ctx, "onceflow.projector.transaction", links, trace.WithAttributes(attribute.Int("onceflow.batch.size", len(evs))))
+	return ctx, func(err error) {
+		for _, s := range spans {
+			tracing.End(s, err)
+		}
+		tracing.End(tx, err)
+	}
+}

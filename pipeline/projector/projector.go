@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // Decoder decodes an event record value (the Avro serde of the events
@@ -144,7 +145,7 @@ func New(cfg Config, kcfg kafka.Config, pool *pgxpool.Pool, dec Decoder, project
 	}
 	p := &Projector{
 		cfg: cfg, kafka: kcfg, pool: pool, dec: dec,
-		app: &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold,
+		app: &applier{consumer: cfg.Consumer, topic: cfg.Topic, pool: pool, projections: projections, hold: cfg.Hold, tracer: tracing.New(kcfg.TracerProvider),
 			asyncCommit: !cfg.SynchronousCommit, remembered: newOffsetMemory()},
 		logger:   logger.With("component", "projector", "consumer", cfg.Consumer),
 		metrics:  newMetrics(reg, cfg.Consumer),

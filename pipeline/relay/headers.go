@@ -133,3 +133,13 @@ func headerKey(k []byte) string {
 	}
 	return string(k)
 }
+
+// headerOf is the value of the header key in hs, or "".
+func headerOf(hs []kgo.RecordHeader, key string) string {
+	for _, h := range hs {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

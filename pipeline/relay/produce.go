@@ -9,6 +9,11 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // produce ships rows in one Kafka transaction on the shard's producer and
@@ -49,7 +54,20 @@ func (r *Relay) produce(ctx context.Context, w *worker, rows []outboxRow) ([]err
 	return nil, nil
 }
 
-func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []outboxRow) ([]error, error) {
+func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []outboxRow) (_ []error, err error) {
+	var traces []context.Context // each row's, when tracing is on: kotel's publish span is its child
+	if r.tracer.On() {
+		traces = make([]context.Context, len(rows))
+		var links []trace.Link
+		for i, row := range rows {
+			traces[i] = tracing.WithTraceparent(context.Background(), headerOf(row.headers, pipeline.HeaderTraceparent))
+			links = tracing.Link(links, traces[i])
+		}
+		var span trace.Span
+		_, span = r.tracer.Batch(ctx, "onceflow.relay.transaction", links,
+			trace.WithAttributes(attribute.Int("onceflow.batch.size", len(rows)), attribute.Int("onceflow.outbox.shard", w.shard)))
+		defer func() { tracing.End(span, err) }()
+	}
 	if err := cl.BeginTransaction(); err != nil {
 		return nil, fmt.Errorf("begin transaction: %w", err)
 	}
@@ -87,6 +105,9 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 		hdrs = append(append(hdrs, row.headers...), lease)
 		recs[i] = kgo.Record{Topic: row.topic, Key: row.key, Value: row.value, Timestamp: row.createdAt,
 			Headers: hdrs[at:len(hdrs):len(hdrs)]}
+		if traces != nil {
+			recs[i].Context = traces[i]
+		}
 		cl.Produce(ctx, &recs[i], promise)
 	}
 	select {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // HeaderLease is the header the relay adds to every record it ships:
@@ -30,6 +31,7 @@ type Relay struct {
 	cfg     Config
 	pool    *pgxpool.Pool
 	kafka   kafka.Config
+	tracer  tracing.Tracer // with the Kafka clients' provider: kotel's publish spans are children of the rows' traces
 	logger  *slog.Logger
 	metrics *metrics
 	// owner identifies this process in the lease table: the instance id
@@ -71,7 +73,7 @@ func New(cfg Config, pool *pgxpool.Pool, kcfg kafka.Config, logger *slog.Logger,
 	nonce := make([]byte, 4)
 	crand.Read(nonce)
 	return &Relay{
-		cfg: cfg, pool: pool, kafka: kcfg,
+		cfg: cfg, pool: pool, kafka: kcfg, tracer: tracing.New(kcfg.TracerProvider),
 		logger:    logger.With("component", "relay"),
 		metrics:   newMetrics(reg, pool, cfg.BacklogMetricsTTL),
 		owner:     cfg.InstanceID + "#" + hex.EncodeToString(nonce),

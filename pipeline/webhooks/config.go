@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults of Config.
@@ -64,6 +66,11 @@ type Config struct {
 	// log, and the memory that keeps an event applied again from being
 	// sent again. Default 90 days; at least a day.
 	Retention time.Duration
+	// TracerProvider, if set, makes otelhttp's client span of each
+	// delivery's request (docs/observability.md), a child of the job's
+	// work span; its traceparent goes with the request. Nil: no span, and
+	// the request carries the job's traceparent as it is.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {

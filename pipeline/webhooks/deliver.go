@@ -15,9 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/jobs"
+	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
 // Deliverer is the River worker of webhook_delivery jobs.
@@ -56,6 +58,10 @@ func Register(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (func(
 		d := &Deliverer{cfg: cfg, w: w, pool: w.Pool(), client: Guard{Allow: cfg.Allow}.Client(cfg.Timeout),
 			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{},
 			backlogs: map[string]backlogCount{}, cappedLogged: map[string]time.Time{}}
+		if cfg.TracerProvider != nil {
+			d.client.Transport = otelhttp.NewTransport(d.client.Transport,
+				otelhttp.WithTracerProvider(tracing.ChildOnly(cfg.TracerProvider)), otelhttp.WithPropagators(tracing.Propagator))
+		}
 		w.Periodic(RetentionKind, RetentionInterval, RetentionArgs{})
 		return errors.Join(river.AddWorkerSafely(ws, d), river.AddWorkerSafely(ws, &fanout{d: d}), river.AddWorkerSafely(ws, &retention{d: d}))
 	}, nil

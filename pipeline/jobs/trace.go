@@ -1,0 +1,61 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/riverqueue/rivercontrib/otelriver"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pipeline/tracing"
+)
+
+// A job carries the trace of the event that made it in its metadata, as
+// {"traceparent": ...} (docs/observability.md): Projection puts the
+// event's there, traceContext puts it in the context of each attempt, and
+// Call sends it with the attempt's request. It goes on with the delivery
+// whether or not this process makes spans.
+
+// jobMetadata is the metadata of a job whose event has a trace.
+func jobMetadata(traceparent string) []byte {
+	if traceparent == "" {
+		return nil
+	}
+	b, _ := json.Marshal(struct {
+		Traceparent string `json:"traceparent"`
+	}{traceparent})
+	return b
+}
+
+// traceContext is the worker middleware that puts a job's trace in the
+// context of its attempt: otelriver's work span (with tracing on) is its
+// child, and Call's request carries it.
+type traceContext struct {
+	river.MiddlewareDefaults
+}
+
+func (*traceContext) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	var m struct {
+		Traceparent string `json:"traceparent"`
+	}
+	if len(job.Metadata) > 0 && json.Unmarshal(job.Metadata, &m) == nil && m.Traceparent != "" {
+		ctx = tracing.WithTraceparent(ctx, m.Traceparent)
+	}
+	return doInner(ctx)
+}
+
+// riverTracing is River's OpenTelemetry middleware on tp (nil: none): a
+// river.insert_many span for each insert in a trace, a river.work span for
+// each attempt of a job with one. The traces go through the metadata
+// above, each job its event's, so otelriver's own propagation (one context
+// for a whole insert) stays off.
+func riverTracing(tp trace.TracerProvider) []rivertype.Middleware {
+	if tp == nil {
+		return nil
+	}
+	return []rivertype.Middleware{otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
+		TracerProvider: tracing.ChildOnly(tp), EnableWorkSpanJobKindSuffix: true,
+	})}
+}
