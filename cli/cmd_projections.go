@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/projector"
@@ -115,18 +116,7 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 		}
 		parts = append(parts, int32(p))
 	}
-	dep, err := c.Deployment()
-	if err != nil {
-		return err
-	}
-	d, err := dep.FindDomain(domainName)
-	if err != nil {
-		return err
-	}
-	if consumer == "" {
-		consumer = d.ProjectorConsumer()
-	}
-	pool, err := c.connect(ctx)
+	d, consumer, pool, err := c.parkedProjector(ctx, domainName, consumer)
 	if err != nil {
 		return err
 	}
@@ -163,18 +153,7 @@ func runProjectionsSkip(ctx context.Context, domains []*onceflow.Domain, args []
 	if perr != nil || oerr != nil || part < 0 || off < 0 {
 		return fmt.Errorf("partition %q, offset %q: want two numbers", fs.Arg(0), fs.Arg(1))
 	}
-	dep, err := c.Deployment()
-	if err != nil {
-		return err
-	}
-	d, err := dep.FindDomain(domainName)
-	if err != nil {
-		return err
-	}
-	if consumer == "" {
-		consumer = d.ProjectorConsumer()
-	}
-	pool, err := c.connect(ctx)
+	d, consumer, pool, err := c.parkedProjector(ctx, domainName, consumer)
 	if err != nil {
 		return err
 	}
@@ -275,4 +254,27 @@ func formatOffsets(m map[int32]int64) string {
 		fmt.Fprintf(&b, "%d:%d", p, m[p])
 	}
 	return b.String()
+}
+
+// parkedProjector finds what unpark and skip act on: the domain (the only
+// one when domainName is empty), its projector's consumer unless one is
+// named, and a connection to the database that holds the parked
+// partitions.
+func (c *config) parkedProjector(ctx context.Context, domainName, consumer string) (*onceflow.DeployedDomain, string, *pgxpool.Pool, error) {
+	dep, err := c.Deployment()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	d, err := dep.FindDomain(domainName)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if consumer == "" {
+		consumer = d.ProjectorConsumer()
+	}
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return d, consumer, pool, nil
 }
