@@ -293,25 +293,37 @@ func (p *Processor[S]) session(ctx context.Context, restoreCl *kgo.Client, prev 
 			return committed, nil
 		}
 		p.logFetchErrors(fetches)
-		if fetches.NumRecords() > 0 {
-			ok, err := p.transact(ctx, sess, fetches.Records())
-			if err != nil {
-				sess.AllowRebalance()
-				return committed, err
-			}
-			committed = committed || ok
-		}
-		ok, err := p.serveSkips(ctx, sess)
+		ok, err := p.transactAndSkip(ctx, sess, fetches)
 		sess.AllowRebalance()
+		committed = committed || ok
 		if err != nil {
+			// The producer's epoch goes with a session's failure, whichever
+			// transaction failed: the next session asks the coordinator
+			// whether it still holds the id before it fences anyone
+			// (checkNotReplaced).
 			var se *errSession
 			if errors.As(err, &se) {
 				se.producer = producerOf(ctx, sess.Client())
 			}
 			return committed, err
 		}
-		committed = committed || ok
 	}
+}
+
+// transactAndSkip handles one poll's records, if any, in one transaction,
+// then the operators' skips of blocked batches, and reports whether any
+// transaction committed.
+func (p *Processor[S]) transactAndSkip(ctx context.Context, sess *kgo.GroupTransactSession, fetches kgo.Fetches) (bool, error) {
+	committed := false
+	if fetches.NumRecords() > 0 {
+		ok, err := p.transact(ctx, sess, fetches.Records())
+		if err != nil {
+			return false, err
+		}
+		committed = ok
+	}
+	ok, err := p.serveSkips(ctx, sess)
+	return committed || ok, err
 }
 
 func (p *Processor[S]) logFetchErrors(fetches kgo.Fetches) {
