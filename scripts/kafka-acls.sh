@@ -24,8 +24,8 @@
 #                    ledger's is onceflow-projector)
 #   RELAY_TXN        the relay's transactional ids' prefix. Default
 #                    onceflow-relay-PREFIX- (shard s is ...-s)
-#   INGEST RELAY PROCESSOR PROJECTOR WORKER OPERATOR
-#                    the principals. Default User:ingest, User:relay, ...
+#   RELAY PROCESSOR PROJECTOR OPERATOR LAG
+#                    the principals. Default User:relay, User:processor, ...
 #   KAFKA_ACLS       Apache Kafka's kafka-acls tool. Default kafka-acls.sh
 #
 # ingest and worker get nothing: they never talk to Kafka. A domain of
@@ -43,15 +43,17 @@ RELAY=${RELAY:-User:relay}
 PROCESSOR=${PROCESSOR:-User:processor}
 PROJECTOR=${PROJECTOR:-User:projector}
 OPERATOR=${OPERATOR:-User:operator}
+LAG=${LAG:-User:lag}
 
 acls() {
 	"${KAFKA_ACLS:-kafka-acls.sh}" --bootstrap-server "$BOOTSTRAP" --command-config "$COMMAND_CONFIG" --add --force "$@"
 }
 
 # Every component that uses Kafka, and the operator, checks at start that
-# the topics exist with their cleanup policies.
+# the topics exist with their cleanup policies; the lag exporter lists
+# their offsets.
 acls --allow-principal "$RELAY" --allow-principal "$PROCESSOR" --allow-principal "$PROJECTOR" --allow-principal "$OPERATOR" \
-	--operation Describe --operation DescribeConfigs --resource-pattern-type prefixed --topic "$PREFIX."
+	--allow-principal "$LAG" --operation Describe --operation DescribeConfigs --resource-pattern-type prefixed --topic "$PREFIX."
 
 # relay: ships the outbox to the commands topic in transactions of its own.
 acls --allow-principal "$RELAY" --operation Write --topic "$PREFIX.commands"
@@ -73,8 +75,14 @@ acls --allow-principal "$PROJECTOR" --operation Read --group "$PROJECTOR_GROUP"
 
 # operator (the onceflow CLI): topics create; produce, dlq redrive and
 # reconcile write commands; dlq list, projections rebuild and trace read;
-# lag describes the groups.
+# lag describes the groups (with the lag exporter, below).
 acls --allow-principal "$OPERATOR" --operation Create --resource-pattern-type prefixed --topic "$PREFIX."
 acls --allow-principal "$OPERATOR" --operation Write --topic "$PREFIX.commands"
 acls --allow-principal "$OPERATOR" --operation Read --topic "$PREFIX.commands" --topic "$PREFIX.commands.dlq" --topic "$PREFIX.events"
-acls --allow-principal "$OPERATOR" --operation Describe --group "$PROCESSOR_GROUP" --group "$PROJECTOR_GROUP"
+
+# lag (`onceflow lag -serve`, the exporter that runs alone for the whole
+# cluster; the operator's `lag` too): describes the groups and reads
+# their committed offsets and, for the lag in seconds, the first record
+# each has not read.
+acls --allow-principal "$OPERATOR" --allow-principal "$LAG" --operation Describe --group "$PROCESSOR_GROUP" --group "$PROJECTOR_GROUP"
+acls --allow-principal "$LAG" --operation Read --topic "$PREFIX.commands" --topic "$PREFIX.events"
