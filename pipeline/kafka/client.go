@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -69,6 +70,14 @@ type Config struct {
 // alone; sixteen of them leaves room for producers that batch more.
 const DefaultMaxDecompressBatchBytes = 16 << 20
 
+// metadataMinAge is how soon a client may ask for metadata again, franz-go's
+// 5 s unless set. A produce that Apache Kafka answers with a retriable error
+// (CONCURRENT_TRANSACTIONS right after a commit, under KIP-890) waits for
+// the next metadata update before it is sent again: with 5 s it outlived
+// the processor's transaction, which ended unknown and cost the session
+// (docs/decisions.md, "Metadata after a retriable produce error").
+const metadataMinAge = 250 * time.Millisecond
+
 // MaxDecompressBatchBytesFor is the bound that fits a processor taking
 // commands of up to maxCommandBytes: sixteen of them, never below the
 // default.
@@ -123,7 +132,7 @@ func (c Config) Opts() ([]kgo.Opt, error) {
 	if maxBatch <= 0 {
 		maxBatch = DefaultMaxDecompressBatchBytes
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id), kgo.MaxDecompressBatchBytes(maxBatch)}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id), kgo.MaxDecompressBatchBytes(maxBatch), kgo.MetadataMinAge(metadataMinAge)}
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(kgoLogger{c.Logger.With("lib", "franz-go")}))
 	}
