@@ -104,6 +104,49 @@ func TestConcurrentWritersOfAPartitionAreFenced(t *testing.T) {
 	}
 }
 
+// Events below their partition's stored offset (an operator's skip moved
+// it past them, or another member applied them) are not recorded in the
+// inbox: were they, moving the offset back to read them again would find
+// them duplicates and never apply them.
+func TestFencedEventsStayOutOfTheInbox(t *testing.T) {
+	t.Parallel()
+	pool, _ := pipelinetest.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE test_tally (event_id uuid PRIMARY KEY, n int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, partition, next_offset) VALUES ('c', 'events', 0, 30)`); err != nil {
+		t.Fatal(err)
+	}
+	a := &applier{consumer: "c", topic: "events", pool: pool, projections: []pipeline.Projection[pgx.Tx]{tally{}}}
+	evs := append(tallyEvents(40, 0, 0), tallyEvents(5, 1, 0)...)
+	res, err := a.apply(ctx, evs, nil)
+	if err != nil || res.applied != 15 || res.fenced != 30 || res.duplicates != 0 {
+		t.Fatalf("applied %d, fenced %d, duplicates %d, %v; want 15, 30, 0", res.applied, res.fenced, res.duplicates, err)
+	}
+	var inboxed int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE consumer = 'c'`).Scan(&inboxed); err != nil {
+		t.Fatal(err)
+	}
+	if inboxed != 15 {
+		t.Errorf("%d ids in the inbox, want the 15 applied", inboxed)
+	}
+
+	// Moved back, the partition's skipped events are applied, once.
+	if _, err := pool.Exec(ctx, `UPDATE consumer_offsets SET next_offset = 0 WHERE consumer = 'c' AND partition = 0`); err != nil {
+		t.Fatal(err)
+	}
+	res, err = a.apply(ctx, evs[:40], nil)
+	if err != nil || res.applied != 30 || res.duplicates != 10 {
+		t.Fatalf("again from 0: applied %d, duplicates %d, %v; want 30, 10", res.applied, res.duplicates, err)
+	}
+	var applied, twice int
+	pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE n <> 1) FROM test_tally`).Scan(&applied, &twice)
+	if applied != 45 || twice != 0 {
+		t.Errorf("%d events applied, %d more than once; want 45, 0", applied, twice)
+	}
+}
+
 type fakeErr struct{}
 
 func (fakeErr) Error() string { return "no transaction waits on a lock yet" }
