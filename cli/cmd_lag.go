@@ -181,7 +181,8 @@ func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, re
 		if r.OffsetsIn == kafka.OffsetsInKafka && strings.HasPrefix(r.Parked, "batch-too-large@") {
 			fmt.Fprintln(w)
 			fmt.Fprintln(w, "batch-too-large: the group's consumer stopped at a batch that decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES;"+
-				" raise it if a legitimate producer wrote the batch, or skip the batch on the processor's admin port (POST /status/skip-batch, docs/processor.md)")
+				" raise it if a legitimate producer wrote the batch, or skip the batch on purpose, recorded in the DLQ:"+
+				" `onceflow commands skip-batch -note WHY -admin-addr HOST:PORT PARTITION OFFSET` at the admin address of the processor that holds it (docs/processor.md)")
 			break
 		}
 	}

@@ -46,6 +46,10 @@ func init() {
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsUnpark})
 	register(&command{name: "projections skip", summary: "skip, on purpose and recorded, the record a projector's partition is parked on: projections skip -note WHY PARTITION OFFSET", args: "PARTITION OFFSET",
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsSkip})
+	register(&command{name: "commands skip-batch", summary: "skip, on purpose and recorded in the DLQ, a commands batch too large to decompress that a processor is blocked at: commands skip-batch -note WHY PARTITION OFFSET", args: "PARTITION OFFSET",
+		more: "Asks the processor at -admin-addr (ADMIN_ADDR), with ONCEFLOW_ADMIN_TOKEN, to move the partition past the batch:\n" +
+			"its DLQ record (reason batch-too-large) keeps the batch's offsets, who and why. `onceflow lag` shows batch-too-large@OFFSET.",
+		settings: use([]*setting{topicPrefix, adminAddr, adminToken}), run: runCommandsSkipBatch})
 	register(&command{name: "projections list", summary: "the projections, their tables, rebuilds and parked partitions",
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsList})
 	register(&command{name: "reconcile", summary: "find stuck or ambiguous work (commands pending too long, outbox_dead, DLQ, unapplied inbound events, jobs out of attempts), ask their authority, correct through commands, audit, report",

@@ -27,6 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceflow/onceflow/pipeline/problem"
 )
 
 // Check is one readiness check; it returns nil when ready.
@@ -146,9 +148,7 @@ func requireToken(token string, denied *prometheus.CounterVec, h http.Handler) h
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow admin"`)
 		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(status)
-		fmt.Fprintln(w, detail)
+		problem.Write(w, problem.New(status, "admin-"+reason, http.StatusText(status), detail))
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if token == "" {

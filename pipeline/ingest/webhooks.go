@@ -33,7 +33,11 @@ func (s *Server) webhookRoutes() {
 	s.route(webhooksPattern, s.createWebhook)
 	s.route(webhooksListPattern, s.scoped(false, func(ctx context.Context, db DB, tenant string, _ *http.Request) (any, int, error) {
 		subs, err := webhooks.List(ctx, db, tenant)
-		return map[string]any{"subscriptions": subs}, http.StatusOK, err
+		if err != nil {
+			return nil, 0, err
+		}
+		capped, err := webhooks.TenantCapped(ctx, db, tenant)
+		return map[string]any{"subscriptions": subs, "capped": capped}, http.StatusOK, err
 	}))
 	s.route(webhookPattern, s.withID(false, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
 		sub, err := webhooks.Get(ctx, db, tenant, id)
@@ -70,7 +74,13 @@ func (s *Server) webhookRoutes() {
 			return nil, 0, invalid(FieldError{"status", "pending, delivered, failed or dead"})
 		}
 		ds, err := webhooks.Deliveries(ctx, db, f)
-		return map[string]any{"deliveries": ds}, http.StatusOK, err
+		if err != nil {
+			return nil, 0, err
+		}
+		// A delivery that stays pending may be one of a tenant at its cap:
+		// the answer says so (null when not).
+		capped, err := webhooks.TenantCapped(ctx, db, tenant)
+		return map[string]any{"deliveries": ds, "capped": capped}, http.StatusOK, err
 	}))
 }
 

@@ -60,7 +60,7 @@ func (p *Processor[S]) block(tl *kgo.ErrDecompressTooLarge) {
 	p.updateGaugesLocked()
 	p.mu.Unlock()
 	if !known {
-		p.logger.Error("partition blocked: a batch decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES; raise it if the batch is a legitimate producer's, or skip it (POST /status/skip-batch, audited in the DLQ)",
+		p.logger.Error("partition blocked: a batch decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES; raise it if the batch is a legitimate producer's, or skip it (onceflow commands skip-batch, or POST /status/skip-batch; recorded in the DLQ)",
 			"topic", tl.Topic, "partition", tl.Partition, "offset", tl.Offset, "next_offset", tl.NextOffset)
 	}
 }

@@ -93,7 +93,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.blocked = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "onceflow_processor_blocked_partitions",
-		Help: "Commands partitions this processor stopped at a batch that decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES, until an operator skips it (POST /status/skip-batch) or raises the bound.",
+		Help: "Commands partitions this processor stopped at a batch that decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES, until an operator skips it (onceflow commands skip-batch) or raises the bound.",
 	})
 	reg.MustRegister(m.blocked, m.commands, m.dedup, m.dlq, m.transactions, m.batch, m.commit, m.restore, m.restoreWaits, m.aggregates, m.sessions,
 		m.rememberedIDs, m.dedupBytes, m.snapshotBytes, m.age)

@@ -52,8 +52,8 @@ type Config struct {
 	// ONCEFLOW_WEBHOOK_MAX_PENDING): at the cap the tenant's new events
 	// wait to be fanned out until deliveries finish — counted
 	// (onceflow_webhooks_fanouts_total{outcome="capped"},
-	// onceflow_webhooks_capped_tenants) and logged once a minute. Nothing
-	// is dropped. Default 100,000.
+	// onceflow_webhooks_capped_tenants), logged once a minute, and shown
+	// to the tenant (TenantCapped). Nothing is dropped. Default 100,000.
 	MaxPending int
 	// MaxFanout is how many deliveries one fan-out transaction makes at
 	// most (at least one event's): the projector's batch of a tenant's

@@ -42,6 +42,9 @@ type Deliverer struct {
 	// (fanout.go), cappedLogged when its cap was last logged.
 	backlogs     map[string]backlogCount
 	cappedLogged map[string]time.Time
+	// cappedMarked is when this worker last wrote a tenant's
+	// webhook_capped row (capped.go).
+	cappedMarked map[string]time.Time
 }
 
 // Register returns what jobs.New needs to run deliveries with cfg.
@@ -57,7 +60,7 @@ func Register(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (func(
 	return func(w *jobs.Worker, ws *river.Workers) error {
 		d := &Deliverer{cfg: cfg, w: w, pool: w.Pool(), client: Guard{Allow: cfg.Allow}.Client(cfg.Timeout),
 			logger: logger.With("component", "worker"), metrics: m, inflight: map[string]int{}, subs: map[subKey]subscription{},
-			backlogs: map[string]backlogCount{}, cappedLogged: map[string]time.Time{}}
+			backlogs: map[string]backlogCount{}, cappedLogged: map[string]time.Time{}, cappedMarked: map[string]time.Time{}}
 		if cfg.TracerProvider != nil {
 			d.client.Transport = otelhttp.NewTransport(d.client.Transport,
 				otelhttp.WithTracerProvider(tracing.ChildOnly(cfg.TracerProvider)), otelhttp.WithPropagators(tracing.Propagator))

@@ -43,7 +43,10 @@
 //
 // A tenant's deliveries in flight (pending or failed) are capped
 // (MaxPending): at the cap, its fan-outs wait (snoozed, spending no
-// attempt) until deliveries finish — counted, logged, never dropped. Its
+// attempt) until deliveries finish — counted, logged, never dropped — and
+// the tenant sees it: the waiting fan-out writes its webhook_capped row
+// (capped.go; at most every few seconds a tenant and worker), which the
+// API answers, and the tenant's next fan-out that runs deletes it. Its
 // deliveries past BacklogThreshold go to the worker's backlog queue
 // (jobs.Config.BacklogWorkers slots), ordered by backlog (Priority).
 //

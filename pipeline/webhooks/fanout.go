@@ -69,10 +69,12 @@ func (f *fanout) Work(ctx context.Context, job *river.Job[FanoutArgs]) error {
 	}
 	if backlog >= d.cfg.MaxPending {
 		d.capped(a.Tenant, backlog)
+		d.markCapped(ctx, a.Tenant, backlog)
 		// The events wait, fanned out once the tenant's backlog is below
 		// the cap again; a snooze spends no attempt.
 		return river.JobSnooze(cappedWait + time.Duration(rand.IntN(int(cappedWait/time.Millisecond)))*time.Millisecond) // #nosec G404 -- spreading retries
 	}
+	d.unmarkCapped(ctx, a.Tenant)
 	made, events := 0, 0
 	err = jobs.Complete(ctx, d.pool, job, func(tx pgx.Tx) error {
 		var subs int

@@ -2,7 +2,9 @@ package webhooks_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,7 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/apiclient"
+	"github.com/onceflow/onceflow/pipeline/ingest"
+	"github.com/onceflow/onceflow/pipeline/ingest/ingesttest"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
@@ -94,7 +102,11 @@ func TestProjectorWritesOneRowPerEventAndOneJobPerTenant(t *testing.T) {
 
 // A tenant's deliveries in flight are capped (MaxPending): at the cap its
 // new events wait unfanned, counted, and go out once deliveries finish —
-// nothing dropped, each delivered once.
+// nothing dropped, each delivered once. The tenant sees it through the
+// API it uses for its webhooks: GET /v1/webhooks and a subscription's
+// deliveries say it is at its cap (how many in flight, the cap, since
+// when) while it is, and null before and after; another tenant sees
+// nothing of it.
 func TestTenantBacklogIsCapped(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, jobs.Config{})
@@ -115,7 +127,9 @@ func TestTenantBacklogIsCapped(t *testing.T) {
 			close(gate)
 		}
 	})
-	e.subscribe("acme", srv.URL)
+	sub := e.subscribe("acme", srv.URL)
+	e.subscribe("globex", srv.URL)
+	api := tenantAPI(t, e.pool, "acme", "globex")
 	cfg := webhooks.Config{Allow: loopback, MaxPending: 3, Timeout: 30 * time.Second}
 	// The projector knows the cap: one subscription's deliveries are made
 	// inline below it only.
@@ -124,6 +138,9 @@ func TestTenantBacklogIsCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.proj = proj
+	if c := api.capped(t, "acme", "/v1/webhooks"); c != nil {
+		t.Errorf("below the cap: %+v, want null", c)
+	}
 	e.work(cfg, "w1")
 	first := []pipeline.Event{deposit("acme", 1), deposit("acme", 2), deposit("acme", 3)}
 	e.project(first...)
@@ -154,6 +171,16 @@ func TestTenantBacklogIsCapped(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM webhook_events WHERE expanded_at IS NULL`); n != 3 {
 		t.Errorf("%d events wait to be fanned out, want 3", n)
 	}
+	for _, path := range []string{"/v1/webhooks", "/v1/webhooks/" + sub.ID.String() + "/deliveries"} {
+		c := api.capped(t, "acme", path)
+		if c == nil || c.InFlight != 3 || c.MaxPending != 3 || c.Since.IsZero() || c.CheckedAt.Before(c.Since) ||
+			time.Since(c.Since) > time.Minute || !strings.Contains(c.Detail, "none is dropped") {
+			t.Errorf("GET %s at the cap: capped %+v, want 3 in flight of 3, since a moment ago", path, c)
+		}
+	}
+	if c := api.capped(t, "globex", "/v1/webhooks"); c != nil {
+		t.Errorf("another tenant sees %+v, want null", c)
+	}
 	close(gate)
 	got := e.waitStatus("acme", 6, 60*time.Second, "delivered")
 	seen := map[pipeline.ID]bool{}
@@ -163,6 +190,56 @@ func TestTenantBacklogIsCapped(t *testing.T) {
 	if len(seen) != 6 {
 		t.Errorf("deliveries of %d events, want 6", len(seen))
 	}
+	if c := api.capped(t, "acme", "/v1/webhooks"); c != nil {
+		t.Errorf("below the cap again: %+v, want null", c)
+	}
+}
+
+// api is an ingest server on a test's database, and an API key of each of
+// its tenants.
+type api struct {
+	url  string
+	keys map[string]string
+}
+
+func tenantAPI(t *testing.T, pool *pgxpool.Pool, tenants ...string) *api {
+	t.Helper()
+	srv, err := ingest.New(ingest.Config{RateLimit: -1, AuthFailureRate: -1}, nil, nil, pool, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &api{keys: map[string]string{}}
+	a.url, _ = ingesttest.Serve(t, srv)
+	for _, tenant := range tenants {
+		a.keys[tenant] = ingest.NewAPIKey()
+		if err := ingest.CreateAPIKey(context.Background(), pool, tenant, "test", a.keys[tenant]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a
+}
+
+// capped is the capped member of what GET path answers tenant.
+func (a *api) capped(t *testing.T, tenant, path string) *webhooks.Capped {
+	t.Helper()
+	c := &apiclient.Client{BaseURL: a.url, APIKey: a.keys[tenant]}
+	resp, err := c.Do(context.Background(), http.MethodGet, path, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(resp.Body, &body); err != nil || resp.Status != http.StatusOK {
+		t.Fatalf("GET %s as %s: %d %s", path, tenant, resp.Status, resp.Body)
+	}
+	raw, ok := body["capped"]
+	if !ok {
+		t.Fatalf("GET %s as %s: no capped member in %s", path, tenant, resp.Body)
+	}
+	var capped *webhooks.Capped
+	if err := json.Unmarshal(raw, &capped); err != nil {
+		t.Fatalf("GET %s: capped %s: %v", path, raw, err)
+	}
+	return capped
 }
 
 // The delivery log keeps finished deliveries and fanned-out events for

@@ -36,11 +36,11 @@ func (p *Page) unpark(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Consumer == "" || req.Topic == "" || req.Partition == nil || *req.Partition < 0 {
-		fail(w, http.StatusBadRequest, "name the consumer, topic and partition to unpark")
+		fail(w, http.StatusBadRequest, "invalid-action", "name the consumer, topic and partition to unpark")
 		return
 	}
 	if p.cfg.Pool == nil {
-		fail(w, http.StatusConflict, "this process has no database: unpark from a process that runs the projector, or with `onceflow projections unpark`")
+		fail(w, http.StatusConflict, "no-database", "this process has no database: unpark from a process that runs the projector, or with `onceflow projections unpark`")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
@@ -48,11 +48,11 @@ func (p *Page) unpark(w http.ResponseWriter, r *http.Request) {
 	n, err := projector.Unpark(ctx, p.cfg.Pool, req.Consumer, req.Topic, []int32{*req.Partition})
 	if err != nil {
 		p.cfg.Logger.Error("status page: unpark", "consumer", req.Consumer, "topic", req.Topic, "partition", *req.Partition, "err", err)
-		fail(w, http.StatusInternalServerError, "unpark failed; the process's log says why")
+		fail(w, http.StatusInternalServerError, "action-failed", "unpark failed; the process's log says why")
 		return
 	}
 	if n == 0 {
-		fail(w, http.StatusNotFound, "%s partition %d of %s is not parked", req.Consumer, *req.Partition, req.Topic)
+		fail(w, http.StatusNotFound, "not-parked", "%s partition %d of %s is not parked", req.Consumer, *req.Partition, req.Topic)
 		return
 	}
 	p.cfg.Logger.Info("status page: unparked", "consumer", req.Consumer, "topic", req.Topic, "partition", *req.Partition)
@@ -77,11 +77,11 @@ func (p *Page) skipBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Topic == "" || req.Partition == nil || req.Offset == nil || req.Note == "" || req.Operator == "" {
-		fail(w, http.StatusBadRequest, "name the topic, partition and offset of the blocked batch, why (note) and who (operator)")
+		fail(w, http.StatusBadRequest, "invalid-action", "name the topic, partition and offset of the blocked batch, why (note) and who (operator)")
 		return
 	}
 	if p.cfg.SkipBatch == nil {
-		fail(w, http.StatusConflict, "this process runs no processor: skip from the process whose processor is blocked (its page marks the partition)")
+		fail(w, http.StatusConflict, "no-processor", "this process runs no processor: skip from the process whose processor is blocked (its page marks the partition)")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
@@ -89,11 +89,11 @@ func (p *Page) skipBatch(w http.ResponseWriter, r *http.Request) {
 	to, err := p.cfg.SkipBatch(ctx, req.Topic, *req.Partition, *req.Offset, req.Note, req.Operator)
 	switch {
 	case errors.Is(err, processor.ErrNotBlocked):
-		fail(w, http.StatusNotFound, "no processor of this process is blocked on %s partition %d at offset %d", req.Topic, *req.Partition, *req.Offset)
+		fail(w, http.StatusNotFound, "not-blocked", "no processor of this process is blocked on %s partition %d at offset %d", req.Topic, *req.Partition, *req.Offset)
 		return
 	case err != nil:
 		p.cfg.Logger.Error("status page: skip a batch", "topic", req.Topic, "partition", *req.Partition, "offset", *req.Offset, "err", err)
-		fail(w, http.StatusInternalServerError, "the skip failed; the process's log says why")
+		fail(w, http.StatusInternalServerError, "action-failed", "the skip failed; the process's log says why")
 		return
 	}
 	p.cfg.Logger.Warn("status page: batch skipped", "topic", req.Topic, "partition", *req.Partition, "offset", *req.Offset, "to", to, "operator", req.Operator)
@@ -117,20 +117,20 @@ func (p *Page) redrive(w http.ResponseWriter, r *http.Request) {
 	}
 	i := slices.IndexFunc(p.cfg.DLQs, func(d DLQTopicConfig) bool { return d.Topic == req.Topic })
 	if i < 0 {
-		fail(w, http.StatusBadRequest, "not a DLQ topic of this deployment")
+		fail(w, http.StatusBadRequest, "invalid-action", "not a DLQ topic of this deployment")
 		return
 	}
 	dlq := p.cfg.DLQs[i]
 	if (len(req.Records) > 0) == (req.Reason != "") {
-		fail(w, http.StatusBadRequest, "choose the records: their coordinates (PARTITION:OFFSET) or a reason, one of them")
+		fail(w, http.StatusBadRequest, "invalid-action", "choose the records: their coordinates (PARTITION:OFFSET) or a reason, one of them")
 		return
 	}
 	if len(req.Records) > maxRecordsPerRedrive {
-		fail(w, http.StatusBadRequest, "at most %d records at once, or a reason", maxRecordsPerRedrive)
+		fail(w, http.StatusBadRequest, "invalid-action", "at most %d records at once, or a reason", maxRecordsPerRedrive)
 		return
 	}
 	if p.cfg.Kafka == nil {
-		fail(w, http.StatusConflict, "this process has no Kafka client")
+		fail(w, http.StatusConflict, "no-kafka", "this process has no Kafka client")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
@@ -141,7 +141,7 @@ func (p *Page) redrive(w http.ResponseWriter, r *http.Request) {
 		all, err := processor.ReadDLQ(ctx, p.cfg.Kafka, dlq.Topic)
 		if err != nil {
 			p.cfg.Logger.Error("status page: read the DLQ", "topic", dlq.Topic, "err", err)
-			fail(w, http.StatusBadGateway, "reading %s failed; the process's log says why", dlq.Topic)
+			fail(w, http.StatusBadGateway, "dlq-unreadable", "reading %s failed; the process's log says why", dlq.Topic)
 			return
 		}
 		for _, d := range all {
@@ -153,24 +153,24 @@ func (p *Page) redrive(w http.ResponseWriter, r *http.Request) {
 		for _, c := range req.Records {
 			part, off, ok := coordinates(c)
 			if !ok {
-				fail(w, http.StatusBadRequest, "%q: want PARTITION:OFFSET", c)
+				fail(w, http.StatusBadRequest, "invalid-action", "%q: want PARTITION:OFFSET", c)
 				return
 			}
 			d, found, err := readOne(ctx, p.cfg.Kafka, dlq.Topic, part, off)
 			if err != nil {
 				p.cfg.Logger.Error("status page: read a DLQ record", "topic", dlq.Topic, "partition", part, "offset", off, "err", err)
-				fail(w, http.StatusBadGateway, "reading %s failed; the process's log says why", dlq.Topic)
+				fail(w, http.StatusBadGateway, "dlq-unreadable", "reading %s failed; the process's log says why", dlq.Topic)
 				return
 			}
 			if !found {
-				fail(w, http.StatusNotFound, "no record %s in %s (nothing was redriven)", c, dlq.Topic)
+				fail(w, http.StatusNotFound, "no-dlq-record", "no record %s in %s (nothing was redriven)", c, dlq.Topic)
 				return
 			}
 			picked = append(picked, d)
 		}
 	}
 	if len(picked) == 0 {
-		fail(w, http.StatusNotFound, "no record with that reason in %s", dlq.Topic)
+		fail(w, http.StatusNotFound, "no-dlq-record", "no record with that reason in %s", dlq.Topic)
 		return
 	}
 
@@ -243,7 +243,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		fail(w, http.StatusBadRequest, "the body is not the action's JSON object")
+		fail(w, http.StatusBadRequest, "invalid-action", "the body is not the action's JSON object")
 		return false
 	}
 	return true

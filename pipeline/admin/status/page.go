@@ -22,6 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/problem"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
@@ -608,6 +609,9 @@ type actionResult struct {
 	Count   int64  `json:"count"`
 }
 
-func fail(w http.ResponseWriter, code int, format string, args ...any) {
-	writeJSON(w, code, actionResult{Message: fmt.Sprintf(format, args...)})
+// fail refuses an action: a problem (RFC 9457) of type slug, titled after
+// its status, whose detail says what to do.
+func fail(w http.ResponseWriter, code int, slug, format string, args ...any) {
+	w.Header().Set("Cache-Control", "no-store")
+	problem.Write(w, problem.New(code, slug, http.StatusText(code), fmt.Sprintf(format, args...)))
 }

@@ -45,6 +45,17 @@ func server(t *testing.T, token string) (*httptest.Server, *status.Page, *promet
 
 func post(t *testing.T, url, auth, body string) (int, string) {
 	t.Helper()
+	r := postResp(t, url, auth, body)
+	return r.code, r.body
+}
+
+type answer struct {
+	code              int
+	contentType, body string
+}
+
+func postResp(t *testing.T, url, auth, body string) answer {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if auth != "" {
@@ -56,7 +67,7 @@ func post(t *testing.T, url, auth, body string) (int, string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return answer{resp.StatusCode, resp.Header.Get("Content-Type"), string(b)}
 }
 
 // Without ONCEFLOW_ADMIN_TOKEN the page says its actions are disabled and
@@ -111,25 +122,47 @@ func TestPageSaysActionsAreDisabled(t *testing.T) {
 
 // The actions check what they are asked before acting: a partition that
 // is not parked, a body that is not theirs, a topic that is not a DLQ of
-// the deployment; with the token, an unpark removes the row.
+// the deployment, a skip where no processor runs, a request without the
+// token; each refusal is a problem (RFC 9457, application/problem+json)
+// of its own type, as the tenants' API answers. With the token, an
+// unpark removes the row.
 func TestActionsCheckTheirRequest(t *testing.T) {
 	t.Parallel()
 	srv, page, _, ctx := server(t, "op-token")
 	const auth = "Bearer op-token"
+	const skip = `{"topic":"ledger.commands","partition":0,"offset":7,"note":"zeros","operator":"alice"}`
 	for _, tc := range []struct {
-		path, body string
-		want       int
+		path, auth, body string
+		want             int
+		problem          string // the problem's type after https://onceflow.dev/problems/
 	}{
-		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":4}`, http.StatusNotFound},
-		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events"}`, http.StatusBadRequest},
-		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":3,"all":true}`, http.StatusBadRequest},
-		{"/status/unpark", `not json`, http.StatusBadRequest},
-		{"/status/redrive", `{"topic":"ledger.commands","reason":"undecodable"}`, http.StatusBadRequest},
-		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":3}`, http.StatusOK},
-		{"/status/unpark", `{"consumer":"proj","topic":"ledger.events","partition":3}`, http.StatusNotFound}, // done already
+		{"/status/unpark", auth, `{"consumer":"proj","topic":"ledger.events","partition":4}`, http.StatusNotFound, "not-parked"},
+		{"/status/unpark", auth, `{"consumer":"proj","topic":"ledger.events"}`, http.StatusBadRequest, "invalid-action"},
+		{"/status/unpark", auth, `{"consumer":"proj","topic":"ledger.events","partition":3,"all":true}`, http.StatusBadRequest, "invalid-action"},
+		{"/status/unpark", auth, `not json`, http.StatusBadRequest, "invalid-action"},
+		{"/status/redrive", auth, `{"topic":"ledger.commands","reason":"undecodable"}`, http.StatusBadRequest, "invalid-action"},
+		{"/status/skip-batch", auth, `{"topic":"ledger.commands","partition":0,"offset":7}`, http.StatusBadRequest, "invalid-action"},
+		{"/status/skip-batch", auth, skip, http.StatusConflict, "no-processor"},
+		{"/status/skip-batch", "Bearer wrong", skip, http.StatusUnauthorized, "admin-unauthorized"},
+		{"/status/skip-batch", "", skip, http.StatusUnauthorized, "admin-unauthorized"},
+		{"/status/unpark", auth, `{"consumer":"proj","topic":"ledger.events","partition":3}`, http.StatusOK, ""},
+		{"/status/unpark", auth, `{"consumer":"proj","topic":"ledger.events","partition":3}`, http.StatusNotFound, "not-parked"}, // done already
 	} {
-		if code, body := post(t, srv.URL+tc.path, auth, tc.body); code != tc.want {
-			t.Errorf("POST %s %s: %d %s, want %d", tc.path, tc.body, code, body, tc.want)
+		resp := postResp(t, srv.URL+tc.path, tc.auth, tc.body)
+		if resp.code != tc.want {
+			t.Errorf("POST %s %s: %d %s, want %d", tc.path, tc.body, resp.code, resp.body, tc.want)
+			continue
+		}
+		if tc.problem == "" {
+			continue
+		}
+		var p struct {
+			Type, Title, Detail string
+			Status              int
+		}
+		if err := json.Unmarshal([]byte(resp.body), &p); err != nil || resp.contentType != "application/problem+json" ||
+			p.Type != "https://onceflow.dev/problems/"+tc.problem || p.Status != tc.want || p.Title != http.StatusText(tc.want) || p.Detail == "" {
+			t.Errorf("POST %s %s: %s %s (%v), want a problem+json of type %s", tc.path, tc.body, resp.contentType, resp.body, err, tc.problem)
 		}
 	}
 	st := page.Build(ctx)

@@ -391,7 +391,7 @@
       const resp = await fetch(a.path, { method: 'POST', headers, body: JSON.stringify(a.body), cache: 'no-store', credentials: 'omit' });
       const text = await resp.text();
       let msg = text.trim();
-      try { msg = JSON.parse(text).message || msg; } catch (_) { /* a plain-text refusal */ }
+      try { const j = JSON.parse(text); msg = j.detail || j.message || msg; } catch (_) { /* not JSON */ }
       if (resp.ok) showResult('ok', msg);
       else showResult('refused', `refused (${resp.status}): ${msg}`);
     } catch (e) {
