@@ -1,13 +1,11 @@
 package onceflow_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +13,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // `onceflow dev` prints the database URL with its password masked and does
 // not echo an API key it was given; nothing it logs while starting and
@@ -43,7 +23,7 @@ func TestDevOutputHidesSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword(u.User.Username(), "SECRET-DB") // the test server trusts 127.0.0.1: any password does
-	var out syncBuffer
+	var out pipelinetest.Buffer
 	logger := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

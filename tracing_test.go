@@ -189,7 +189,7 @@ func spanNames(spans []sdktrace.ReadOnlySpan) string {
 // key.
 func tracedDev(t testing.TB, tp trace.TracerProvider) (api, key string, stop func()) {
 	t.Helper()
-	var out syncBuffer
+	var out pipelinetest.Buffer
 	logger := slog.New(slog.NewTextHandler(&out, nil))
 	key = "of_trace-test-key-0123456789"
 	dbURL := pipelinetest.DatabaseURL(t, ledgerMigrations)

@@ -7,7 +7,6 @@ package statuspage
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -381,7 +380,7 @@ type devStack struct {
 	addrs onceflow.Addrs
 	api   *ledgerapp.Client
 	pool  *pgxpool.Pool
-	logs  *syncBuffer
+	logs  *pipelinetest.Buffer
 }
 
 // startDev runs the embedded default with topics of partitions
@@ -390,7 +389,7 @@ type devStack struct {
 func startDev(t testing.TB, ctx context.Context, partitions int32, metrics *prometheus.Registry, interval time.Duration) *devStack {
 	t.Helper()
 	pool, url := pipelinetest.Pool(t, postgres.Migrations{Name: ledgerapp.Name, FS: accounts.Migrations})
-	logs := &syncBuffer{}
+	logs := &pipelinetest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	const apiKey = "status-page-test-key"
 	started := make(chan onceflow.Addrs, 1)
@@ -623,25 +622,8 @@ func parseSample(line string) (sample, error) {
 	return smp, nil
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) tail(n int) string {
-	lines := strings.Split(strings.TrimRight(s.String(), "\n"), "\n")
+// tail is the last n lines of what b holds.
+func tail(b *pipelinetest.Buffer, n int) string {
+	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
