@@ -210,11 +210,7 @@ var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[
 func (s *Server) accept(route *Route) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
 		start := time.Now()
-		key, p := idempotencyKey(r)
-		if p != nil {
-			return p
-		}
-		body, p := readBody(r, s.cfg.MaxBodyBytes)
+		key, body, p := keyedBody(r, s.cfg.MaxBodyBytes)
 		if p != nil {
 			return p
 		}
