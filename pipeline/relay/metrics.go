@@ -87,20 +87,13 @@ const pendingSQL = `SELECT count(*), coalesce(EXTRACT(EPOCH FROM now() - min(cre
 	FROM command_status WHERE status = 'pending'`
 
 var (
-	backlogDesc = prometheus.NewDesc("onceflow_outbox_backlog_rows",
-		"Rows waiting in the outbox.", nil, nil)
-	oldestDesc = prometheus.NewDesc("onceflow_outbox_oldest_age_seconds",
-		"Age of the oldest row waiting at the head of an outbox shard (0 when empty); alert on this, not on the count.", nil, nil)
-	shardBacklogDesc = prometheus.NewDesc("onceflow_outbox_shard_backlog_rows",
-		"Rows waiting in one outbox shard.", []string{"shard"}, nil)
-	shardOldestDesc = prometheus.NewDesc("onceflow_outbox_shard_oldest_age_seconds",
-		"Age of the row at the head of one outbox shard (0 when empty).", []string{"shard"}, nil)
-	deadDesc = prometheus.NewDesc("onceflow_outbox_dead_rows",
-		"Rows in outbox_dead: rows that cannot be shipped, waiting for an operator.", nil, nil)
-	pendingDesc = prometheus.NewDesc("onceflow_commands_pending",
-		"Commands waiting for an outcome (pending in command_status).", nil, nil)
-	oldestPendingDesc = prometheus.NewDesc("onceflow_commands_oldest_pending_age_seconds",
-		"Age of the oldest command waiting for an outcome (0 when none); alert on this.", nil, nil)
+	backlogDesc       = prometheus.NewDesc("onceflow_outbox_backlog_rows", "Rows waiting in the outbox.", nil, nil)
+	oldestDesc        = prometheus.NewDesc("onceflow_outbox_oldest_age_seconds", "Age of the oldest row waiting at the head of an outbox shard (0 when empty); alert on this, not on the count.", nil, nil)
+	shardBacklogDesc  = prometheus.NewDesc("onceflow_outbox_shard_backlog_rows", "Rows waiting in one outbox shard.", []string{"shard"}, nil)
+	shardOldestDesc   = prometheus.NewDesc("onceflow_outbox_shard_oldest_age_seconds", "Age of the row at the head of one outbox shard (0 when empty).", []string{"shard"}, nil)
+	deadDesc          = prometheus.NewDesc("onceflow_outbox_dead_rows", "Rows in outbox_dead: rows that cannot be shipped, waiting for an operator.", nil, nil)
+	pendingDesc       = prometheus.NewDesc("onceflow_commands_pending", "Commands waiting for an outcome (pending in command_status).", nil, nil)
+	oldestPendingDesc = prometheus.NewDesc("onceflow_commands_oldest_pending_age_seconds", "Age of the oldest command waiting for an outcome (0 when none); alert on this.", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
