@@ -370,17 +370,10 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 		// its 202, as clients do. A missed notification costs WaitPoll, as
 		// it does any wait.
 		woken, forget := s.wake.wait(id)
-		if s.wake.takeFresh(id, caller.tenant, aggregate) {
-			select {
-			case <-r.Context().Done():
-				forget()
-				return nil // the client is gone
-			case <-woken:
-			case <-time.After(min(s.cfg.WaitPoll, wait)):
-				forget()
-			}
-		} else {
+		if !s.wake.takeFresh(id, caller.tenant, aggregate) {
 			forget()
+		} else if !s.awaitWakeup(r.Context(), woken, forget, wait) {
+			return nil // the client is gone
 		}
 	}
 	for {
@@ -411,13 +404,8 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 			writeJSON(w, http.StatusOK, c)
 			return nil
 		}
-		select {
-		case <-r.Context().Done():
-			forget()
+		if !s.awaitWakeup(r.Context(), woken, forget, left) {
 			return nil // the client is gone
-		case <-woken:
-		case <-time.After(min(s.cfg.WaitPoll, left)):
-			forget()
 		}
 	}
 }
@@ -464,6 +452,21 @@ func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller,
 		c.EventIDs = []string{}
 	}
 	return c, nil
+}
+
+// awaitWakeup waits for woken, a command's outcome notification, at most
+// WaitPoll and d, and reports false if the client went away meanwhile. A
+// registration that did not fire is forgotten.
+func (s *Server) awaitWakeup(ctx context.Context, woken <-chan struct{}, forget func(), d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		forget()
+		return false
+	case <-woken:
+	case <-time.After(min(s.cfg.WaitPoll, d)):
+		forget()
+	}
+	return true
 }
 
 // parseWait reads ?wait=: a Go duration (5s, 1500ms) or whole seconds.
