@@ -131,11 +131,7 @@ func (c *committer) do(it *acceptItem) acceptResult {
 func (c *committer) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for range c.cfg.Committers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.work(ctx)
-		}()
+		wg.Go(func() { c.work(ctx) })
 	}
 	wg.Wait()
 	for {

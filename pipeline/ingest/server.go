@@ -520,28 +520,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// flight wait for their transactions.
 	cctx, stopCommitters := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		s.committer.run(cctx)
-	}()
+	wg.Go(func() { s.committer.run(cctx) })
 	if len(s.providers) > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.expireInbound(cctx)
-		}()
+		wg.Go(func() { s.expireInbound(cctx) })
 	}
-	go func() {
-		defer wg.Done()
-		s.wake.run(cctx)
-	}()
+	wg.Go(func() { s.wake.run(cctx) })
 	if s.cfg.KeyRefresh > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.refreshKeys(cctx)
-		}()
+		wg.Go(func() { s.refreshKeys(cctx) })
 	}
 	defer func() {
 		stopCommitters()
