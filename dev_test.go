@@ -1,38 +1,17 @@
 package onceflow_test
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // `onceflow dev` prints the database URL with its password masked and does
 // not echo an API key it was given; nothing it logs while starting and
@@ -43,42 +22,23 @@ func TestDevOutputHidesSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword(u.User.Username(), "SECRET-DB") // the test server trusts 127.0.0.1: any password does
-	var out syncBuffer
+	var out pipelinetest.Buffer
 	logger := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
-			RunConfig: onceflow.RunConfig{
-				Config: onceflow.Config{
-					Domains:     ledgerDomains(),
-					Kafka:       kafka.Config{Logger: logger},
-					Topics:      kafka.Topics{Prefix: "ledger", Partitions: 1},
-					DatabaseURL: u.String(),
-					Logger:      logger,
-				},
-				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", ShutdownTimeout: 20 * time.Second,
+	_, stop := onceflowtest.Dev(t, onceflow.DevConfig{
+		RunConfig: onceflow.RunConfig{
+			Config: onceflow.Config{
+				Domains:     ledgerDomains(),
+				Kafka:       kafka.Config{Logger: logger},
+				Topics:      kafka.Topics{Prefix: "ledger", Partitions: 1},
+				DatabaseURL: u.String(),
+				Logger:      logger,
 			},
-			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
-			APIKey: "of_SECRET-KEY",
-			Out:    &out,
-		})
-	}()
-	pipelinetest.Eventually(t, 60*time.Second, func() error {
-		select {
-		case err := <-done:
-			t.Fatalf("dev stopped: %v\n%s", err, out.String())
-		default:
-		}
-		if !strings.Contains(out.String(), "onceflow dev is running") {
-			return errors.New("no banner yet")
-		}
-		return nil
+			ShutdownTimeout: 20 * time.Second,
+		},
+		APIKey: "of_SECRET-KEY",
+		Out:    &out,
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop() // what it logs while stopping too
 	text := out.String()
 	if strings.Contains(text, "SECRET") {
 		t.Errorf("dev prints a secret:\n%s", text)

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
@@ -189,50 +190,25 @@ func spanNames(spans []sdktrace.ReadOnlySpan) string {
 // key.
 func tracedDev(t testing.TB, tp trace.TracerProvider) (api, key string, stop func()) {
 	t.Helper()
-	var out syncBuffer
+	var out pipelinetest.Buffer
 	logger := slog.New(slog.NewTextHandler(&out, nil))
 	key = "of_trace-test-key-0123456789"
-	dbURL := pipelinetest.DatabaseURL(t, ledgerMigrations)
-	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan onceflow.Addrs, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
-			RunConfig: onceflow.RunConfig{
-				Config: onceflow.Config{
-					Domains:        ledgerDomains(),
-					Kafka:          kafka.Config{Logger: logger},
-					Topics:         kafka.Topics{Prefix: "ledger", Partitions: 1},
-					DatabaseURL:    dbURL,
-					Logger:         logger,
-					TracerProvider: tp,
-				},
-				Webhooks: webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
-				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", ShutdownTimeout: 20 * time.Second,
-				Started: func(a onceflow.Addrs) { addrs <- a },
+	addrs, stop := onceflowtest.Dev(t, onceflow.DevConfig{
+		RunConfig: onceflow.RunConfig{
+			Config: onceflow.Config{
+				Domains:        ledgerDomains(),
+				Kafka:          kafka.Config{Logger: logger},
+				Topics:         kafka.Topics{Prefix: "ledger", Partitions: 1},
+				DatabaseURL:    pipelinetest.DatabaseURL(t, ledgerMigrations),
+				Logger:         logger,
+				TracerProvider: tp,
 			},
-			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
-			APIKey: key, Out: &out,
-		})
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("dev: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	select {
-	case a := <-addrs:
-		return "http://" + a.HTTP, key, stop
-	case err := <-done:
-		done <- err
-		t.Fatalf("dev stopped: %v\n%s", err, out.String())
-	}
-	return "", "", stop
+			Webhooks:        webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+			ShutdownTimeout: 20 * time.Second,
+		},
+		APIKey: key, Out: &out,
+	})
+	return "http://" + addrs.HTTP, key, stop
 }
 
 // Without a tracer provider no span is made, and a command's traceparent

@@ -23,6 +23,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/onceflow/onceflow"
 )
@@ -235,4 +236,12 @@ func (c *command) printUsage(w io.Writer, title string, fs *flag.FlagSet, own ma
 		fmt.Fprintln(w, "\nSettings (each also an environment variable; the flag wins):")
 		printSettings(w, c.settings, ss.texts)
 	}
+}
+
+// table returns the writer of an operator command's table, its columns
+// two spaces apart, with header (tab-separated) written; Flush it.
+func table(w io.Writer, header string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	return tw
 }

@@ -72,7 +72,7 @@ func TestTenantsKeys(t *testing.T) {
 		t.Errorf("tenants keys list -tenant acme:\n%s\nwant keys %s and %s of acme, active", acme, id1, id2)
 	}
 
-	var logs syncBuffer
+	var logs pipelinetest.Buffer
 	base := startIngest(t, pool, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	c1 := ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: key1}}
 	c2 := ledgerapp.Client{Client: &apiclient.Client{BaseURL: base, APIKey: key2}}

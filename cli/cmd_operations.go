@@ -91,8 +91,7 @@ func runReconcile(ctx context.Context, domains []*onceflow.Domain, args []string
 }
 
 func printReconcile(w io.Writer, rep reconcile.Report) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tSUBJECT\tAGGREGATE\tCOMMAND\tKEY\tAGE\tACTION\tCORRECTION\tDETAIL")
+	tw := table(w, "KIND\tSUBJECT\tAGGREGATE\tCOMMAND\tKEY\tAGE\tACTION\tCORRECTION\tDETAIL")
 	for _, f := range rep.Findings {
 		action := string(f.Action)
 		detail := f.Detail
@@ -256,8 +255,7 @@ func runOutboxStatus(ctx context.Context, domains []*onceflow.Domain, args []str
 }
 
 func printOutboxStatus(w io.Writer, st relay.Status) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SHARD\tBACKLOG\tOLDEST\tOWNER\tTOKEN\tLEASE")
+	tw := table(w, "SHARD\tBACKLOG\tOLDEST\tOWNER\tTOKEN\tLEASE")
 	var total int64
 	var oldest time.Duration
 	var problems []string
@@ -288,8 +286,7 @@ func printOutboxStatus(w io.Writer, st relay.Status) {
 	if len(st.Relays) == 0 {
 		fmt.Fprintln(w, "relays: none in the last hour")
 	} else {
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "RELAY\tOWNER\tSHARDS\tHEARTBEAT\tSTARTED")
+		tw = table(w, "RELAY\tOWNER\tSHARDS\tHEARTBEAT\tSTARTED")
 		for _, r := range st.Relays {
 			beat := roundDur(r.SilentFor).String() + " ago"
 			if !r.Live {
@@ -307,8 +304,7 @@ func printOutboxStatus(w io.Writer, st relay.Status) {
 	}
 	fmt.Fprintln(w)
 	if len(st.Dead) > 0 {
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSHARD\tTOPIC\tKEY\tCOMMAND\tBYTES\tREASON\tDEAD AT\tDETAIL")
+		tw = table(w, "ID\tSHARD\tTOPIC\tKEY\tCOMMAND\tBYTES\tREASON\tDEAD AT\tDETAIL")
 		for _, d := range st.Dead {
 			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.Shard, d.Topic, d.Key, d.CommandID, d.Bytes,
 				d.Reason, d.DeadAt.UTC().Format(time.RFC3339), oneLine(d.Detail))

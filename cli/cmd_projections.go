@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -172,8 +171,7 @@ func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DOMAIN\tPROJECTION\tTABLES\tREBUILDABLE")
+	tw := table(stdout, "DOMAIN\tPROJECTION\tTABLES\tREBUILDABLE")
 	for _, d := range dep.Domains {
 		for _, p := range d.ReadModels() {
 			tables, rebuildable := "-", "no"
@@ -217,8 +215,7 @@ func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []
 	if len(list) == 0 {
 		fmt.Fprintln(stdout, "rebuilds: none")
 	} else {
-		tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "REBUILD\tPROJECTION\tSTATE\tSTARTED\tFINISHED\tDETAIL")
+		tw = table(stdout, "REBUILD\tPROJECTION\tSTATE\tSTARTED\tFINISHED\tDETAIL")
 		for _, r := range list {
 			fin := "-"
 			if r.finished != nil {

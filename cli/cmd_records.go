@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -47,8 +46,7 @@ func runDLQList(ctx context.Context, domains []*onceflow.Domain, args []string, 
 		}
 		return nil
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DLQ\tTIME\tREASON\tKEY\tTYPE\tCOMMAND-ID\tSOURCE\tDETAIL")
+	tw := table(stdout, "DLQ\tTIME\tREASON\tKEY\tTYPE\tCOMMAND-ID\tSOURCE\tDETAIL")
 	for _, d := range dls {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%d@%d\t%s\n", d.Coordinates(), d.Time.UTC().Format(time.RFC3339),
 			d.Reason, cellText(string(d.Key)), cellText(d.Header(pipeline.HeaderCommandType)), cellText(d.Header(pipeline.HeaderCommandID)),

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -85,8 +84,7 @@ func runTenantsKeysList(ctx context.Context, domains []*onceflow.Domain, args []
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTENANT\tNAME\tCREATED\tREVOKED")
+	tw := table(stdout, "ID\tTENANT\tNAME\tCREATED\tREVOKED")
 	for _, k := range keys {
 		revoked := "-"
 		if !k.RevokedAt.IsZero() {
@@ -156,8 +154,7 @@ func runIdempotencyCheck(ctx context.Context, domains []*onceflow.Domain, args [
 		return nil
 	}
 	fmt.Fprintln(stdout)
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tREPLAYS\tCONFLICTS\tLAST SEEN (UTC)\tCREATED (UTC)\tROUTE\tCOMMAND\tSTATUS")
+	tw := table(stdout, "KEY\tREPLAYS\tCONFLICTS\tLAST SEEN (UTC)\tCREATED (UTC)\tROUTE\tCOMMAND\tSTATUS")
 	for _, a := range r.Top {
 		last := "-"
 		if !a.LastSeen.IsZero() {

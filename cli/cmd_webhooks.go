@@ -8,7 +8,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/onceflow/onceflow"
@@ -39,8 +38,7 @@ func runWebhooksList(ctx context.Context, domains []*onceflow.Domain, args []str
 		return err
 	}
 	defer rows.Close()
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tURL\tEVENT TYPES\tSTATUS\tSECRETS\tFAILURES\tBREAKER")
+	tw := table(stdout, "ID\tURL\tEVENT TYPES\tSTATUS\tSECRETS\tFAILURES\tBREAKER")
 	for rows.Next() {
 		var id [16]byte
 		var url, status, reason string
@@ -109,8 +107,7 @@ func runWebhooksDeliveries(ctx context.Context, domains []*onceflow.Domain, args
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT\tTYPE\tSUBSCRIPTION\tSTATUS\tATTEMPTS\tLAST\tPROJECTED\tDELIVERED\tKEY")
+	tw := table(stdout, "EVENT\tTYPE\tSUBSCRIPTION\tSTATUS\tATTEMPTS\tLAST\tPROJECTED\tDELIVERED\tKEY")
 	for _, d := range ds {
 		last := "-"
 		switch {
@@ -209,8 +206,7 @@ func runJobsList(ctx context.Context, domains []*onceflow.Domain, args []string,
 		return err
 	}
 	defer rows.Close()
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tKIND\tSTATE\tATTEMPT\tKEY\tNOTE\tLAST ERROR\tCREATED")
+	tw := table(stdout, "ID\tKIND\tSTATE\tATTEMPT\tKEY\tNOTE\tLAST ERROR\tCREATED")
 	for rows.Next() {
 		var id int64
 		var k, st, key, note, lastErr string

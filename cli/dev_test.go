@@ -24,9 +24,9 @@ import (
 
 // startDev runs `onceflow dev` with env on ports of its own until the
 // test ends, and returns ingest's base URL once its banner is out.
-func startDev(t *testing.T, ctx context.Context, env map[string]string) (string, *syncBuffer) {
+func startDev(t *testing.T, ctx context.Context, env map[string]string) (string, *pipelinetest.Buffer) {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &pipelinetest.Buffer{}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -186,7 +186,7 @@ func TestNATSinkNeedsAURL(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := run(ctx, []string{"natsink", "-kafka-brokers", "127.0.0.1:1", "-admin-addr", "127.0.0.1:0"}, func(string) string { return "" }, &syncBuffer{})
+	err := run(ctx, []string{"natsink", "-kafka-brokers", "127.0.0.1:1", "-admin-addr", "127.0.0.1:0"}, func(string) string { return "" }, &pipelinetest.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "ONCEFLOW_NATS_URL") {
 		t.Fatalf("got %v, want an error naming ONCEFLOW_NATS_URL", err)
 	}

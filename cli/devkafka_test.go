@@ -27,7 +27,7 @@ func TestDevOnKafkaBrokersThatDoNotAnswer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out syncBuffer
+	var out pipelinetest.Buffer
 	err = run(ctx, []string{"dev", "-registry-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, &out)
 	if err == nil || !strings.Contains(err.Error(), "no Kafka answers at KAFKA_BROKERS="+addr) || !strings.Contains(err.Error(), "make kafka-up") {
 		t.Fatalf("dev on a KAFKA_BROKERS that does not answer: %v, want an error naming it and make kafka-up\n%s", err, out.String())

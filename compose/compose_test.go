@@ -10,7 +10,6 @@
 package compose
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/natsink"
@@ -191,48 +191,26 @@ func TestAlertsAndDashboardsUseExportedMetrics(t *testing.T) {
 func exportedMetrics(t *testing.T) (exported, unobserved map[string]bool) {
 	t.Helper()
 	reg := admin.NewRegistry()
-	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunDev(ctx, onceflow.DevConfig{
-			RunConfig: onceflow.RunConfig{
-				Config: onceflow.Config{
-					Domains:     []*onceflow.Domain{ledgerapp.Domain()},
-					Topics:      kafka.Topics{Prefix: "ledger", Partitions: 2},
-					DatabaseURL: pipelinetest.DatabaseURL(t),
-					Logger:      slog.New(slog.DiscardHandler),
-					InstanceID:  "compose-test",
-				},
-				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-				Metrics: reg,
-				Started: func(onceflow.Addrs) { close(started) },
-				// The relay's periodic reconcile exports its metrics from
-				// the start; its first run is after the test.
-				Reconcile: reconcile.Config{Interval: time.Hour},
-				// So does the NATS sink, before it reaches a server: none
-				// listens on port 1 of loopback, and it keeps trying.
-				NATSink: natsink.Config{URL: "nats://127.0.0.1:1"},
+	_, stop := onceflowtest.Dev(t, onceflow.DevConfig{
+		RunConfig: onceflow.RunConfig{
+			Config: onceflow.Config{
+				Domains:     []*onceflow.Domain{ledgerapp.Domain()},
+				Topics:      kafka.Topics{Prefix: "ledger", Partitions: 2},
+				DatabaseURL: pipelinetest.DatabaseURL(t),
+				Logger:      slog.New(slog.DiscardHandler),
+				InstanceID:  "compose-test",
 			},
-			DataDir:      t.TempDir(),
-			BrokerAddr:   "127.0.0.1:0",
-			RegistryAddr: "127.0.0.1:0",
-			Out:          io.Discard,
-		})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("onceflow dev: %v", err)
-		}
-	}()
-	select {
-	case <-started:
-	case err := <-done:
-		t.Fatalf("onceflow dev: %v", err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("onceflow dev did not start within 2m")
-	}
+			Metrics: reg,
+			// The relay's periodic reconcile exports its metrics from
+			// the start; its first run is after the test.
+			Reconcile: reconcile.Config{Interval: time.Hour},
+			// So does the NATS sink, before it reaches a server: none
+			// listens on port 1 of loopback, and it keeps trying.
+			NATSink: natsink.Config{URL: "nats://127.0.0.1:1"},
+		},
+		Out: io.Discard,
+	})
+	defer stop()
 
 	exported, unobserved = map[string]bool{}, map[string]bool{}
 	descs := make(chan *prometheus.Desc)

@@ -14,6 +14,13 @@ cd "$(dirname "$0")/.."
 dir=$(go list -m -f '{{.Dir}}' github.com/riverqueue/river/riverdriver/riverpgxv5)/migration/main
 version=$(go list -m -f '{{.Version}}' github.com/riverqueue/river/riverdriver/riverpgxv5)
 strip() { sed -e 's#/\* TEMPLATE: schema \*/##g' "$1"; echo; }
+# statement FILE: one of River's files as one goose statement.
+statement() {
+	echo "-- River $(basename "$1")"
+	echo "-- +goose StatementBegin"
+	strip "$1"
+	echo "-- +goose StatementEnd"
+}
 # part OUT FROM TO: River's versions FROM..TO as one goose migration.
 part() {
 	out=$1 from=$2 to=$3
@@ -23,11 +30,7 @@ part() {
 		echo "-- do not edit by hand. onceflow's jobs run on River (docs/jobs.md)."
 		echo "-- +goose Up"
 		for v in $(seq "$from" "$to"); do
-			f=$(ls "$dir"/$(printf %03d "$v")_*.up.sql)
-			echo "-- River $(basename "$f")"
-			echo "-- +goose StatementBegin"
-			strip "$f"
-			echo "-- +goose StatementEnd"
+			statement "$(ls "$dir"/$(printf %03d "$v")_*.up.sql)"
 		done
 		if [ "$from" -le 5 ] && [ "$to" -ge 5 ]; then
 			echo "INSERT INTO river_migration (line, version) SELECT 'main', v FROM generate_series(1, $to) v ON CONFLICT DO NOTHING;"
@@ -41,14 +44,9 @@ part() {
 		for v in $(seq "$to" -1 "$from"); do
 			f=$(ls "$dir"/$(printf %03d "$v")_*.down.sql)
 			[ -s "$f" ] || continue
-			echo "-- River $(basename "$f")"
-			echo "-- +goose StatementBegin"
-			strip "$f"
-			echo "-- +goose StatementEnd"
+			statement "$f"
 		done
-		if [ "$to" -ge 5 ] && [ "$from" -gt 1 ]; then
-			echo "DELETE FROM river_migration WHERE version BETWEEN $from AND $to;"
-		elif [ "$from" -gt 1 ]; then
+		if [ "$from" -gt 1 ]; then
 			echo "DELETE FROM river_migration WHERE version BETWEEN $from AND $to;"
 		fi
 	} >"$out"

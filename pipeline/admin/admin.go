@@ -42,7 +42,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	checks  map[string]Check
-	failing map[string]string // check -> the error last logged for it
+	failing Failures // the checks' failures logged
 	token   string
 	denied  *prometheus.CounterVec
 	mux     *http.ServeMux
@@ -61,7 +61,7 @@ func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Serve
 	if addr == "" {
 		addr = ":9090"
 	}
-	s := &Server{addr: addr, registry: registry, logger: logger, checks: map[string]Check{}, failing: map[string]string{}, mux: http.NewServeMux()}
+	s := &Server{addr: addr, registry: registry, logger: logger, checks: map[string]Check{}, mux: http.NewServeMux()}
 	s.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "onceflow_admin_denied_requests_total",
 		Help: "Requests to admin routes that act refused: reason disabled (no ONCEFLOW_ADMIN_TOKEN set) or unauthorized (no or a wrong token).",
@@ -209,23 +209,42 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 // noteCheck logs a check's failure when it starts or its error changes, and
 // its recovery.
 func (s *Server) noteCheck(name string, err error) {
-	s.mu.Lock()
-	last, was := s.failing[name]
 	switch {
-	case err != nil && (!was || last != err.Error()):
-		s.failing[name] = err.Error()
-	case err == nil && was:
-		delete(s.failing, name)
-	default:
-		s.mu.Unlock()
-		return
-	}
-	s.mu.Unlock()
-	if err != nil {
+	case !s.failing.Changed(name, err):
+	case err != nil:
 		s.logger.Warn("readiness check failed", "check", name, "err", err)
-	} else {
+	default:
 		s.logger.Info("readiness check passes again", "check", name)
 	}
+}
+
+// Failures remembers which of a set of named sources (readiness checks,
+// what the status page reads) are failing and with what, so that their
+// logs say a failure when it starts or its error changes and a recovery
+// once, not a line per attempt. The zero value is ready to use.
+type Failures struct {
+	mu      sync.Mutex
+	failing map[string]string // name -> the error last logged for it
+}
+
+// Changed records name's latest result, err or nil, and reports whether it
+// is worth a log line: a new or changed failure, or a recovery.
+func (f *Failures) Changed(name string, err error) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	last, was := f.failing[name]
+	switch {
+	case err != nil && (!was || last != err.Error()):
+		if f.failing == nil {
+			f.failing = map[string]string{}
+		}
+		f.failing[name] = err.Error()
+		return true
+	case err == nil && was:
+		delete(f.failing, name)
+		return true
+	}
+	return false
 }
 
 // Run serves until ctx ends, then shuts down gracefully.

@@ -1,7 +1,6 @@
 package admin_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -18,25 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/onceflow/onceflow/pipeline/admin"
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
-
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func get(t *testing.T, h http.Handler, method, path, auth string) (int, string) {
 	t.Helper()
@@ -55,7 +37,7 @@ func get(t *testing.T, h http.Handler, method, path, auth string) (int, string) 
 // once per failure rather than once per probe, and the recovery too.
 func TestReadyzHidesErrors(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs pipelinetest.Buffer
 	s := admin.New("", prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
 	var mu sync.Mutex
 	dbErr := errors.New(`failed to connect to user=billing_admin database=prod: 10.1.2.3:5432: password authentication failed`)
@@ -180,7 +162,7 @@ func (f failing) Collect(ch chan<- prometheus.Metric) {
 // slow query does not take the whole process out of a scrape.
 func TestMetricsServeWhatCanBeRead(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &pipelinetest.Buffer{}
 	s := admin.New("127.0.0.1:0", reg, slog.New(slog.NewTextHandler(logs, nil)))
 	ok := prometheus.NewGauge(prometheus.GaugeOpts{Name: "onceflow_test_ok", Help: "A series that reads."})
 	ok.Set(7)
@@ -206,7 +188,7 @@ func TestMetricsServeWhatCanBeRead(t *testing.T) {
 // timeout as its error, and with it the whole process (TestStatusPage's
 // 'onceflow dev: context deadline exceeded' at load 38).
 func TestServeStopsDespiteAnOpenRequest(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &pipelinetest.Buffer{}
 	s := admin.New("127.0.0.1:0", prometheus.NewRegistry(), slog.New(slog.NewTextHandler(logs, nil)))
 	entered, release := make(chan struct{}), make(chan struct{})
 	defer close(release)

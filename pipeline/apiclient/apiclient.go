@@ -69,6 +69,16 @@ type Accepted struct {
 	Status    string `json:"status"`
 }
 
+// Get reads a query, GET path, and decodes its 200 into v, or returns an
+// *Error.
+func (c *Client) Get(ctx context.Context, path string, v any) error {
+	resp, err := c.Do(ctx, http.MethodGet, path, "", nil)
+	if err != nil {
+		return err
+	}
+	return Decode(resp, http.StatusOK, v)
+}
+
 // Command is GET /v1/commands/{id}.
 type Command struct {
 	CommandID   string   `json:"command_id"`
@@ -149,11 +159,8 @@ func (c *Client) CommandWait(ctx context.Context, id string, wait time.Duration)
 	if wait > 0 {
 		path += "?wait=" + url.QueryEscape(wait.String())
 	}
-	resp, err := c.Do(ctx, http.MethodGet, path, "", nil)
-	if err != nil {
-		return cmd, err
-	}
-	return cmd, Decode(resp, http.StatusOK, &cmd)
+	err := c.Get(ctx, path, &cmd)
+	return cmd, err
 }
 
 // WaitCommand long-polls a command until its outcome is known or ctx

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"errors"
 	"net/netip"
 	"time"
@@ -126,66 +127,26 @@ type Config struct {
 const DefaultRateLimit = 1000
 
 func (c *Config) setDefaults() {
-	if c.Addr == "" {
-		c.Addr = ":8080"
-	}
-	if c.Shards == 0 {
-		c.Shards = pipeline.DefaultOutboxShards
-	}
-	if c.IdempotencyRetention == 0 {
-		c.IdempotencyRetention = pipeline.DefaultIdempotencyRetention
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 1 << 20
-	}
-	if c.MaxStringBytes == 0 {
-		c.MaxStringBytes = pipeline.DefaultMaxStringBytes
-	}
-	if c.RateLimit == 0 {
-		c.RateLimit = DefaultRateLimit
-	}
-	if c.RateBurst == 0 {
-		c.RateBurst = max(1, int(2*c.RateLimit))
-	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = 128
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = 8192
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = 10 * time.Second
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = 30 * time.Second
-	}
-	if c.WaitPoll == 0 {
-		c.WaitPoll = 500 * time.Millisecond
-	}
-	if c.MaxWaits == 0 {
-		c.MaxWaits = 512
-	}
-	if c.MaxWaitsPerTenant == 0 {
-		c.MaxWaitsPerTenant = 32
-	}
-	if c.InboundRetention == 0 {
-		c.InboundRetention = DefaultInboundRetention
-	}
-	if c.BadKeyCacheSize == 0 {
-		c.BadKeyCacheSize = 65536
-	}
-	if c.BadKeyTTL == 0 {
-		c.BadKeyTTL = 10 * time.Minute
-	}
-	if c.AuthFailureRate == 0 {
-		c.AuthFailureRate = 1
-	}
-	if c.AuthFailureBurst == 0 {
-		c.AuthFailureBurst = 20
-	}
-	if c.KeyRefresh == 0 {
-		c.KeyRefresh = 10 * time.Second
-	}
+	c.Addr = cmp.Or(c.Addr, ":8080")
+	c.Shards = cmp.Or(c.Shards, pipeline.DefaultOutboxShards)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, pipeline.DefaultIdempotencyRetention)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, 1<<20)
+	c.MaxStringBytes = cmp.Or(c.MaxStringBytes, pipeline.DefaultMaxStringBytes)
+	c.RateLimit = cmp.Or(c.RateLimit, DefaultRateLimit)
+	c.RateBurst = cmp.Or(c.RateBurst, max(1, int(2*c.RateLimit)))
+	c.MaxBatch = cmp.Or(c.MaxBatch, 128)
+	c.MaxPending = cmp.Or(c.MaxPending, 8192)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, 10*time.Second)
+	c.MaxWait = cmp.Or(c.MaxWait, 30*time.Second)
+	c.WaitPoll = cmp.Or(c.WaitPoll, 500*time.Millisecond)
+	c.MaxWaits = cmp.Or(c.MaxWaits, 512)
+	c.MaxWaitsPerTenant = cmp.Or(c.MaxWaitsPerTenant, 32)
+	c.InboundRetention = cmp.Or(c.InboundRetention, DefaultInboundRetention)
+	c.BadKeyCacheSize = cmp.Or(c.BadKeyCacheSize, 65536)
+	c.BadKeyTTL = cmp.Or(c.BadKeyTTL, 10*time.Minute)
+	c.AuthFailureRate = cmp.Or(c.AuthFailureRate, 1)
+	c.AuthFailureBurst = cmp.Or(c.AuthFailureBurst, 20)
+	c.KeyRefresh = cmp.Or(c.KeyRefresh, 10*time.Second)
 }
 
 func (c *Config) validate() error {

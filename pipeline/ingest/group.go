@@ -131,11 +131,7 @@ func (c *committer) do(it *acceptItem) acceptResult {
 func (c *committer) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for range c.cfg.Committers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.work(ctx)
-		}()
+		wg.Go(func() { c.work(ctx) })
 	}
 	wg.Wait()
 	for {
@@ -255,12 +251,7 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 	defer cancel()
 	// The transaction's span links to each command's outbox insert
 	// (docs/observability.md); its statements are its children.
-	var links []trace.Link
-	if c.tracer.On() {
-		for _, it := range batch {
-			links = tracing.Link(links, it.ctx)
-		}
-	}
+	links := tracing.Links(c.tracer, batch, func(it *acceptItem) context.Context { return it.ctx })
 	ctx, span := c.tracer.Batch(ctx, "onceflow.ingest.commit", links, trace.WithAttributes(attribute.Int("onceflow.batch.size", len(batch))))
 	defer span.End()
 	start := time.Now()

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -199,7 +200,7 @@ func (s *Server) prepareProviders(providers []Provider, byType map[string]*Route
 		}
 		ip := &inboundProvider{Provider: p, verifier: v, events: map[string]inboundEvent{}}
 		for t, e := range p.Events {
-			ie := inboundEvent{ProviderEvent: e, aggregateID: cmp(e.AggregateID, p.AggregateID)}
+			ie := inboundEvent{ProviderEvent: e, aggregateID: cmp.Or(e.AggregateID, p.AggregateID)}
 			if e.AggregateID != "" && !validLocation(e.AggregateID) {
 				bad("event %q: aggregate_id %q: want a JSON pointer or header:Name", t, e.AggregateID)
 			} else if why := unsigned(p.Scheme, e.AggregateID); why != "" {
@@ -238,13 +239,6 @@ func (s *Server) prepareProviders(providers []Provider, byType map[string]*Route
 		out[p.Name] = ip
 	}
 	return out, errors.Join(errs...)
-}
-
-func cmp(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // signedHeaders are the headers each scheme's signature covers: Standard

@@ -60,6 +60,19 @@ func idempotencyKey(r *http.Request) (string, *Problem) {
 	return key, nil
 }
 
+// keyedBody reads a POST that writes under an Idempotency-Key: the key,
+// then the body, at most maxBytes; the first that is wrong is the 400
+// (or 413, 415) the client gets.
+func keyedBody(r *http.Request, maxBytes int64) (key string, body []byte, p *Problem) {
+	if key, p = idempotencyKey(r); p != nil {
+		return "", nil, p
+	}
+	if body, p = readBody(r, maxBytes); p != nil {
+		return "", nil, p
+	}
+	return key, body, nil
+}
+
 // readBody checks the content type and reads the body, at most maxBytes.
 // A request without a body (close) may omit the content type.
 func readBody(r *http.Request, maxBytes int64) ([]byte, *Problem) {

@@ -210,11 +210,7 @@ var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[
 func (s *Server) accept(route *Route) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, c caller) *Problem {
 		start := time.Now()
-		key, p := idempotencyKey(r)
-		if p != nil {
-			return p
-		}
-		body, p := readBody(r, s.cfg.MaxBodyBytes)
+		key, body, p := keyedBody(r, s.cfg.MaxBodyBytes)
 		if p != nil {
 			return p
 		}
@@ -374,17 +370,10 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 		// its 202, as clients do. A missed notification costs WaitPoll, as
 		// it does any wait.
 		woken, forget := s.wake.wait(id)
-		if s.wake.takeFresh(id, caller.tenant, aggregate) {
-			select {
-			case <-r.Context().Done():
-				forget()
-				return nil // the client is gone
-			case <-woken:
-			case <-time.After(min(s.cfg.WaitPoll, wait)):
-				forget()
-			}
-		} else {
+		if !s.wake.takeFresh(id, caller.tenant, aggregate) {
 			forget()
+		} else if !s.awaitWakeup(r.Context(), woken, forget, wait) {
+			return nil // the client is gone
 		}
 	}
 	for {
@@ -415,13 +404,8 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 			writeJSON(w, http.StatusOK, c)
 			return nil
 		}
-		select {
-		case <-r.Context().Done():
-			forget()
+		if !s.awaitWakeup(r.Context(), woken, forget, left) {
 			return nil // the client is gone
-		case <-woken:
-		case <-time.After(min(s.cfg.WaitPoll, left)):
-			forget()
 		}
 	}
 }
@@ -468,6 +452,21 @@ func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller,
 		c.EventIDs = []string{}
 	}
 	return c, nil
+}
+
+// awaitWakeup waits for woken, a command's outcome notification, at most
+// WaitPoll and d, and reports false if the client went away meanwhile. A
+// registration that did not fire is forgotten.
+func (s *Server) awaitWakeup(ctx context.Context, woken <-chan struct{}, forget func(), d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		forget()
+		return false
+	case <-woken:
+	case <-time.After(min(s.cfg.WaitPoll, d)):
+		forget()
+	}
+	return true
 }
 
 // parseWait reads ?wait=: a Go duration (5s, 1500ms) or whole seconds.
@@ -521,28 +520,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// flight wait for their transactions.
 	cctx, stopCommitters := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		s.committer.run(cctx)
-	}()
+	wg.Go(func() { s.committer.run(cctx) })
 	if len(s.providers) > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.expireInbound(cctx)
-		}()
+		wg.Go(func() { s.expireInbound(cctx) })
 	}
-	go func() {
-		defer wg.Done()
-		s.wake.run(cctx)
-	}()
+	wg.Go(func() { s.wake.run(cctx) })
 	if s.cfg.KeyRefresh > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.refreshKeys(cctx)
-		}()
+		wg.Go(func() { s.refreshKeys(cctx) })
 	}
 	defer func() {
 		stopCommitters()

@@ -59,15 +59,8 @@ func newWakeups(pool *pgxpool.Pool, logger *slog.Logger, freshFor time.Duration)
 // ends.
 func (w *wakeups) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		w.notifyCommits(ctx)
-	}()
-	go func() {
-		defer wg.Done()
-		postgres.Listen(ctx, w.pool, postgres.OutcomesChannel, w.logger, w.outcomes)
-	}()
+	wg.Go(func() { w.notifyCommits(ctx) })
+	wg.Go(func() { postgres.Listen(ctx, w.pool, postgres.OutcomesChannel, w.logger, w.outcomes) })
 	wg.Wait()
 }
 

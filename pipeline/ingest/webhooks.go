@@ -140,11 +140,7 @@ func (s *Server) withID(write bool, fn func(ctx context.Context, db DB, tenant s
 // (200, Idempotent-Replayed: true, without its secret: shown once), with
 // another request 409.
 func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request, c caller) *Problem {
-	key, p := idempotencyKey(r)
-	if p != nil {
-		return p
-	}
-	body, p := readBody(r, s.cfg.MaxBodyBytes)
+	key, body, p := keyedBody(r, s.cfg.MaxBodyBytes)
 	if p != nil {
 		return p
 	}

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -73,33 +74,15 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Queue == "" {
-		c.Queue = DefaultQueue
-	}
-	if c.MaxWorkers == 0 {
-		c.MaxWorkers = DefaultMaxWorkers
-	}
-	if c.BacklogWorkers == 0 {
-		c.BacklogWorkers = DefaultBacklogWorkers
-	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.AttemptTimeout == 0 {
-		c.AttemptTimeout = c.Lease / 2
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BaseDelay == 0 {
-		c.BaseDelay = DefaultBaseDelay
-	}
-	if c.MaxDelay == 0 {
-		c.MaxDelay = DefaultMaxDelay
-	}
-	if c.FetchCooldown == 0 {
-		c.FetchCooldown = DefaultFetchCooldown
-	}
+	c.Queue = cmp.Or(c.Queue, DefaultQueue)
+	c.MaxWorkers = cmp.Or(c.MaxWorkers, DefaultMaxWorkers)
+	c.BacklogWorkers = cmp.Or(c.BacklogWorkers, DefaultBacklogWorkers)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.AttemptTimeout = cmp.Or(c.AttemptTimeout, c.Lease/2)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.BaseDelay = cmp.Or(c.BaseDelay, DefaultBaseDelay)
+	c.MaxDelay = cmp.Or(c.MaxDelay, DefaultMaxDelay)
+	c.FetchCooldown = cmp.Or(c.FetchCooldown, DefaultFetchCooldown)
 }
 
 // BacklogQueue is the River queue of the backlog's jobs.

@@ -507,9 +507,7 @@ func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) 
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for leader, froms := range byLeader {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for len(froms) > 0 {
 					n := min(len(froms), 64)
 					got := fetchRecords(ctx, m.cl, leader, details, froms[:n])
@@ -521,7 +519,7 @@ func (m *LagMeter) fetchFirst(ctx context.Context, pending map[position]readOn) 
 					mu.Unlock()
 					froms = froms[n:]
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		// A partition that answered nothing (an error, or left out of a

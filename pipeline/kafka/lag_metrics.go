@@ -59,26 +59,16 @@ var (
 	partitionLabels = []string{"cluster_name", "group", "topic", "partition", "member_host", "consumer_id", "client_id"}
 	groupLabels     = []string{"cluster_name", "group"}
 
-	groupOffsetDesc = prometheus.NewDesc("kafka_consumergroup_group_offset",
-		"The group's committed offset: the next offset it will read.", partitionLabels, nil)
-	lagDesc = prometheus.NewDesc("kafka_consumergroup_group_lag",
-		"Records between the group's committed offset and the partition's last stable offset.", partitionLabels, nil)
-	lagSecondsDesc = prometheus.NewDesc("kafka_consumergroup_group_lag_seconds",
-		"Age of the oldest record the group has not consumed yet (by its timestamp); 0 without lag.", partitionLabels, nil)
-	maxLagDesc = prometheus.NewDesc("kafka_consumergroup_group_max_lag",
-		"The group's largest lag of a partition, in records.", groupLabels, nil)
-	maxLagSecondsDesc = prometheus.NewDesc("kafka_consumergroup_group_max_lag_seconds",
-		"The group's largest lag of a partition, in seconds.", groupLabels, nil)
-	sumLagDesc = prometheus.NewDesc("kafka_consumergroup_group_sum_lag",
-		"The group's lag summed over its partitions, in records.", groupLabels, nil)
-	topicSumLagDesc = prometheus.NewDesc("kafka_consumergroup_group_topic_sum_lag",
-		"The group's lag summed over the partitions of a topic, in records.", []string{"cluster_name", "group", "topic"}, nil)
-	latestOffsetDesc = prometheus.NewDesc("kafka_partition_latest_offset",
-		"The partition's last stable offset: as far as a read_committed consumer can read.", []string{"cluster_name", "topic", "partition"}, nil)
-	earliestOffsetDesc = prometheus.NewDesc("kafka_partition_earliest_offset",
-		"The partition's log start offset.", []string{"cluster_name", "topic", "partition"}, nil)
-	pollTimeDesc = prometheus.NewDesc("kafka_consumergroup_poll_time_ms",
-		"How long the last lag measurement took, in milliseconds.", []string{"cluster_name"}, nil)
+	groupOffsetDesc    = prometheus.NewDesc("kafka_consumergroup_group_offset", "The group's committed offset: the next offset it will read.", partitionLabels, nil)
+	lagDesc            = prometheus.NewDesc("kafka_consumergroup_group_lag", "Records between the group's committed offset and the partition's last stable offset.", partitionLabels, nil)
+	lagSecondsDesc     = prometheus.NewDesc("kafka_consumergroup_group_lag_seconds", "Age of the oldest record the group has not consumed yet (by its timestamp); 0 without lag.", partitionLabels, nil)
+	maxLagDesc         = prometheus.NewDesc("kafka_consumergroup_group_max_lag", "The group's largest lag of a partition, in records.", groupLabels, nil)
+	maxLagSecondsDesc  = prometheus.NewDesc("kafka_consumergroup_group_max_lag_seconds", "The group's largest lag of a partition, in seconds.", groupLabels, nil)
+	sumLagDesc         = prometheus.NewDesc("kafka_consumergroup_group_sum_lag", "The group's lag summed over its partitions, in records.", groupLabels, nil)
+	topicSumLagDesc    = prometheus.NewDesc("kafka_consumergroup_group_topic_sum_lag", "The group's lag summed over the partitions of a topic, in records.", []string{"cluster_name", "group", "topic"}, nil)
+	latestOffsetDesc   = prometheus.NewDesc("kafka_partition_latest_offset", "The partition's last stable offset: as far as a read_committed consumer can read.", []string{"cluster_name", "topic", "partition"}, nil)
+	earliestOffsetDesc = prometheus.NewDesc("kafka_partition_earliest_offset", "The partition's log start offset.", []string{"cluster_name", "topic", "partition"}, nil)
+	pollTimeDesc       = prometheus.NewDesc("kafka_consumergroup_poll_time_ms", "How long the last lag measurement took, in milliseconds.", []string{"cluster_name"}, nil)
 )
 
 // NewLagCollector returns a collector measuring with cl (any client of the

@@ -66,54 +66,19 @@ func readPartition(ctx context.Context, cl *kgo.Client, topic string, part int32
 	if !committed {
 		isolation, level = kgo.ReadUncommitted(), 0
 	}
-	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	td, leader, err := partitionLeader(ctx, cl, topic, part)
 	if err != nil {
-		return from, fmt.Errorf("metadata of %s: %w", topic, err)
-	}
-	td, ok := details[topic]
-	if !ok || td.Err != nil {
-		return from, fmt.Errorf("metadata of %s: %v", topic, td.Err)
-	}
-	pd, ok := td.Partitions[part]
-	if !ok {
-		return from, fmt.Errorf("%s has no partition %d", topic, part)
+		return from, err
 	}
 	next := max(from, 0)
 	end := int64(-1) // fixed by the first response
 	var waitStart time.Time
 	backoff := 20 * time.Millisecond
 	for {
-		req := kmsg.NewPtrFetchRequest()
-		req.ReplicaID = -1
-		req.MaxWaitMillis = 0
-		req.MinBytes = 0
-		req.MaxBytes = 64 << 20
-		req.IsolationLevel = level
-		req.SessionEpoch = -1
-		rt := kmsg.NewFetchRequestTopic()
-		rt.Topic = topic
-		rt.TopicID = td.ID
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition = part
-		rp.FetchOffset = next
-		rp.CurrentLeaderEpoch = -1
-		rp.LogStartOffset = -1
-		rp.PartitionMaxBytes = 16 << 20
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-
-		kresp, err := cl.Broker(int(pd.Leader)).RetriableRequest(ctx, req)
+		presp, err := fetch(ctx, cl, leader, td.ID, topic, part, next, level, 16<<20)
 		if err != nil {
-			return next, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, next, err)
+			return next, err
 		}
-		resp := kresp.(*kmsg.FetchResponse)
-		if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-			return next, fmt.Errorf("fetch %s/%d: %w", topic, part, err)
-		}
-		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return next, fmt.Errorf("fetch %s/%d: unexpected response shape", topic, part)
-		}
-		presp := &resp.Topics[0].Partitions[0]
 		if err := kerr.ErrorForCode(presp.ErrorCode); err != nil {
 			if errors.Is(err, kerr.OffsetOutOfRange) && next < presp.LogStartOffset {
 				next = presp.LogStartOffset
@@ -203,39 +168,16 @@ func ReadTopic(ctx context.Context, cl *kgo.Client, topic string, committed bool
 // partitions a group lags on). It fetches a batch at a time, a few at
 // most.
 func BlockedBatch(ctx context.Context, cl *kgo.Client, topic string, part int32, offset int64) (*kgo.ErrDecompressTooLarge, error) {
-	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	td, leader, err := partitionLeader(ctx, cl, topic, part)
 	if err != nil {
-		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
-	}
-	td, ok := details[topic]
-	if !ok || td.Err != nil {
-		return nil, fmt.Errorf("metadata of %s: %v", topic, td.Err)
-	}
-	pd, ok := td.Partitions[part]
-	if !ok {
-		return nil, fmt.Errorf("%s has no partition %d", topic, part)
+		return nil, err
 	}
 	for range 8 {
-		req := kmsg.NewPtrFetchRequest()
-		req.ReplicaID = -1
-		req.IsolationLevel = 1
-		req.SessionEpoch = -1
-		req.MaxBytes = 1 // the broker still returns the whole first batch
-		rt := kmsg.NewFetchRequestTopic()
-		rt.Topic, rt.TopicID = topic, td.ID
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition, rp.FetchOffset, rp.CurrentLeaderEpoch, rp.LogStartOffset, rp.PartitionMaxBytes = part, offset, -1, -1, 1
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-		kresp, err := cl.Broker(int(pd.Leader)).RetriableRequest(ctx, req)
+		// One byte at most: the broker still returns the whole first batch.
+		presp, err := fetch(ctx, cl, leader, td.ID, topic, part, offset, 1, 1)
 		if err != nil {
-			return nil, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, offset, err)
+			return nil, err
 		}
-		resp := kresp.(*kmsg.FetchResponse)
-		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return nil, fmt.Errorf("fetch %s/%d: unexpected response shape", topic, part)
-		}
-		presp := &resp.Topics[0].Partitions[0]
 		if err := kerr.ErrorForCode(presp.ErrorCode); err != nil {
 			return nil, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, offset, err)
 		}
@@ -250,4 +192,50 @@ func BlockedBatch(ctx context.Context, cl *kgo.Client, topic string, part int32,
 		offset = next // only markers or aborted records: the next batch
 	}
 	return nil, nil
+}
+
+// partitionLeader returns topic's metadata and the leader of its partition
+// part.
+func partitionLeader(ctx context.Context, cl *kgo.Client, topic string, part int32) (kadm.TopicDetail, int32, error) {
+	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil {
+		return kadm.TopicDetail{}, 0, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	td, ok := details[topic]
+	if !ok || td.Err != nil {
+		return kadm.TopicDetail{}, 0, fmt.Errorf("metadata of %s: %v", topic, td.Err)
+	}
+	pd, ok := td.Partitions[part]
+	if !ok {
+		return kadm.TopicDetail{}, 0, fmt.Errorf("%s has no partition %d", topic, part)
+	}
+	return td, pd.Leader, nil
+}
+
+// fetch sends one fetch of topic/part at offset, of at most maxBytes
+// (isolation 1: read_committed, 0: read_uncommitted), to the partition's
+// leader without waiting for records, and returns the partition's
+// answer; its error code is the caller's to read.
+func fetch(ctx context.Context, cl *kgo.Client, leader int32, topicID [16]byte, topic string, part int32, offset int64, isolation int8, maxBytes int32) (*kmsg.FetchResponseTopicPartition, error) {
+	req := kmsg.NewPtrFetchRequest()
+	req.IsolationLevel = isolation
+	req.MaxBytes = maxBytes
+	rt := kmsg.NewFetchRequestTopic()
+	rt.Topic, rt.TopicID = topic, topicID
+	rp := kmsg.NewFetchRequestTopicPartition()
+	rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = part, offset, maxBytes
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	kresp, err := cl.Broker(int(leader)).RetriableRequest(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s/%d at %d: %w", topic, part, offset, err)
+	}
+	resp := kresp.(*kmsg.FetchResponse)
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return nil, fmt.Errorf("fetch %s/%d: %w", topic, part, err)
+	}
+	if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
+		return nil, fmt.Errorf("fetch %s/%d: unexpected response shape", topic, part)
+	}
+	return &resp.Topics[0].Partitions[0], nil
 }

@@ -1,6 +1,7 @@
 package natsink
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -96,36 +97,16 @@ func (c *Config) setDefaults() error {
 		c.MaxBackoff < 0 || c.SessionTimeout < 0 {
 		return errors.New("natsink: negative DuplicateWindow, Replicas, MaxInFlight, AckTimeout, MaxPollRecords, MaxBackoff or SessionTimeout")
 	}
-	if c.Group == "" {
-		c.Group = DefaultGroup
-	}
-	if c.Stream == "" {
-		c.Stream = DefaultStream(c.Topic)
-	}
-	if c.Subject == "" {
-		c.Subject = c.Topic
-	}
-	if c.DuplicateWindow == 0 {
-		c.DuplicateWindow = DefaultDuplicateWindow
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = 5 * time.Second
-	}
-	if c.MaxPollRecords == 0 {
-		c.MaxPollRecords = 5000
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 5 * time.Second
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
-	}
+	c.Group = cmp.Or(c.Group, DefaultGroup)
+	c.Stream = cmp.Or(c.Stream, DefaultStream(c.Topic))
+	c.Subject = cmp.Or(c.Subject, c.Topic)
+	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
+	c.Replicas = cmp.Or(c.Replicas, 1)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.AckTimeout = cmp.Or(c.AckTimeout, 5*time.Second)
+	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, 5000)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, 5*time.Second)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	if err := validStreamName(c.Stream); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package natsink
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/onceflow/onceflow/pipeline"
 )
@@ -34,36 +35,17 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
 	m := &metrics{
-		published: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_natsink_events_published_total", Help: "Events JetStream stored as new messages.",
-		}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_natsink_duplicates_total", Help: "Events published again that JetStream dropped as duplicates of a message id in its duplicate window (a re-publish after a crash or a failed acknowledgement).",
-		}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onceflow_natsink_publish_errors_total", Help: "Publishes that failed and are tried again, by class (unavailable: no answer in time; refused: JetStream answered with an error).",
-		}, []string{"class"}),
-		outOfOrder: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_natsink_out_of_order_total", Help: "Events stored in the stream after a later event of their aggregate: a publish that failed and succeeded on a retry after one behind it had been stored.",
-		}),
-		positional: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_natsink_records_without_event_id_total", Help: "Records of the events topic without a valid event-id header, published with their topic position as message id.",
-		}),
-		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onceflow_natsink_commits_total", Help: "Offset commits to Kafka after JetStream acknowledged the records before them, by result (committed, failed).",
-		}, []string{"result"}),
-		connected: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "onceflow_natsink_connected", Help: "1 while the sink's connection to NATS is up, else 0.",
-		}),
-		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "onceflow_natsink_batch_duration_seconds", Help: "Time from a batch's first publish to its offsets' commit.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
-		age: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "onceflow_natsink_event_age_seconds", Help: "Age of an event when JetStream acknowledged it, from its time (its command's).",
-			Buckets: pipeline.StageAgeBuckets,
-		}),
+		published:  f.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_events_published_total", Help: "Events JetStream stored as new messages."}),
+		duplicates: f.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_duplicates_total", Help: "Events published again that JetStream dropped as duplicates of a message id in its duplicate window (a re-publish after a crash or a failed acknowledgement)."}),
+		errors:     f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_natsink_publish_errors_total", Help: "Publishes that failed and are tried again, by class (unavailable: no answer in time; refused: JetStream answered with an error)."}, []string{"class"}),
+		outOfOrder: f.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_out_of_order_total", Help: "Events stored in the stream after a later event of their aggregate: a publish that failed and succeeded on a retry after one behind it had been stored."}),
+		positional: f.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_records_without_event_id_total", Help: "Records of the events topic without a valid event-id header, published with their topic position as message id."}),
+		commits:    f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_natsink_commits_total", Help: "Offset commits to Kafka after JetStream acknowledged the records before them, by result (committed, failed)."}, []string{"result"}),
+		connected:  f.NewGauge(prometheus.GaugeOpts{Name: "onceflow_natsink_connected", Help: "1 while the sink's connection to NATS is up, else 0."}),
+		batch:      f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_batch_duration_seconds", Help: "Time from a batch's first publish to its offsets' commit.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		age:        f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_event_age_seconds", Help: "Age of an event when JetStream acknowledged it, from its time (its command's).", Buckets: pipeline.StageAgeBuckets}),
 	}
 	// Every series exists from the start, at zero, so a rate or an alert
 	// sees the first increase.
@@ -72,6 +54,5 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.commits.WithLabelValues("committed")
 	m.commits.WithLabelValues("failed")
-	reg.MustRegister(m.published, m.duplicates, m.errors, m.outOfOrder, m.positional, m.commits, m.connected, m.batch, m.age)
 	return m
 }

@@ -1,6 +1,7 @@
 package processor
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -90,9 +91,7 @@ const (
 )
 
 func (c *Config) setDefaults() error {
-	if c.Group == "" {
-		c.Group = DefaultGroup
-	}
+	c.Group = cmp.Or(c.Group, DefaultGroup)
 	if c.InstanceID == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -107,30 +106,16 @@ func (c *Config) setDefaults() error {
 	if c.MaxCommandAge != 0 && c.MaxCommandAge < MinMaxCommandAge {
 		return fmt.Errorf("processor: MaxCommandAge %s: want at least %s (a redrive dates older dead letters anew)", c.MaxCommandAge, MinMaxCommandAge)
 	}
-	if c.MaxClockSkew == 0 {
-		c.MaxClockSkew = DefaultMaxClockSkew
-	}
-	if c.MaxCommandBytes == 0 {
-		c.MaxCommandBytes = DefaultMaxCommandBytes
-	}
-	if c.MaxStringBytes == 0 {
-		c.MaxStringBytes = pipeline.DefaultMaxStringBytes
-	}
-	if c.DedupWindow == 0 {
-		c.DedupWindow = DefaultDedupWindow
-	}
+	c.MaxClockSkew = cmp.Or(c.MaxClockSkew, DefaultMaxClockSkew)
+	c.MaxCommandBytes = cmp.Or(c.MaxCommandBytes, DefaultMaxCommandBytes)
+	c.MaxStringBytes = cmp.Or(c.MaxStringBytes, pipeline.DefaultMaxStringBytes)
+	c.DedupWindow = cmp.Or(c.DedupWindow, DefaultDedupWindow)
 	if c.now == nil {
 		c.now = time.Now
 	}
-	if c.MaxPollRecords == 0 {
-		c.MaxPollRecords = 5000
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
-	}
-	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = c.SessionTimeout * 8 / 10
-	}
+	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, 5000)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.TransactionTimeout = cmp.Or(c.TransactionTimeout, c.SessionTimeout*8/10)
 	if c.TransactionTimeout >= c.SessionTimeout {
 		return errors.New("processor: TransactionTimeout must be below SessionTimeout")
 	}

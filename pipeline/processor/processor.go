@@ -361,12 +361,7 @@ func (p *Processor[S]) transact(ctx context.Context, sess *kgo.GroupTransactSess
 	cl := sess.Client()
 	// The transaction's span links to each command's receive span
 	// (docs/observability.md).
-	var links []trace.Link
-	if p.tracer.On() {
-		for _, r := range records {
-			links = tracing.Link(links, r.Context)
-		}
-	}
+	links := tracing.Links(p.tracer, records, func(r *kgo.Record) context.Context { return r.Context })
 	_, span := p.tracer.Batch(ctx, "onceflow.processor.transaction", links, trace.WithAttributes(attribute.Int("onceflow.batch.size", len(records))))
 	defer span.End()
 	b := newBatch(p, txCtx, cl, kgo.AbortingFirstErrPromise(cl))

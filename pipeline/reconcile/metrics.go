@@ -1,6 +1,9 @@
 package reconcile
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
 
 type metrics struct {
 	findings    *prometheus.GaugeVec
@@ -9,25 +12,14 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
 	m := &metrics{
-		findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onceflow_reconcile_findings",
-			Help: "What the last reconcile run found stuck or ambiguous, by kind (pending, outbox-dead, dlq, inbound, job), corrected or not.",
-		}, []string{"kind"}),
-		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onceflow_reconcile_corrections_total",
-			Help: "Corrections reconcile made, by kind and action (resend, command); failed ones are not counted.",
-		}, []string{"kind", "action"}),
-		lastRun: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "onceflow_reconcile_last_run_timestamp_seconds",
-			Help: "When the last reconcile run that read everything finished (Unix seconds).",
-		}),
+		findings:    f.NewGaugeVec(prometheus.GaugeOpts{Name: "onceflow_reconcile_findings", Help: "What the last reconcile run found stuck or ambiguous, by kind (pending, outbox-dead, dlq, inbound, job), corrected or not."}, []string{"kind"}),
+		corrections: f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_reconcile_corrections_total", Help: "Corrections reconcile made, by kind and action (resend, command); failed ones are not counted."}, []string{"kind", "action"}),
+		lastRun:     f.NewGauge(prometheus.GaugeOpts{Name: "onceflow_reconcile_last_run_timestamp_seconds", Help: "When the last reconcile run that read everything finished (Unix seconds)."}),
 	}
 	for _, k := range Kinds {
 		m.findings.WithLabelValues(k)
-	}
-	if reg != nil {
-		reg.MustRegister(m.findings, m.corrections, m.lastRun)
 	}
 	return m
 }

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -141,15 +142,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.MaxPendingAge == 0 {
-		c.MaxPendingAge = 15 * time.Minute
-	}
-	if c.Shards == 0 {
-		c.Shards = pipeline.DefaultOutboxShards
-	}
-	if c.Interval == 0 {
-		c.Interval = 5 * time.Minute
-	}
+	c.MaxPendingAge = cmp.Or(c.MaxPendingAge, 15*time.Minute)
+	c.Shards = cmp.Or(c.Shards, pipeline.DefaultOutboxShards)
+	c.Interval = cmp.Or(c.Interval, 5*time.Minute)
 }
 
 func (c *Config) validate() error {

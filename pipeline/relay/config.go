@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -75,40 +76,18 @@ func (c Config) TransactionalID(shard int) string {
 func (c *Config) setDefaults() {
 	if c.InstanceID == "" {
 		c.InstanceID, _ = os.Hostname()
-		if c.InstanceID == "" {
-			c.InstanceID = "relay"
-		}
+		c.InstanceID = cmp.Or(c.InstanceID, "relay")
 	}
-	if c.Shards == 0 {
-		c.Shards = pipeline.DefaultOutboxShards
-	}
-	if c.LeaseDuration == 0 {
-		c.LeaseDuration = DefaultLeaseDuration
-	}
-	if c.TransactionalIDPrefix == "" {
-		c.TransactionalIDPrefix = "onceflow-relay"
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 100 * time.Millisecond
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 5 * time.Second
-	}
-	if c.IdempotencyRetention == 0 {
-		c.IdempotencyRetention = pipeline.DefaultIdempotencyRetention
-	}
-	if c.InboxRetention == 0 {
-		c.InboxRetention = 30 * 24 * time.Hour
-	}
-	if c.JanitorInterval == 0 {
-		c.JanitorInterval = time.Hour
-	}
-	if c.BacklogMetricsTTL == 0 {
-		c.BacklogMetricsTTL = 10 * time.Second
-	}
+	c.Shards = cmp.Or(c.Shards, pipeline.DefaultOutboxShards)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
+	c.TransactionalIDPrefix = cmp.Or(c.TransactionalIDPrefix, "onceflow-relay")
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, 100*time.Millisecond)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, 5*time.Second)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, pipeline.DefaultIdempotencyRetention)
+	c.InboxRetention = cmp.Or(c.InboxRetention, 30*24*time.Hour)
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, time.Hour)
+	c.BacklogMetricsTTL = cmp.Or(c.BacklogMetricsTTL, 10*time.Second)
 }
 
 func (c *Config) validate() error {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 type metrics struct {
@@ -24,49 +25,17 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.Duration) *metrics {
+	f := promauto.With(reg)
 	m := &metrics{
-		shipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_outbox_shipped_rows_total",
-			Help: "Outbox rows acknowledged by Kafka and deleted.",
-		}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_outbox_ship_errors_total",
-			Help: "Outbox batches (and lease rounds) that failed and were retried.",
-		}),
-		publish: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "onceflow_outbox_publish_duration_seconds",
-			Help:    "Time from producing an outbox batch to the broker's acknowledgement of its transaction.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "onceflow_outbox_ship_latency_seconds",
-			Help: "Time from a row's acceptance (its created_at, database clock) to the broker's acknowledgement: " +
-				"what the outbox adds to a command's way.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
-		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onceflow_outbox_dead_rows_total",
-			Help: "Outbox rows that cannot be shipped, moved to outbox_dead, by reason: the broker's error code for a row it refused for good, " +
-				"or INVALID_HEADERS for headers that are not a JSON object of strings.",
-		}, []string{"reason"}),
-		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onceflow_outbox_fenced_total",
-			Help: "Times this relay found a shard's lease had moved and stopped: at the check before producing, " +
-				"at a renewal, at the delete after the acknowledgement, or by Kafka refusing its fenced producer.",
-		}, []string{"stage"}),
-		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onceflow_outbox_lease_changes_total",
-			Help: "Shard leases this relay acquired, lost to another relay, or released.",
-		}, []string{"change"}),
-		owned: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "onceflow_outbox_shards_owned",
-			Help: "Outbox shards whose lease this relay holds.",
-		}),
-		commitWaits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_outbox_commit_waits_total",
-			Help: "Batches whose commit waited until the producer's metadata held the partitions it had just written to: " +
-				"without the wait franz-go v1.22.3 may turn the commit into an abort (docs/decisions.md).",
-		}),
+		shipped:     f.NewCounter(prometheus.CounterOpts{Name: "onceflow_outbox_shipped_rows_total", Help: "Outbox rows acknowledged by Kafka and deleted."}),
+		errors:      f.NewCounter(prometheus.CounterOpts{Name: "onceflow_outbox_ship_errors_total", Help: "Outbox batches (and lease rounds) that failed and were retried."}),
+		publish:     f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_outbox_publish_duration_seconds", Help: "Time from producing an outbox batch to the broker's acknowledgement of its transaction.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		latency:     f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_outbox_ship_latency_seconds", Help: "Time from a row's acceptance (its created_at, database clock) to the broker's acknowledgement: what the outbox adds to a command's way.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		dead:        f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_outbox_dead_rows_total", Help: "Outbox rows that cannot be shipped, moved to outbox_dead, by reason: the broker's error code for a row it refused for good, or INVALID_HEADERS for headers that are not a JSON object of strings."}, []string{"reason"}),
+		fenced:      f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_outbox_fenced_total", Help: "Times this relay found a shard's lease had moved and stopped: at the check before producing, at a renewal, at the delete after the acknowledgement, or by Kafka refusing its fenced producer."}, []string{"stage"}),
+		leases:      f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_outbox_lease_changes_total", Help: "Shard leases this relay acquired, lost to another relay, or released."}, []string{"change"}),
+		owned:       f.NewGauge(prometheus.GaugeOpts{Name: "onceflow_outbox_shards_owned", Help: "Outbox shards whose lease this relay holds."}),
+		commitWaits: f.NewCounter(prometheus.CounterOpts{Name: "onceflow_outbox_commit_waits_total", Help: "Batches whose commit waited until the producer's metadata held the partitions it had just written to: without the wait franz-go v1.22.3 may turn the commit into an abort (docs/decisions.md)."}),
 	}
 	for _, s := range []string{"check", "renew", "delete", "kafka"} {
 		m.fenced.WithLabelValues(s)
@@ -74,8 +43,7 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.D
 	for _, c := range []string{"acquired", "lost", "released"} {
 		m.leases.WithLabelValues(c)
 	}
-	reg.MustRegister(m.shipped, m.errors, m.publish, m.latency, m.dead, m.fenced, m.leases, m.owned, m.commitWaits,
-		&backlogCollector{pool: pool, ttl: backlogTTL})
+	reg.MustRegister(&backlogCollector{pool: pool, ttl: backlogTTL})
 	return m
 }
 
@@ -119,20 +87,13 @@ const pendingSQL = `SELECT count(*), coalesce(EXTRACT(EPOCH FROM now() - min(cre
 	FROM command_status WHERE status = 'pending'`
 
 var (
-	backlogDesc = prometheus.NewDesc("onceflow_outbox_backlog_rows",
-		"Rows waiting in the outbox.", nil, nil)
-	oldestDesc = prometheus.NewDesc("onceflow_outbox_oldest_age_seconds",
-		"Age of the oldest row waiting at the head of an outbox shard (0 when empty); alert on this, not on the count.", nil, nil)
-	shardBacklogDesc = prometheus.NewDesc("onceflow_outbox_shard_backlog_rows",
-		"Rows waiting in one outbox shard.", []string{"shard"}, nil)
-	shardOldestDesc = prometheus.NewDesc("onceflow_outbox_shard_oldest_age_seconds",
-		"Age of the row at the head of one outbox shard (0 when empty).", []string{"shard"}, nil)
-	deadDesc = prometheus.NewDesc("onceflow_outbox_dead_rows",
-		"Rows in outbox_dead: rows that cannot be shipped, waiting for an operator.", nil, nil)
-	pendingDesc = prometheus.NewDesc("onceflow_commands_pending",
-		"Commands waiting for an outcome (pending in command_status).", nil, nil)
-	oldestPendingDesc = prometheus.NewDesc("onceflow_commands_oldest_pending_age_seconds",
-		"Age of the oldest command waiting for an outcome (0 when none); alert on this.", nil, nil)
+	backlogDesc       = prometheus.NewDesc("onceflow_outbox_backlog_rows", "Rows waiting in the outbox.", nil, nil)
+	oldestDesc        = prometheus.NewDesc("onceflow_outbox_oldest_age_seconds", "Age of the oldest row waiting at the head of an outbox shard (0 when empty); alert on this, not on the count.", nil, nil)
+	shardBacklogDesc  = prometheus.NewDesc("onceflow_outbox_shard_backlog_rows", "Rows waiting in one outbox shard.", []string{"shard"}, nil)
+	shardOldestDesc   = prometheus.NewDesc("onceflow_outbox_shard_oldest_age_seconds", "Age of the row at the head of one outbox shard (0 when empty).", []string{"shard"}, nil)
+	deadDesc          = prometheus.NewDesc("onceflow_outbox_dead_rows", "Rows in outbox_dead: rows that cannot be shipped, waiting for an operator.", nil, nil)
+	pendingDesc       = prometheus.NewDesc("onceflow_commands_pending", "Commands waiting for an outcome (pending in command_status).", nil, nil)
+	oldestPendingDesc = prometheus.NewDesc("onceflow_commands_oldest_pending_age_seconds", "Age of the oldest command waiting for an outcome (0 when none); alert on this.", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -208,9 +208,5 @@ func (r *Relay) discardClient(w *worker) {
 // closeClient closes a producer in the background: Close waits for
 // requests in flight, which can take a while when the broker is away.
 func (r *Relay) closeClient(cl *kgo.Client) {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		cl.Close()
-	}()
+	r.wg.Go(cl.Close)
 }

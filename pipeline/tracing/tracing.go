@@ -85,6 +85,19 @@ func Link(links []trace.Link, ctx context.Context) []trace.Link {
 	return links
 }
 
+// Links is the spans the contexts of a batch's members carry (ctx of
+// each), for Batch; none when t makes no spans.
+func Links[T any](t Tracer, members []T, ctx func(T) context.Context) []trace.Link {
+	if !t.On() {
+		return nil
+	}
+	var links []trace.Link
+	for _, m := range members {
+		links = Link(links, ctx(m))
+	}
+	return links
+}
+
 // Traceparent is the W3C traceparent of the span ctx carries, or "".
 func Traceparent(ctx context.Context) string {
 	c := propagation.MapCarrier{}

@@ -1,6 +1,7 @@
 package webhooks
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"time"
@@ -74,30 +75,14 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.BreakerFailures == 0 {
-		c.BreakerFailures = DefaultBreakerFailures
-	}
-	if c.BreakerCooldown == 0 {
-		c.BreakerCooldown = DefaultBreakerCooldown
-	}
-	if c.MaxPerTenant == 0 {
-		c.MaxPerTenant = DefaultMaxPerTenant
-	}
-	if c.CacheTTL == 0 {
-		c.CacheTTL = DefaultCacheTTL
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = DefaultMaxPending
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.MaxFanout == 0 {
-		c.MaxFanout = DefaultMaxFanout
-	}
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.BreakerFailures = cmp.Or(c.BreakerFailures, DefaultBreakerFailures)
+	c.BreakerCooldown = cmp.Or(c.BreakerCooldown, DefaultBreakerCooldown)
+	c.MaxPerTenant = cmp.Or(c.MaxPerTenant, DefaultMaxPerTenant)
+	c.CacheTTL = cmp.Or(c.CacheTTL, DefaultCacheTTL)
+	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.MaxFanout = cmp.Or(c.MaxFanout, DefaultMaxFanout)
 }
 
 func (c *Config) validate() error {

@@ -159,14 +159,20 @@ func normalize(types []string) []string {
 	return out
 }
 
-// Get returns one of tenant's subscriptions, without its secret.
-func Get(ctx context.Context, db DB, tenant string, id pipeline.ID) (Subscription, error) {
-	s, err := scan(db.QueryRow(ctx, getSQL, tenant, [16]byte(id)))
+// one runs query, which reads or changes tenant's subscription id and
+// returns it, and answers it without its secret, or ErrNotFound.
+func one(ctx context.Context, db DB, query, tenant string, id pipeline.ID) (Subscription, error) {
+	s, err := scan(db.QueryRow(ctx, query, tenant, [16]byte(id)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Subscription{}, ErrNotFound
 	}
 	s.Secret = ""
 	return s, err
+}
+
+// Get returns one of tenant's subscriptions, without its secret.
+func Get(ctx context.Context, db DB, tenant string, id pipeline.ID) (Subscription, error) {
+	return one(ctx, db, getSQL, tenant, id)
 }
 
 const listSQL = `SELECT ` + subscriptionColumns + ` FROM webhook_subscriptions WHERE tenant = $1 ORDER BY created_at, id`
@@ -225,12 +231,7 @@ const dropPreviousSQL = `UPDATE webhook_subscriptions SET secrets = secrets[1:1]
 
 // DropPrevious ends a rotation: only the newest secret signs.
 func DropPrevious(ctx context.Context, db DB, tenant string, id pipeline.ID) (Subscription, error) {
-	s, err := scan(db.QueryRow(ctx, dropPreviousSQL, tenant, [16]byte(id)))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Subscription{}, ErrNotFound
-	}
-	s.Secret = ""
-	return s, err
+	return one(ctx, db, dropPreviousSQL, tenant, id)
 }
 
 const enableSQL = `UPDATE webhook_subscriptions SET status = 'enabled', disabled_reason = NULL, failures = 0, open_until = NULL, updated_at = now()
@@ -239,10 +240,5 @@ const enableSQL = `UPDATE webhook_subscriptions SET status = 'enabled', disabled
 // Enable enables a disabled subscription again (after a 410 was fixed);
 // deliveries that ended dead meanwhile stay so (redeliver them).
 func Enable(ctx context.Context, db DB, tenant string, id pipeline.ID) (Subscription, error) {
-	s, err := scan(db.QueryRow(ctx, enableSQL, tenant, [16]byte(id)))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Subscription{}, ErrNotFound
-	}
-	s.Secret = ""
-	return s, err
+	return one(ctx, db, enableSQL, tenant, id)
 }

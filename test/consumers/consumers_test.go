@@ -27,6 +27,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/avro"
@@ -97,40 +98,18 @@ func TestPythonConsumerFollowsTheContract(t *testing.T) {
 	if len(external) > 0 {
 		topics.Prefix = fmt.Sprintf("ledger-consumers-%d", time.Now().UnixNano())
 	}
-	started := make(chan onceflow.Addrs, 1)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunDev(runCtx, onceflow.DevConfig{
-			RunConfig: onceflow.RunConfig{
-				Config: onceflow.Config{
-					Domains: []*onceflow.Domain{ledgerapp.Domain()},
-					Kafka:   kafka.Config{Brokers: external},
-					Topics:  topics, DatabaseURL: pipelinetest.DatabaseURL(t),
-					Logger: slog.New(slog.DiscardHandler), InstanceID: "consumers-test",
-				},
-				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-				Started: func(a onceflow.Addrs) { started <- a },
+	addrs, _ := onceflowtest.Dev(t, onceflow.DevConfig{
+		RunConfig: onceflow.RunConfig{
+			Config: onceflow.Config{
+				Domains: []*onceflow.Domain{ledgerapp.Domain()},
+				Kafka:   kafka.Config{Brokers: external},
+				Topics:  topics, DatabaseURL: pipelinetest.DatabaseURL(t),
+				Logger: slog.New(slog.DiscardHandler), InstanceID: "consumers-test",
 			},
-			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
-			ExternalKafka: len(external) > 0,
-			APIKey:        apiKey, Out: io.Discard,
-		})
-	}()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("onceflow dev: %v", err)
-		}
-	}()
-	var addrs onceflow.Addrs
-	select {
-	case addrs = <-started:
-	case err := <-done:
-		t.Fatalf("onceflow dev: %v", err)
-	case <-ctx.Done():
-		t.Fatal("onceflow dev did not start")
-	}
+		},
+		ExternalKafka: len(external) > 0,
+		APIKey:        apiKey, Out: io.Discard,
+	})
 	brokers := kafka.ParseBrokers(addrs.Kafka)
 	api := &ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + addrs.HTTP, APIKey: apiKey}}
 

@@ -40,7 +40,7 @@ func BenchmarkStatus(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	reg := admin.NewRegistry()
-	s := startDev(b, ctx, 8, reg, 10*time.Second)
+	s := startDev(b, 8, reg, 10*time.Second)
 	for i := range 8 {
 		a, _, err := s.api.OpenAccount(ctx, fmt.Sprintf("open-%d", i), fmt.Sprintf("acc-%d", i), "EUR")
 		if err != nil {

@@ -37,7 +37,7 @@ func (s *devStack) diagnose(t testing.TB) {
 		}
 	}
 
-	fmt.Fprintf(&b, "the log's last lines:\n%s\n", s.logs.tail(60))
+	fmt.Fprintf(&b, "the log's last lines:\n%s\n", tail(s.logs, 60))
 	b.WriteString("where the pipeline stands:\n")
 	row := func(label, sql string, args ...any) {
 		rows, err := s.pool.Query(ctx, sql, args...)

@@ -7,7 +7,6 @@ package statuspage
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -29,6 +28,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/admin/status/statustest"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
@@ -68,7 +68,7 @@ func TestStatusPage(t *testing.T) {
 	tab := statustest.Browser(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	s := startDev(t, ctx, 4, nil, time.Second)
+	s := startDev(t, 4, nil, time.Second)
 	page := "http://" + s.addrs.Admin + "/status"
 	statustest.Open(t, tab, page)
 
@@ -381,61 +381,41 @@ type devStack struct {
 	addrs onceflow.Addrs
 	api   *ledgerapp.Client
 	pool  *pgxpool.Pool
-	logs  *syncBuffer
+	logs  *pipelinetest.Buffer
 }
 
 // startDev runs the embedded default with topics of partitions
 // partitions, its metrics into metrics if set, the status page sampling
 // every interval.
-func startDev(t testing.TB, ctx context.Context, partitions int32, metrics *prometheus.Registry, interval time.Duration) *devStack {
+func startDev(t testing.TB, partitions int32, metrics *prometheus.Registry, interval time.Duration) *devStack {
 	t.Helper()
 	pool, url := pipelinetest.Pool(t, postgres.Migrations{Name: ledgerapp.Name, FS: accounts.Migrations})
-	logs := &syncBuffer{}
+	logs := &pipelinetest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	const apiKey = "status-page-test-key"
-	started := make(chan onceflow.Addrs, 1)
-	// The stack outlives ctx, the test's deadline, so a failed test can
-	// still see where it stands (diagnose) before stopping it.
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunDev(runCtx, onceflow.DevConfig{
-			RunConfig: onceflow.RunConfig{
-				Config: onceflow.Config{
-					Domains: []*onceflow.Domain{ledgerapp.Domain()},
-					Topics:  kafka.Topics{Prefix: "ledger", Partitions: partitions}, DatabaseURL: url,
-					Kafka:  kafka.Config{Logger: logger},
-					Logger: logger, InstanceID: "statuspage-test",
-				},
-				HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", AdminToken: adminToken,
-				StatusInterval: interval, Metrics: metrics,
-				Started: func(a onceflow.Addrs) { started <- a },
+	// The stack runs until the test's cleanup, so a failed test can still
+	// see where it stands (diagnose) before stopping it.
+	addrs, stop := onceflowtest.Dev(t, onceflow.DevConfig{
+		RunConfig: onceflow.RunConfig{
+			Config: onceflow.Config{
+				Domains: []*onceflow.Domain{ledgerapp.Domain()},
+				Topics:  kafka.Topics{Prefix: "ledger", Partitions: partitions}, DatabaseURL: url,
+				Kafka:  kafka.Config{Logger: logger},
+				Logger: logger, InstanceID: "statuspage-test",
 			},
-			DataDir: t.TempDir(), BrokerAddr: "127.0.0.1:0", RegistryAddr: "127.0.0.1:0",
-			APIKey: apiKey, Out: io.Discard,
-		})
-	}()
-	var s *devStack
+			AdminToken: adminToken, StatusInterval: interval, Metrics: metrics,
+		},
+		APIKey: apiKey, Out: io.Discard,
+	})
+	s := &devStack{addrs: addrs, pool: pool, logs: logs,
+		api: &ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + addrs.HTTP, APIKey: apiKey}}}
 	t.Cleanup(func() {
-		if t.Failed() && s != nil {
+		if t.Failed() {
 			s.diagnose(t)
 		}
 		stop()
-		if err := <-done; err != nil {
-			t.Errorf("onceflow dev: %v", err)
-		}
 	})
-	select {
-	case a := <-started:
-		s = &devStack{addrs: a, pool: pool, logs: logs,
-			api: &ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + a.HTTP, APIKey: apiKey}}}
-		return s
-	case err := <-done:
-		t.Fatalf("onceflow dev: %v", err)
-	case <-ctx.Done():
-		t.Fatal("onceflow dev did not start")
-	}
-	return nil
+	return s
 }
 
 func (s *devStack) parked(t *testing.T, ctx context.Context, part int32) bool {
@@ -623,25 +603,8 @@ func parseSample(line string) (sample, error) {
 	return smp, nil
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) tail(n int) string {
-	lines := strings.Split(strings.TrimRight(s.String(), "\n"), "\n")
+// tail is the last n lines of what b holds.
+func tail(b *pipelinetest.Buffer, n int) string {
+	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

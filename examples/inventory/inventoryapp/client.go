@@ -27,21 +27,15 @@ func (c Client) PlaceOrder(ctx context.Context, idemKey, orderID, itemID string,
 // Item is GET /v1/items/{id}.
 func (c Client) Item(ctx context.Context, itemID string) (Item, error) {
 	var it Item
-	resp, err := c.Do(ctx, http.MethodGet, "/v1/items/"+url.PathEscape(itemID), "", nil)
-	if err != nil {
-		return it, err
-	}
-	return it, apiclient.Decode(resp, http.StatusOK, &it)
+	err := c.Get(ctx, "/v1/items/"+url.PathEscape(itemID), &it)
+	return it, err
 }
 
 // Order is GET /v1/orders/{id}.
 func (c Client) Order(ctx context.Context, orderID string) (Order, error) {
 	var o Order
-	resp, err := c.Do(ctx, http.MethodGet, "/v1/orders/"+url.PathEscape(orderID), "", nil)
-	if err != nil {
-		return o, err
-	}
-	return o, apiclient.Decode(resp, http.StatusOK, &o)
+	err := c.Get(ctx, "/v1/orders/"+url.PathEscape(orderID), &o)
+	return o, err
 }
 
 // WaitOrder polls GET /v1/orders/{id} until the order is decided

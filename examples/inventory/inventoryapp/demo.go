@@ -2,8 +2,6 @@ package inventoryapp
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -26,9 +24,7 @@ func RunDemo(ctx context.Context, api *apiclient.Client, out io.Writer) error {
 	c := Client{api}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	runID := make([]byte, 3)
-	rand.Read(runID)
-	run := hex.EncodeToString(runID)
+	run := apiclient.NewKey()[:6] // this run's items, orders and keys: a second run makes new ones
 	item, nothing := "widget-"+run, "gadget-"+run
 	key := func(s string) string { return "demo-" + run + "-" + s }
 

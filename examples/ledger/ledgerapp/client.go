@@ -2,7 +2,6 @@ package ledgerapp
 
 import (
 	"context"
-	"net/http"
 	"net/url"
 
 	"github.com/onceflow/onceflow/examples/ledger/accounts"
@@ -41,9 +40,6 @@ func (c Client) Close(ctx context.Context, idemKey, accountID string) (apiclient
 // Account is GET /v1/accounts/{id}.
 func (c Client) Account(ctx context.Context, accountID string) (accounts.Account, error) {
 	var a accounts.Account
-	resp, err := c.Do(ctx, http.MethodGet, "/v1/accounts/"+url.PathEscape(accountID), "", nil)
-	if err != nil {
-		return a, err
-	}
-	return a, apiclient.Decode(resp, http.StatusOK, &a)
+	err := c.Get(ctx, "/v1/accounts/"+url.PathEscape(accountID), &a)
+	return a, err
 }

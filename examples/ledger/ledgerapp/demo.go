@@ -2,8 +2,6 @@ package ledgerapp
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,9 +22,7 @@ func RunDemo(ctx context.Context, api *apiclient.Client, out io.Writer) error {
 	c := Client{api}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	runID := make([]byte, 3)
-	rand.Read(runID)
-	run := hex.EncodeToString(runID)
+	run := apiclient.NewKey()[:6] // this run's accounts and keys: a second run makes new ones
 	alice, bob := "alice-"+run, "bob-"+run
 	steps := demoSteps(ctx, c, func(s string) string { return "demo-" + run + "-" + s }, alice, bob)
 	want := map[string]int64{alice: 650, bob: 500}

@@ -97,7 +97,7 @@ type Page struct {
 	mu      sync.Mutex
 	ring    *ring
 	dlq     *dlqReader
-	failing map[string]string // what could not be read -> the error last logged for it
+	failing admin.Failures // what could not be read, logged
 }
 
 //go:embed web
@@ -110,7 +110,7 @@ func New(cfg Config) (*Page, error) {
 	}
 	cfg.setDefaults()
 	samples := int(cfg.History/cfg.Interval) + 1
-	p := &Page{cfg: cfg, tracks: tracked(), acts: func() bool { return false }, ring: newRing(samples), failing: map[string]string{}}
+	p := &Page{cfg: cfg, tracks: tracked(), acts: func() bool { return false }, ring: newRing(samples)}
 	p.dlq = newDLQReader(cfg.Kafka, cfg.DLQs, cfg.DLQInterval)
 	return p, nil
 }
@@ -180,21 +180,11 @@ func (p *Page) Sample() {
 // its recovery: a database down while a page polls every 2 s is one line,
 // not one per poll.
 func (p *Page) note(source string, err error) {
-	p.mu.Lock()
-	last, was := p.failing[source]
 	switch {
-	case err != nil && (!was || last != err.Error()):
-		p.failing[source] = err.Error()
-	case err == nil && was:
-		delete(p.failing, source)
-	default:
-		p.mu.Unlock()
-		return
-	}
-	p.mu.Unlock()
-	if err != nil {
+	case !p.failing.Changed(source, err):
+	case err != nil:
 		p.cfg.Logger.Warn("status page: cannot read", "source", source, "err", err)
-	} else {
+	default:
 		p.cfg.Logger.Info("status page: can read again", "source", source)
 	}
 }
