@@ -147,17 +147,16 @@ func runProjectionsSkip(ctx context.Context, domains []*onceflow.Domain, args []
 	if fs.NArg() != 2 || note == "" || operator == "" {
 		return fmt.Errorf("usage: onceflow projections skip -note WHY [-operator NAME] PARTITION OFFSET (the offset it is parked at: onceflow lag)")
 	}
-	part, perr := strconv.ParseInt(fs.Arg(0), 10, 32)
-	off, oerr := strconv.ParseInt(fs.Arg(1), 10, 64)
-	if perr != nil || oerr != nil || part < 0 || off < 0 {
-		return fmt.Errorf("partition %q, offset %q: want two numbers", fs.Arg(0), fs.Arg(1))
+	part, off, err := partitionOffset(fs)
+	if err != nil {
+		return err
 	}
 	d, consumer, pool, err := c.parkedProjector(ctx, domainName, consumer)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	s, err := projector.Skip(ctx, pool, projector.Skipping{Consumer: consumer, Topic: d.EventsTopic(), Partition: int32(part), Offset: off, Note: note, Operator: operator})
+	s, err := projector.Skip(ctx, pool, projector.Skipping{Consumer: consumer, Topic: d.EventsTopic(), Partition: part, Offset: off, Note: note, Operator: operator})
 	if err != nil {
 		return err
 	}
@@ -274,4 +273,14 @@ func (c *config) parkedProjector(ctx context.Context, domainName, consumer strin
 		return nil, "", nil, err
 	}
 	return d, consumer, pool, nil
+}
+
+// partitionOffset reads the PARTITION OFFSET arguments of a skip.
+func partitionOffset(fs *flag.FlagSet) (int32, int64, error) {
+	part, perr := strconv.ParseInt(fs.Arg(0), 10, 32)
+	off, oerr := strconv.ParseInt(fs.Arg(1), 10, 64)
+	if perr != nil || oerr != nil || part < 0 || off < 0 {
+		return 0, 0, fmt.Errorf("partition %q, offset %q: want two numbers", fs.Arg(0), fs.Arg(1))
+	}
+	return int32(part), off, nil
 }

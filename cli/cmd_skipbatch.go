@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -34,10 +33,9 @@ func runCommandsSkipBatch(ctx context.Context, domains []*onceflow.Domain, args 
 	if fs.NArg() != 2 || note == "" || operator == "" {
 		return fmt.Errorf("usage: onceflow commands skip-batch -note WHY [-operator NAME] [-admin-addr HOST:PORT] PARTITION OFFSET (the batch's offset: onceflow lag shows batch-too-large@OFFSET)")
 	}
-	part, perr := strconv.ParseInt(fs.Arg(0), 10, 32)
-	off, oerr := strconv.ParseInt(fs.Arg(1), 10, 64)
-	if perr != nil || oerr != nil || part < 0 || off < 0 {
-		return fmt.Errorf("partition %q, offset %q: want two numbers", fs.Arg(0), fs.Arg(1))
+	part, off, err := partitionOffset(fs)
+	if err != nil {
+		return err
 	}
 	if c.AdminToken == "" {
 		return fmt.Errorf("ONCEFLOW_ADMIN_TOKEN (or ONCEFLOW_ADMIN_TOKEN_FILE) is required: the processor's admin token")

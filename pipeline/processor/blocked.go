@@ -88,6 +88,15 @@ func (p *Processor[S]) SkipBatch(ctx context.Context, topic string, partition in
 	if topic != p.commands {
 		return 0, fmt.Errorf("%w: %s is not %s", ErrNotBlocked, topic, p.commands)
 	}
+	// Answered here when nothing is blocked there: the session's loop
+	// takes requests only after a poll, which an idle processor with no
+	// partition blocked does not cut short. serveSkips checks again.
+	p.mu.Lock()
+	tl := p.blocked[partition]
+	p.mu.Unlock()
+	if tl == nil || tl.Offset != offset {
+		return 0, fmt.Errorf("%w: partition %d at %d", ErrNotBlocked, partition, offset)
+	}
 	req := skipRequest{topic: topic, partition: partition, offset: offset, note: note, operator: operator, done: make(chan skipResult, 1)}
 	select {
 	case p.skips <- req:
