@@ -29,14 +29,22 @@ func RunDemo(ctx context.Context, api *apiclient.Client, out io.Writer) error {
 	key := func(s string) string { return "demo-" + run + "-" + s }
 
 	var problems []error
+	var stock apiclient.Accepted
 	for attempt := range 2 {
-		_, resp, err := c.AddStock(ctx, key("stock"), item, 10)
+		acc, resp, err := c.AddStock(ctx, key("stock"), item, 10)
 		if err != nil {
 			return fmt.Errorf("add stock: %w", err)
 		}
 		if resp.Replayed() != (attempt == 1) {
 			problems = append(problems, fmt.Errorf("add stock, attempt %d: replayed = %v", attempt+1, resp.Replayed()))
 		}
+		stock = acc
+	}
+	// The stock first: an order's reservation reaches the item from the
+	// order's processor, and could overtake a stock command still in the
+	// outbox.
+	if _, err := c.WaitCommand(ctx, stock.CommandID); err != nil {
+		return fmt.Errorf("add stock: %w", err)
 	}
 	fmt.Fprintf(out, "added 10 units to %s (the request sent twice with one Idempotency-Key: added once)\n\n", item)
 
