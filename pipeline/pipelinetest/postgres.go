@@ -13,6 +13,7 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,8 +198,16 @@ func createDatabase(t testing.TB, tmpl string) string {
 
 var templates sync.Map // name -> *sync.Once-guarded result
 
+const (
+	templatePrefix = "onceflow_tmpl_"
+	templateDay    = "20060102"
+)
+
 // template returns the name of a database migrated to the current migration
-// set, creating it the first time any test binary asks for it.
+// set today, creating it the first time any test binary asks for it. The
+// day (UTC) is part of the name: the migrations create daily partitions
+// around the day they run, so a template migrated yesterday is a database
+// a day old, and a test of the partitions would see yesterday's.
 func template(t testing.TB, domains []postgres.Migrations) string {
 	t.Helper()
 	h := sha256.New()
@@ -213,7 +222,7 @@ func template(t testing.TB, domains []postgres.Migrations) string {
 			return nil
 		})
 	}
-	name := "onceflow_tmpl_" + hex.EncodeToString(h.Sum(nil))[:16]
+	name := templatePrefix + time.Now().UTC().Format(templateDay) + "_" + hex.EncodeToString(h.Sum(nil))[:16]
 	v, _ := templates.LoadOrStore(name, new(templateOnce))
 	o := v.(*templateOnce)
 	o.Do(func() { o.err = ensureTemplate(ServerURL(t), name, domains) })
@@ -250,6 +259,7 @@ func ensureTemplate(base, name string, domains []postgres.Migrations) error {
 			return err
 		}
 	}
+	dropOldTemplates(ctx, conn)
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return err
 	}
@@ -262,6 +272,32 @@ func ensureTemplate(base, name string, domains []postgres.Migrations) error {
 	}
 	_, err = conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH IS_TEMPLATE true")
 	return err
+}
+
+// dropOldTemplates drops the templates of days before yesterday, so a
+// long-lived server keeps two days' worth; yesterday's may still be cloned
+// by a run that started before midnight. It is tidying: an error leaves
+// the template for the next time.
+func dropOldTemplates(ctx context.Context, conn *pgx.Conn) {
+	rows, err := conn.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE $1", templatePrefix+"%")
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	keep := time.Now().UTC().AddDate(0, 0, -1).Format(templateDay)
+	for _, name := range names {
+		day, _, _ := strings.Cut(strings.TrimPrefix(name, templatePrefix), "_")
+		if len(day) != len(templateDay) || day >= keep {
+			continue
+		}
+		db := pgx.Identifier{name}.Sanitize()
+		if _, err := conn.Exec(ctx, "ALTER DATABASE "+db+" WITH IS_TEMPLATE false"); err == nil {
+			conn.Exec(ctx, "DROP DATABASE "+db+" WITH (FORCE)")
+		}
+	}
 }
 
 func connect(t testing.TB, url string) *pgx.Conn {
