@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/test/e2e"
 )
 
 // clockTicks is Linux's USER_HZ, the unit of /proc's CPU times.
@@ -156,4 +161,75 @@ func (t *target) cpuBetween(a, b cpuSnap, secs float64) cpuUse {
 		}
 	}
 	return u
+}
+
+// kafkaProcs are the processes of the Apache Kafka nodes KAFKA_BROKERS
+// names on this machine (the JVMs listening on their ports), for the bill:
+// on the embedded broker its process is one of the target's, and the
+// broker's CPU belongs to a command's price on Apache Kafka as much. A
+// node elsewhere, or one whose process cannot be found, is left out, and
+// the report says so.
+func kafkaProcs() []proc {
+	if e2e.ExternalKafka() == "" {
+		return nil
+	}
+	var out []proc
+	for i, addr := range strings.Split(e2e.ExternalKafka(), ",") {
+		host, port, err := net.SplitHostPort(strings.TrimSpace(addr))
+		ip := net.ParseIP(host)
+		if err != nil || host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			fmt.Fprintf(os.Stderr, "bench-e2e: %s is not on this machine: its CPU is not in the bill\n", addr)
+			continue
+		}
+		n, _ := strconv.Atoi(port)
+		pid := listeningPid(n)
+		if pid == 0 {
+			fmt.Fprintf(os.Stderr, "bench-e2e: no process found listening on %s: its CPU is not in the bill\n", addr)
+			continue
+		}
+		out = append(out, proc{fmt.Sprintf("Apache Kafka node %d", i+1), pid})
+	}
+	return out
+}
+
+// listeningPid is the process with a socket listening on TCP port port
+// (IPv4 or IPv6), or 0: the socket's inode from /proc/net/tcp{,6}, then
+// the process holding it among /proc/*/fd.
+func listeningPid(port int) int {
+	var inode string
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			fields := strings.Fields(line)
+			if len(fields) < 10 || fields[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			_, hexPort, _ := strings.Cut(fields[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(p) == port {
+				inode = fields[9]
+			}
+		}
+	}
+	if inode == "" {
+		return 0
+	}
+	want := "socket:[" + inode + "]"
+	dirs, _ := filepath.Glob("/proc/[0-9]*/fd")
+	for _, dir := range dirs {
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if link, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && link == want {
+				pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+				return pid
+			}
+		}
+	}
+	return 0
 }

@@ -23,7 +23,9 @@
 //
 // With KAFKA_BROKERS set (Apache Kafka: make kafka-up), every system runs
 // on that cluster instead of an embedded broker of its own, each on topics
-// of its own; the brokers' CPU is then not counted among the system's.
+// of its own; the CPU of the cluster's nodes on this machine (the JVMs
+// listening on KAFKA_BROKERS's ports) is counted among the system's, as the
+// embedded broker's is.
 package main
 
 import (

@@ -157,7 +157,14 @@ func (t *target) startBroker(ctx context.Context, e env, name, db string, set fu
 	if err != nil {
 		return nil, err
 	}
-	t.procs = append(t.procs, proc{"broker", broker.Pid()})
+	if pl.External {
+		// On Apache Kafka the process is the schema registry alone, and
+		// the cluster's nodes are the broker.
+		t.procs = append(t.procs, proc{"registry", broker.Pid()})
+		t.procs = append(t.procs, kafkaProcs()...)
+	} else {
+		t.procs = append(t.procs, proc{"broker", broker.Pid()})
+	}
 	return pl, nil
 }
 
@@ -199,7 +206,7 @@ func startDev(ctx context.Context, e env) (_ *target, err error) {
 	if err := p.WaitReady(ctx); err != nil {
 		return nil, err
 	}
-	t.procs = []proc{{"onceflow dev", p.Pid()}}
+	t.procs = append([]proc{{"onceflow dev", p.Pid()}}, kafkaProcs()...)
 	t.Base, t.Metrics = "http://"+httpAddr, []string{p.Admin + "/metrics"}
 	if t.Keys, err = tenants(ctx, db, e.tenants); err != nil {
 		return nil, err
