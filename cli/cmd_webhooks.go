@@ -64,7 +64,18 @@ func runWebhooksList(ctx context.Context, domains []*onceflow.Domain, args []str
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What GET /v1/webhooks answers as "capped": the tenant at its cap of
+	// deliveries in flight, its new events' deliveries waiting.
+	capped, err := webhooks.TenantCapped(ctx, pool, tenant)
+	if err != nil || capped == nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "\nCAPPED since %s (checked %s): %d deliveries in flight, at most %d: %s\n",
+		capped.Since.Format(time.RFC3339), capped.CheckedAt.Format(time.RFC3339), capped.InFlight, capped.MaxPending, capped.Detail)
+	return err
 }
 
 func runWebhooksDeliveries(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {

@@ -96,6 +96,22 @@ func TestWebhooksCommands(t *testing.T) {
 			}
 		}
 	}
+	// A tenant at its cap of deliveries in flight (as the worker records
+	// it) is told so under its subscriptions; below the cap nothing is.
+	if out, _ := cmd("webhooks", "list", "-tenant", "acme"); strings.Contains(out, "CAPPED") {
+		t.Errorf("webhooks list says capped below the cap:\n%s", out)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO webhook_capped (tenant, since, seen_at, in_flight, max_pending)
+		VALUES ('acme', now() - interval '1 minute', now(), 1000, 1000)`); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cmd("webhooks", "list", "-tenant", "acme"); err != nil || !strings.Contains(out, "CAPPED since") ||
+		!strings.Contains(out, "1000 deliveries in flight, at most 1000") {
+		t.Errorf("webhooks list at the cap: %v\n%s", err, out)
+	}
+	if out, _ := cmd("webhooks", "list", "-tenant", "globex"); strings.Contains(out, "CAPPED") {
+		t.Errorf("another tenant is told of acme's cap:\n%s", out)
+	}
 	if out, _ := cmd("webhooks", "deliveries", "-tenant", "globex"); strings.Contains(out, ev.ID.String()) {
 		t.Errorf("another tenant's deliveries show acme's:\n%s", out)
 	}
