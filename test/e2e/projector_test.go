@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -305,10 +306,17 @@ func TestProjectorParksOutOfOrderEvent(t *testing.T) {
 
 // runCLI runs the onceflow binary against the rig.
 func runCLI(ctx context.Context, pl *Pipeline, args ...string) (string, error) {
-	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "cli", args, map[string]string{
+	return runCLIWith(ctx, pl, nil, args...)
+}
+
+// runCLIWith is runCLI with env's variables added.
+func runCLIWith(ctx context.Context, pl *Pipeline, env map[string]string, args ...string) (string, error) {
+	vars := map[string]string{
 		"KAFKA_BROKERS": pl.BrokerAddr, "DATABASE_URL": pl.DatabaseURL, "SCHEMA_REGISTRY_URL": pl.RegistryURL,
 		"ONCEFLOW_TOPIC_PREFIX": pl.Prefix,
-	}, filepath.Join(pl.Dir, "cli.log"), "")
+	}
+	maps.Copy(vars, env)
+	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "cli", args, vars, filepath.Join(pl.Dir, "cli.log"), "")
 	if err != nil {
 		return "", err
 	}
