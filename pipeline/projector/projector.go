@@ -202,23 +202,23 @@ func (p *Projector) markReady() { p.once.Do(func() { close(p.ready) }) }
 
 // Parked returns the partitions this member has parked, and why.
 func (p *Projector) Parked() map[int32]string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[int32]string, len(p.parked))
-	for k, pk := range p.parked {
-		out[k] = pk.reason + ": " + pk.detail
-	}
-	return out
+	return describe(&p.mu, p.parked, func(pk park) string { return pk.reason + ": " + pk.detail })
 }
 
 // Retrying returns the partitions whose batch this member is retrying,
 // and the class and text of the error it last failed with.
 func (p *Projector) Retrying() map[int32]string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[int32]string, len(p.retrying))
-	for k, r := range p.retrying {
-		out[k] = r.class + ": " + r.err
+	return describe(&p.mu, p.retrying, func(r retrying) string { return r.class + ": " + r.err })
+}
+
+// describe copies one of the projector's partition maps, held under mu,
+// as a line for each partition.
+func describe[V any](mu *sync.Mutex, m map[int32]V, line func(V) string) map[int32]string {
+	mu.Lock()
+	defer mu.Unlock()
+	out := make(map[int32]string, len(m))
+	for k, v := range m {
+		out[k] = line(v)
 	}
 	return out
 }
