@@ -229,17 +229,11 @@ func (p *Projector) Run(ctx context.Context) error {
 	if err := p.ensurePartitions(ctx); err != nil {
 		return nil // ctx ended
 	}
-	cl, err := p.kafka.NewClient(
-		kgo.ConsumerGroup(p.cfg.Consumer),
-		kgo.ConsumeTopics(p.cfg.Topic),
-		kgo.SessionTimeout(p.cfg.SessionTimeout),
-		kgo.HeartbeatInterval(min(3*time.Second, p.cfg.SessionTimeout/3)),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	cl, err := p.kafka.NewClient(append(kafka.GroupMember(p.cfg.Consumer, p.cfg.Topic, p.cfg.SessionTimeout),
 		// Smaller per-partition fetches, so a poll batch holds several
 		// partitions for its Parallelism transactions to share.
 		kgo.FetchMaxPartitionBytes(FetchMaxPartitionBytes),
 		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.AdjustFetchOffsetsFn(p.loadOffsets),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, added map[string][]int32) {
 			if len(added[p.cfg.Topic]) == 0 {
@@ -248,7 +242,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.forget(m[p.cfg.Topic]) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.forget(m[p.cfg.Topic]) }),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("projector client: %w", err)
 	}
