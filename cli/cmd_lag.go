@@ -166,8 +166,7 @@ func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, re
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "no consumer groups")
 	} else {
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tOFFSETS-IN\tLOG-END-OFFSET\tLAST-STABLE-OFFSET\tLAG\tLAG-SECONDS\tCONSUMER-ID\tHOST\tCLIENT-ID\tPARKED\tRETRYING")
+		tw := table(w, "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tOFFSETS-IN\tLOG-END-OFFSET\tLAST-STABLE-OFFSET\tLAG\tLAG-SECONDS\tCONSUMER-ID\tHOST\tCLIENT-ID\tPARKED\tRETRYING")
 		for _, r := range rows {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
 				r.Group, r.Topic, r.Partition, dashIf(r.Committed < 0, strconv.FormatInt(r.Committed, 10)), r.OffsetsIn,
@@ -190,16 +189,22 @@ func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, re
 	if len(parked) == 0 {
 		return
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "parked partitions (an operator must act: fix the cause, then `onceflow projections unpark`; or skip the record on purpose: `onceflow projections skip`):")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tOFFSET\tREASON\tSINCE\tDETAIL")
+	tw := subtable(w, "parked partitions (an operator must act: fix the cause, then `onceflow projections unpark`; or skip the record on purpose: `onceflow projections skip`):",
+		"CONSUMER\tTOPIC\tPARTITION\tOFFSET\tREASON\tSINCE\tDETAIL")
 	for _, p := range parked {
 		detail := strings.ReplaceAll(p.Detail, "\n", " ")
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", p.Consumer, p.Topic, p.Partition, p.Offset, p.Reason,
 			p.Since.UTC().Format(time.RFC3339), detail)
 	}
 	tw.Flush()
+}
+
+// subtable starts a table below the main one: a blank line, its title, its
+// header.
+func subtable(w io.Writer, title, header string) *tabwriter.Writer {
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, title)
+	return table(w, header)
 }
 
 func dashIf(cond bool, s string) string {
@@ -222,10 +227,8 @@ func printRetrying(w io.Writer, retrying []projector.RetryingPartition) {
 	if len(retrying) == 0 {
 		return
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "retrying partitions (a transient error; the projector retries with backoff and skips nothing):")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tCLASS\tATTEMPTS\tSINCE\tLAST\tERROR")
+	tw := subtable(w, "retrying partitions (a transient error; the projector retries with backoff and skips nothing):",
+		"CONSUMER\tTOPIC\tPARTITION\tCLASS\tATTEMPTS\tSINCE\tLAST\tERROR")
 	for _, r := range retrying {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", r.Consumer, r.Topic, r.Partition, r.Class, r.Attempts,
 			r.Since.UTC().Format(time.RFC3339), r.LastAt.UTC().Format(time.RFC3339), strings.ReplaceAll(r.Error, "\n", " "))

@@ -66,11 +66,8 @@ func CheckKeys(ctx context.Context, pool *pgxpool.Pool, tenant string, window ti
 	if err := pool.QueryRow(ctx, keyTotalsSQL, tenant, window.Seconds()).Scan(&r.Keys, &r.Replays, &r.Conflicts); err != nil {
 		return r, fmt.Errorf("count idempotency keys: %w", err)
 	}
-	rows, err := pool.Query(ctx, keyTopSQL, tenant, window.Seconds(), limit)
-	if err != nil {
-		return r, fmt.Errorf("list idempotency keys: %w", err)
-	}
-	r.Top, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyActivity, error) {
+	var err error
+	r.Top, err = collect(ctx, pool, "list idempotency keys", func(row pgx.CollectableRow) (KeyActivity, error) {
 		var a KeyActivity
 		var last *time.Time
 		err := row.Scan(&a.Key, &a.Route, &a.CommandID, &a.Status, &a.CreatedAt, &a.Replays, &a.Conflicts, &last)
@@ -78,9 +75,6 @@ func CheckKeys(ctx context.Context, pool *pgxpool.Pool, tenant string, window ti
 			a.LastSeen = *last
 		}
 		return a, err
-	})
-	if err != nil {
-		return r, fmt.Errorf("list idempotency keys: %w", err)
-	}
-	return r, nil
+	}, keyTopSQL, tenant, window.Seconds(), limit)
+	return r, err
 }

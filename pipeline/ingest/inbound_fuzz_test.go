@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"net/http"
@@ -87,7 +88,7 @@ func FuzzInboundDelivery(f *testing.F) {
 func signedFor(scheme, secret string, hdr http.Header, body string) bool {
 	if scheme == SchemeStandardWebhooks {
 		k, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-		want := mac(k, hdr.Get("webhook-id")+"."+hdr.Get("webhook-timestamp")+".", []byte(body))
+		want := hmacSHA256(k, hdr.Get("webhook-id")+"."+hdr.Get("webhook-timestamp")+"."+body)
 		for _, s := range strings.Fields(hdr.Get("webhook-signature")) {
 			if v, b64, ok := strings.Cut(s, ","); ok && v == "v1" {
 				if got, err := base64.StdEncoding.DecodeString(b64); err == nil && hmac.Equal(got, want) {
@@ -103,7 +104,7 @@ func signedFor(scheme, secret string, hdr http.Header, body string) bool {
 			ts = v
 		}
 	}
-	want := mac([]byte(secret), ts+".", []byte(body))
+	want := hmacSHA256([]byte(secret), ts+"."+body)
 	for _, part := range strings.Split(hdr.Get("Stripe-Signature"), ",") {
 		if k, v, _ := strings.Cut(strings.TrimSpace(part), "="); k == "v1" {
 			if got, err := hex.DecodeString(v); err == nil && hmac.Equal(got, want) {
@@ -112,4 +113,11 @@ func signedFor(scheme, secret string, hdr http.Header, body string) bool {
 		}
 	}
 	return false
+}
+
+// hmacSHA256 is the oracle's own HMAC, apart from the code it checks.
+func hmacSHA256(key []byte, msg string) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(msg))
+	return m.Sum(nil)
 }

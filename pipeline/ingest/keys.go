@@ -42,12 +42,7 @@ func IssueAPIKey(ctx context.Context, pool *pgxpool.Pool, tenant, name string) (
 // ListAPIKeys returns the keys of tenant ("" for every tenant), revoked
 // ones included, in the order they were made.
 func ListAPIKeys(ctx context.Context, pool *pgxpool.Pool, tenant string) ([]APIKey, error) {
-	rows, err := pool.Query(ctx, `SELECT id, tenant, name, created_at, revoked_at FROM api_keys
-		WHERE $1 = '' OR tenant = $1 ORDER BY id`, tenant)
-	if err != nil {
-		return nil, fmt.Errorf("list api keys: %w", err)
-	}
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (APIKey, error) {
+	return collect(ctx, pool, "list api keys", func(row pgx.CollectableRow) (APIKey, error) {
 		var k APIKey
 		var revoked *time.Time
 		err := row.Scan(&k.ID, &k.Tenant, &k.Name, &k.CreatedAt, &revoked)
@@ -55,11 +50,22 @@ func ListAPIKeys(ctx context.Context, pool *pgxpool.Pool, tenant string) ([]APIK
 			k.RevokedAt = *revoked
 		}
 		return k, err
-	})
+	}, `SELECT id, tenant, name, created_at, revoked_at FROM api_keys
+		WHERE $1 = '' OR tenant = $1 ORDER BY id`, tenant)
+}
+
+// collect reads the rows of query through scan; what names the list in
+// its errors.
+func collect[T any](ctx context.Context, pool *pgxpool.Pool, what string, scan pgx.RowToFunc[T], query string, args ...any) ([]T, error) {
+	rows, err := pool.Query(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list api keys: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return keys, nil
+	out, err := pgx.CollectRows(rows, scan)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
 }
 
 // RevokeAPIKeyByID revokes the active key id and returns it. It stops

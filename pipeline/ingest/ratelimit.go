@@ -49,14 +49,7 @@ func (l *limiter) allow(key string, now time.Time) (bool, time.Duration) {
 	if l == nil {
 		return true, 0
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.refill(key, now)
-	if b.tokens >= 1 {
-		b.tokens--
-		return true, 0
-	}
-	return false, l.wait(b)
+	return l.take(key, now, true)
 }
 
 // blocked reports whether key's bucket is empty, and for how long, without
@@ -66,25 +59,30 @@ func (l *limiter) blocked(key string, now time.Time) (bool, time.Duration) {
 	if l == nil {
 		return false, 0
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.refill(key, now)
-	if b.tokens >= 1 {
-		return false, 0
-	}
-	return true, l.wait(b)
+	ok, wait := l.take(key, now, false)
+	return !ok, wait
 }
 
 // spend takes a token from key's bucket if it has one (a failure counted).
 func (l *limiter) spend(key string, now time.Time) {
-	if l == nil {
-		return
+	if l != nil {
+		l.take(key, now, true)
 	}
+}
+
+// take reports whether key's bucket has a token, and takes it if spend,
+// or says how long until one is available.
+func (l *limiter) take(key string, now time.Time, spend bool) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if b := l.refill(key, now); b.tokens >= 1 {
-		b.tokens--
+	b := l.refill(key, now)
+	if b.tokens >= 1 {
+		if spend {
+			b.tokens--
+		}
+		return true, 0
 	}
+	return false, l.wait(b)
 }
 
 // refund gives back a token taken for what turned out not to be a

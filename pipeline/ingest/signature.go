@@ -3,7 +3,6 @@ package ingest
 import (
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/pipeline/stdwebhooks"
 )
 
 // The signature schemes an inbound provider may use (docs/inbound.md).
@@ -50,7 +51,7 @@ func newVerifier(scheme string, secrets []string, tolerance time.Duration) (veri
 	for i, s := range secrets {
 		switch scheme {
 		case SchemeStandardWebhooks:
-			k, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, "whsec_"))
+			k, err := stdwebhooks.Key(s)
 			if err != nil || len(k) == 0 {
 				return v, fmt.Errorf("secret %d: want whsec_ and base64", i+1)
 			}
@@ -91,32 +92,16 @@ func (v verifier) fresh(ts string, now time.Time) error {
 }
 
 func (v verifier) standard(h http.Header, body []byte, now time.Time) error {
-	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
+	id, ts, sigs := h.Get(stdwebhooks.HeaderID), h.Get(stdwebhooks.HeaderTimestamp), h.Get(stdwebhooks.HeaderSignature)
 	if id == "" || ts == "" || sigs == "" {
 		return missingHeaders("webhook-id, webhook-timestamp and webhook-signature")
 	}
 	// The signature first: a stale timestamp is only worth saying to a
 	// sender who holds the secret.
-	var want [][]byte
-	for _, k := range v.keys {
-		want = append(want, mac(k, id+"."+ts+".", body))
+	if !stdwebhooks.Signed(v.keys, id, ts, sigs, body) {
+		return errSignature
 	}
-	for _, s := range strings.Fields(sigs) {
-		version, sig, ok := strings.Cut(s, ",")
-		if !ok || version != "v1" {
-			continue
-		}
-		got, err := base64.StdEncoding.DecodeString(sig)
-		if err != nil {
-			continue
-		}
-		for _, w := range want {
-			if hmac.Equal(got, w) {
-				return v.fresh(ts, now)
-			}
-		}
-	}
-	return errSignature
+	return v.fresh(ts, now)
 }
 
 func (v verifier) stripe(h http.Header, body []byte, now time.Time) error {
@@ -141,7 +126,7 @@ func (v verifier) stripe(h http.Header, body []byte, now time.Time) error {
 		return errSignature
 	}
 	for _, k := range v.keys {
-		w := mac(k, ts+".", body)
+		w := stripeMAC(k, ts, body)
 		for _, got := range sigs {
 			if hmac.Equal(got, w) {
 				return v.fresh(ts, now)
@@ -151,9 +136,9 @@ func (v verifier) stripe(h http.Header, body []byte, now time.Time) error {
 	return errSignature
 }
 
-func mac(key []byte, prefix string, body []byte) []byte {
+func stripeMAC(key []byte, ts string, body []byte) []byte {
 	m := hmac.New(sha256.New, key)
-	m.Write([]byte(prefix))
+	m.Write([]byte(ts + "."))
 	m.Write(body)
 	return m.Sum(nil)
 }
@@ -166,15 +151,12 @@ func missingHeaders(which string) *Problem {
 // SignStandardWebhooks returns the headers a Standard Webhooks sender
 // sets for body (tests, benchmarks and `onceflow` examples sign with it).
 func SignStandardWebhooks(secret, id string, at time.Time, body []byte) (http.Header, error) {
-	k, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	k, err := stdwebhooks.Key(secret)
 	if err != nil {
 		return nil, fmt.Errorf("secret: want whsec_ and base64: %w", err)
 	}
-	ts := strconv.FormatInt(at.Unix(), 10)
 	h := http.Header{}
-	h.Set("webhook-id", id)
-	h.Set("webhook-timestamp", ts)
-	h.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac(k, id+"."+ts+".", body)))
+	stdwebhooks.Sign(h, [][]byte{k}, id, at, body)
 	return h, nil
 }
 
@@ -182,6 +164,6 @@ func SignStandardWebhooks(secret, id string, at time.Time, body []byte) (http.He
 func SignStripe(secret string, at time.Time, body []byte) http.Header {
 	ts := strconv.FormatInt(at.Unix(), 10)
 	h := http.Header{}
-	h.Set("Stripe-Signature", "t="+ts+",v1="+hex.EncodeToString(mac([]byte(secret), ts+".", body)))
+	h.Set("Stripe-Signature", "t="+ts+",v1="+hex.EncodeToString(stripeMAC([]byte(secret), ts, body)))
 	return h
 }

@@ -215,6 +215,22 @@ func (c Config) NewClient(extra ...kgo.Opt) (*kgo.Client, error) {
 	return kgo.NewClient(append(opts, extra...)...)
 }
 
+// GroupMember is the options of a member of group that consumes topic, as
+// the processor, the projector and the NATS sink do: committed records
+// only (read_committed), a heartbeat at a third of the session timeout (at
+// most 3 s), and no rebalance while the member handles what it polled
+// (until it polls again or calls AllowRebalance).
+func GroupMember(group, topic string, session time.Duration) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(topic),
+		kgo.SessionTimeout(session),
+		kgo.HeartbeatInterval(min(3*time.Second, session/3)),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.BlockRebalanceOnPoll(),
+	}
+}
+
 // RefusedForGood reports whether a produce error means the broker (or the
 // client, for a record over its own limit) will never accept the record
 // as it is, whatever the retries: too large, or invalid. Errors an

@@ -89,17 +89,11 @@ func (s *Sink) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	cl, err := s.kafka.NewClient(
-		kgo.ConsumerGroup(s.cfg.Group),
-		kgo.ConsumeTopics(s.cfg.Topic),
-		kgo.SessionTimeout(s.cfg.SessionTimeout),
-		kgo.HeartbeatInterval(min(3*time.Second, s.cfg.SessionTimeout/3)),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	cl, err := s.kafka.NewClient(append(kafka.GroupMember(s.cfg.Group, s.cfg.Topic, s.cfg.SessionTimeout),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { s.markReady() }),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("natsink client: %w", err)
 	}

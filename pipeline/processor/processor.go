@@ -214,14 +214,9 @@ func (p *Processor[S]) consumerOpts(restoreCl *kgo.Client) ([]kgo.Opt, error) {
 	if err != nil {
 		return nil, err
 	}
+	opts = append(opts, kafka.GroupMember(p.cfg.Group, t.Commands(), p.cfg.SessionTimeout)...)
 	return append(opts,
-		kgo.ConsumerGroup(p.cfg.Group),
-		kgo.ConsumeTopics(t.Commands()),
-		kgo.SessionTimeout(p.cfg.SessionTimeout),
-		kgo.HeartbeatInterval(min(3*time.Second, p.cfg.SessionTimeout/3)),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.ProducerBatchMaxBytes(p.batchMaxBytes),
 		kgo.RecordPartitioner(statePartitioner{state: t.State(), dedup: t.Dedup(), keyed: kgo.StickyKeyPartitioner(nil)}),
 		// Offsets are fetched with RequireStable, which waits for the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -85,23 +86,23 @@ func (p *Projector) setRetrying(parts []int32, r retrying) {
 
 // setRetryingGauge sets onceflow_projector_retrying_partitions; p.mu is held.
 func (p *Projector) setRetryingGauge() {
-	n := make(map[string]int, len(retryClasses))
-	for _, r := range p.retrying {
-		n[r.class]++
-	}
-	for _, c := range retryClasses {
-		p.metrics.retrying.WithLabelValues(c).Set(float64(n[c]))
-	}
+	setByLabel(p.metrics.retrying, retryClasses, p.retrying, func(r retrying) string { return r.class })
 }
 
 // setParkedGauge sets onceflow_projector_parked_partitions; p.mu is held.
 func (p *Projector) setParkedGauge() {
-	n := make(map[string]int, len(parkReasons))
-	for _, pk := range p.parked {
-		n[pk.reason]++
+	setByLabel(p.metrics.parked, parkReasons, p.parked, func(pk park) string { return pk.reason })
+}
+
+// setByLabel sets g's series of each of labels to the number of m's
+// partitions that label gives.
+func setByLabel[V any](g *prometheus.GaugeVec, labels []string, m map[int32]V, label func(V) string) {
+	n := make(map[string]int, len(labels))
+	for _, v := range m {
+		n[label(v)]++
 	}
-	for _, r := range parkReasons {
-		p.metrics.parked.WithLabelValues(r).Set(float64(n[r]))
+	for _, l := range labels {
+		g.WithLabelValues(l).Set(float64(n[l]))
 	}
 }
 

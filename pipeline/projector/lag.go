@@ -74,21 +74,11 @@ type ParkedPartition struct {
 
 // Parked lists the parked partitions of every consumer.
 func Parked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedPartition, error) {
-	rows, err := pool.Query(ctx, `SELECT consumer, topic, partition, next_offset, reason, detail, parked_at
-		FROM projector_parked ORDER BY consumer, topic, partition`)
-	if err != nil {
-		return nil, fmt.Errorf("list parked partitions: %w", err)
-	}
-	var out []ParkedPartition
-	var p ParkedPartition
-	_, err = pgx.ForEachRow(rows, []any{&p.Consumer, &p.Topic, &p.Partition, &p.Offset, &p.Reason, &p.Detail, &p.Since}, func() error {
-		out = append(out, p)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list parked partitions: %w", err)
-	}
-	return out, nil
+	return list(ctx, pool, "list parked partitions", `SELECT consumer, topic, partition, next_offset, reason, detail, parked_at
+		FROM projector_parked ORDER BY consumer, topic, partition`,
+		func(p *ParkedPartition) []any {
+			return []any{&p.Consumer, &p.Topic, &p.Partition, &p.Offset, &p.Reason, &p.Detail, &p.Since}
+		})
 }
 
 // RetryingPartition is a partition whose batch a projector is retrying
@@ -106,19 +96,29 @@ type RetryingPartition struct {
 
 // Retrying lists the partitions every consumer is retrying.
 func Retrying(ctx context.Context, pool *pgxpool.Pool) ([]RetryingPartition, error) {
-	rows, err := pool.Query(ctx, `SELECT consumer, topic, partition, class, error, attempts, since, last_at
-		FROM projector_retrying ORDER BY consumer, topic, partition`)
+	return list(ctx, pool, "list retrying partitions", `SELECT consumer, topic, partition, class, error, attempts, since, last_at
+		FROM projector_retrying ORDER BY consumer, topic, partition`,
+		func(r *RetryingPartition) []any {
+			return []any{&r.Consumer, &r.Topic, &r.Partition, &r.Class, &r.Error, &r.Attempts, &r.Since, &r.LastAt}
+		})
+}
+
+// list reads the rows of query, each into a T through the pointers to its
+// fields that fields gives (nil when there are none); what names the list
+// in its errors.
+func list[T any](ctx context.Context, pool *pgxpool.Pool, what, query string, fields func(*T) []any) ([]T, error) {
+	rows, err := pool.Query(ctx, query)
 	if err != nil {
-		return nil, fmt.Errorf("list retrying partitions: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	var out []RetryingPartition
-	var r RetryingPartition
-	_, err = pgx.ForEachRow(rows, []any{&r.Consumer, &r.Topic, &r.Partition, &r.Class, &r.Error, &r.Attempts, &r.Since, &r.LastAt}, func() error {
-		out = append(out, r)
+	var out []T
+	var v T
+	_, err = pgx.ForEachRow(rows, fields(&v), func() error {
+		out = append(out, v)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list retrying partitions: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
 }

@@ -21,22 +21,20 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, consumer string) *metrics {
 	l := prometheus.Labels{"consumer": consumer}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l})
+	}
 	m := &metrics{
-		applied: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_projector_events_applied_total", Help: "Events applied to the read models.", ConstLabels: l,
-		}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_projector_duplicates_total", Help: "Events absorbed as duplicates by the inbox or a version guard.", ConstLabels: l,
-		}),
-		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_projector_fenced_records_total", Help: "Records skipped because the stored offset was already past them (another member applied them).", ConstLabels: l,
-		}),
-		gaps: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_projector_version_gaps_total", Help: "Version gaps found; each parks its partition.", ConstLabels: l,
-		}),
-		rewinds: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onceflow_projector_rewinds_total", Help: "Partitions read again from an earlier offset because the stored offset was behind what this projector had committed: the database lost commits (a crash after asynchronous commits) or an operator moved the offset back.", ConstLabels: l,
-		}),
+		applied: counter("onceflow_projector_events_applied_total",
+			"Events applied to the read models."),
+		duplicates: counter("onceflow_projector_duplicates_total",
+			"Events absorbed as duplicates by the inbox or a version guard."),
+		fenced: counter("onceflow_projector_fenced_records_total",
+			"Records skipped because the stored offset was already past them (another member applied them)."),
+		gaps: counter("onceflow_projector_version_gaps_total",
+			"Version gaps found; each parks its partition."),
+		rewinds: counter("onceflow_projector_rewinds_total",
+			"Partitions read again from an earlier offset because the stored offset was behind what this projector had committed: the database lost commits (a crash after asynchronous commits) or an operator moved the offset back."),
 		parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "onceflow_projector_parked_partitions", Help: "Partitions parked until an operator acts, by reason (version-gap, undecodable, rejected-by-projection, data-error, projection-error, batch-too-large).", ConstLabels: l,
 		}, []string{"reason"}),

@@ -202,23 +202,23 @@ func (p *Projector) markReady() { p.once.Do(func() { close(p.ready) }) }
 
 // Parked returns the partitions this member has parked, and why.
 func (p *Projector) Parked() map[int32]string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[int32]string, len(p.parked))
-	for k, pk := range p.parked {
-		out[k] = pk.reason + ": " + pk.detail
-	}
-	return out
+	return describe(&p.mu, p.parked, func(pk park) string { return pk.reason + ": " + pk.detail })
 }
 
 // Retrying returns the partitions whose batch this member is retrying,
 // and the class and text of the error it last failed with.
 func (p *Projector) Retrying() map[int32]string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[int32]string, len(p.retrying))
-	for k, r := range p.retrying {
-		out[k] = r.class + ": " + r.err
+	return describe(&p.mu, p.retrying, func(r retrying) string { return r.class + ": " + r.err })
+}
+
+// describe copies one of the projector's partition maps, held under mu,
+// as a line for each partition.
+func describe[V any](mu *sync.Mutex, m map[int32]V, line func(V) string) map[int32]string {
+	mu.Lock()
+	defer mu.Unlock()
+	out := make(map[int32]string, len(m))
+	for k, v := range m {
+		out[k] = line(v)
 	}
 	return out
 }
@@ -229,17 +229,11 @@ func (p *Projector) Run(ctx context.Context) error {
 	if err := p.ensurePartitions(ctx); err != nil {
 		return nil // ctx ended
 	}
-	cl, err := p.kafka.NewClient(
-		kgo.ConsumerGroup(p.cfg.Consumer),
-		kgo.ConsumeTopics(p.cfg.Topic),
-		kgo.SessionTimeout(p.cfg.SessionTimeout),
-		kgo.HeartbeatInterval(min(3*time.Second, p.cfg.SessionTimeout/3)),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	cl, err := p.kafka.NewClient(append(kafka.GroupMember(p.cfg.Consumer, p.cfg.Topic, p.cfg.SessionTimeout),
 		// Smaller per-partition fetches, so a poll batch holds several
 		// partitions for its Parallelism transactions to share.
 		kgo.FetchMaxPartitionBytes(FetchMaxPartitionBytes),
 		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.AdjustFetchOffsetsFn(p.loadOffsets),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, added map[string][]int32) {
 			if len(added[p.cfg.Topic]) == 0 {
@@ -248,7 +242,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.forget(m[p.cfg.Topic]) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { p.forget(m[p.cfg.Topic]) }),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("projector client: %w", err)
 	}

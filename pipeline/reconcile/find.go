@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceflow/onceflow/pipeline"
 )
 
@@ -132,42 +134,29 @@ func (r *Reconciler) keys(ctx context.Context, fs []Finding) error {
 }
 
 func (r *Reconciler) findPending(ctx context.Context) ([]Finding, error) {
-	rows, err := r.pool.Query(ctx, findPendingSQL, r.cfg.MaxPendingAge.Seconds(), maxPerKind)
-	if err != nil {
-		return nil, fmt.Errorf("find pending commands: %w", err)
-	}
-	defer rows.Close()
-	var out []Finding
-	for rows.Next() {
+	return r.findRows(ctx, "find pending commands", func(row pgx.CollectableRow) (Finding, error) {
 		f := Finding{Kind: KindPending}
 		var inOutbox bool
-		if err := rows.Scan(&f.CommandID, &f.Tenant, &f.AggregateID, &f.CommandType, &f.Since, &inOutbox); err != nil {
-			return nil, err
+		if err := row.Scan(&f.CommandID, &f.Tenant, &f.AggregateID, &f.CommandType, &f.Since, &inOutbox); err != nil {
+			return f, err
 		}
 		f.Subject = f.CommandID
 		f.Detail = fmt.Sprintf("pending for %s; shipped: no outcome from the processor and projector yet", age(f.Since))
 		if inOutbox {
 			f.Detail = fmt.Sprintf("pending for %s, still in the outbox: no relay has shipped it", age(f.Since))
 		}
-		out = append(out, f)
-	}
-	return out, rows.Err()
+		return f, nil
+	}, findPendingSQL, r.cfg.MaxPendingAge.Seconds(), maxPerKind)
 }
 
 func (r *Reconciler) findDead(ctx context.Context) ([]Finding, error) {
-	rows, err := r.pool.Query(ctx, findDeadSQL, maxPerKind)
-	if err != nil {
-		return nil, fmt.Errorf("find outbox_dead rows: %w", err)
-	}
-	defer rows.Close()
-	var out []Finding
-	for rows.Next() {
+	return r.findRows(ctx, "find outbox_dead rows", func(row pgx.CollectableRow) (Finding, error) {
 		var id int64
 		rec := &record{}
 		var reason, detail string
 		f := Finding{Kind: KindOutboxDead}
-		if err := rows.Scan(&id, &rec.topic, &rec.key, &rec.value, &rec.headers, &f.Since, &reason, &detail); err != nil {
-			return nil, err
+		if err := row.Scan(&id, &rec.topic, &rec.key, &rec.value, &rec.headers, &f.Since, &reason, &detail); err != nil {
+			return f, err
 		}
 		rec.deadID = &id
 		f.Subject = fmt.Sprint(id)
@@ -177,23 +166,16 @@ func (r *Reconciler) findDead(ctx context.Context) ([]Finding, error) {
 		f.CommandType = rec.headers[pipeline.HeaderCommandType]
 		f.Detail = "the broker refused it for good: " + reason
 		f.record = rec
-		out = append(out, f)
-	}
-	return out, rows.Err()
+		return f, nil
+	}, findDeadSQL, maxPerKind)
 }
 
 func (r *Reconciler) findInbound(ctx context.Context) ([]Finding, error) {
-	rows, err := r.pool.Query(ctx, findInboundSQL, r.cfg.MaxPendingAge.Seconds(), maxPerKind)
-	if err != nil {
-		return nil, fmt.Errorf("find unapplied inbound events: %w", err)
-	}
-	defer rows.Close()
-	var out []Finding
-	for rows.Next() {
+	return r.findRows(ctx, "find unapplied inbound events", func(row pgx.CollectableRow) (Finding, error) {
 		f := Finding{Kind: KindInbound}
 		var provider, eventID, status, reason string
-		if err := rows.Scan(&provider, &eventID, &f.Tenant, &f.AggregateID, &f.CommandID, &f.CommandType, &f.Since, &status, &reason); err != nil {
-			return nil, err
+		if err := row.Scan(&provider, &eventID, &f.Tenant, &f.AggregateID, &f.CommandID, &f.CommandType, &f.Since, &status, &reason); err != nil {
+			return f, err
 		}
 		f.Subject = provider + "/" + eventID
 		f.Key = f.Subject
@@ -201,9 +183,8 @@ func (r *Reconciler) findInbound(ctx context.Context) ([]Finding, error) {
 		if reason != "" {
 			f.Detail += " (" + reason + ")"
 		}
-		out = append(out, f)
-	}
-	return out, rows.Err()
+		return f, nil
+	}, findInboundSQL, r.cfg.MaxPendingAge.Seconds(), maxPerKind)
 }
 
 func (r *Reconciler) findDLQ(ctx context.Context) ([]Finding, error) {
@@ -277,25 +258,28 @@ func dlqSubject(d DeadLetter) string { return fmt.Sprintf("%s/%d:%d", d.Topic, d
 func age(t time.Time) string { return time.Since(t).Round(time.Second).String() }
 
 func (r *Reconciler) findJobs(ctx context.Context) ([]Finding, error) {
-	rows, err := r.pool.Query(ctx, findJobsSQL, maxPerKind)
-	if err != nil {
-		return nil, fmt.Errorf("find discarded jobs: %w", err)
-	}
-	defer rows.Close()
-	var out []Finding
-	for rows.Next() {
+	return r.findRows(ctx, "find discarded jobs", func(row pgx.CollectableRow) (Finding, error) {
 		f := Finding{Kind: KindJob}
 		var id int64
 		var kind, lastErr string
 		var attempts int
-		if err := rows.Scan(&id, &kind, &f.Key, &f.Tenant, &f.AggregateID, &f.CommandID, &attempts, &f.Since, &lastErr); err != nil {
-			return nil, err
+		if err := row.Scan(&id, &kind, &f.Key, &f.Tenant, &f.AggregateID, &f.CommandID, &attempts, &f.Since, &lastErr); err != nil {
+			return f, err
 		}
 		f.jobID = &id
 		f.Subject = fmt.Sprint(id)
 		f.CommandType = kind
 		f.Detail = fmt.Sprintf("%s job out of attempts (%d), the last: %s; its call may have been applied", kind, attempts, lastErr)
-		out = append(out, f)
+		return f, nil
+	}, findJobsSQL, maxPerKind)
+}
+
+// findRows runs a kind's query and makes a finding of each row with scan;
+// what names the query in its error.
+func (r *Reconciler) findRows(ctx context.Context, what string, scan pgx.RowToFunc[Finding], query string, args ...any) ([]Finding, error) {
+	rows, err := r.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return out, rows.Err()
+	return pgx.CollectRows(rows, scan)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/pipeline/stdwebhooks"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
@@ -41,9 +42,9 @@ func FuzzVerify(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id, ts, sig string, body []byte) {
 		now := time.Unix(1764640000, 0)
 		h := http.Header{}
-		h.Set(webhooks.HeaderID, id)
-		h.Set(webhooks.HeaderTimestamp, ts)
-		h.Set(webhooks.HeaderSignature, sig)
+		h.Set(stdwebhooks.HeaderID, id)
+		h.Set(stdwebhooks.HeaderTimestamp, ts)
+		h.Set(stdwebhooks.HeaderSignature, sig)
 		_ = webhooks.Verify(h, []string{secret}, body, now, 5*time.Minute)
 		if id == "" {
 			return

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onceflow/onceflow/pipeline/stdwebhooks"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
@@ -106,10 +107,10 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	r.requests[key]++
 	n := r.requests[key]
-	if prev, ok := r.ids[key]; ok && prev != req.Header.Get(webhooks.HeaderID) {
-		r.bad = append(r.bad, fmt.Sprintf("key %s: webhook-id %s, earlier %s", key, req.Header.Get(webhooks.HeaderID), prev))
+	if prev, ok := r.ids[key]; ok && prev != req.Header.Get(stdwebhooks.HeaderID) {
+		r.bad = append(r.bad, fmt.Sprintf("key %s: webhook-id %s, earlier %s", key, req.Header.Get(stdwebhooks.HeaderID), prev))
 	}
-	r.ids[key] = req.Header.Get(webhooks.HeaderID)
+	r.ids[key] = req.Header.Get(stdwebhooks.HeaderID)
 	r.bodies[key] = b
 	r.inTenant[tenant]++
 	r.maxInFl[tenant] = max(r.maxInFl[tenant], r.inTenant[tenant])
