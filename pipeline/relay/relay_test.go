@@ -1225,3 +1225,43 @@ func TestWakesOnNotification(t *testing.T) {
 		t.Errorf("without a notification: %d rows in the outbox after a second, want 1 (the relay should not have looked)", n)
 	}
 }
+
+// A notification names the shards its commit wrote to, and the relay looks
+// at those only: a commit to one shard does not make the relay read the
+// others (every such read was a statement, docs/benchmarks.md), and an
+// empty payload, what a writer that names no shard sends, still means
+// every shard.
+func TestWakeUpNamesShards(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(t, relay.Config{PollInterval: time.Minute})
+	// The first poll runs at start: let it pass, with nothing to ship.
+	time.Sleep(500 * time.Millisecond)
+	ctx := context.Background()
+	agg := "acme/acc-1"
+	shard := pipeline.OutboxShard(agg, pipeline.DefaultOutboxShards)
+	notify := func(payload string) time.Time {
+		t.Helper()
+		if err := postgres.Notify(ctx, e.pool, postgres.OutboxChannel, payload); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
+	for round, payload := range []string{
+		postgres.OutboxPayload([]int{shard}),
+		postgres.OutboxPayload([]int{(shard + 5) % 16, shard}),
+		"", // every shard
+	} {
+		e.insertOne(t, e.pool, agg, round, 16)
+		notify(postgres.OutboxPayload([]int{(shard + 1) % 16, (shard + 2) % 16}))
+		time.Sleep(time.Second)
+		if n := e.backlog(t); n != 1 {
+			t.Fatalf("round %d: %d rows in the outbox a second after a notification naming other shards, want 1 (the relay should not have looked at shard %d)", round, n, shard)
+		}
+		start := notify(payload)
+		e.waitEmpty(t, 10*time.Second)
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("round %d: shipped %v after the notification %q, want it well before the next poll", round, took, payload)
+		}
+	}
+}
