@@ -227,11 +227,11 @@ func exec(b *testing.B, pool *pgxpool.Pool, sql string, args ...any) {
 
 // BenchmarkLatency measures what the relay adds to a command's way at 500
 // rows/s. Rows are committed one per transaction (as ingest does), the
-// relay is woken after each commit (ingest and relay in one process), and
-// a read_committed consumer notes when each arrives. The baseline is the
-// same writer without an outbox: it produces each record itself right
-// after its commit (idempotent producer), read by the same kind of
-// consumer. The two alternate in quarter-second slices for
+// relay is woken after each commit for the row's shard (ingest and relay
+// in one process), and a read_committed consumer notes when each arrives.
+// The baseline is the same writer without an outbox: it produces each
+// record itself right after its commit (idempotent producer), read by the
+// same kind of consumer. The two alternate in quarter-second slices for
 // ONCEFLOW_BENCH_LATENCY_SECONDS each (default 10), so both see the same
 // machine. It reports the p50 and p99 of commit-to-consumed for both and
 // the added p99 (goal <= 10 ms).
