@@ -113,9 +113,11 @@ type Config struct {
 	// again.
 	AfterInbound func(eventID string)
 	// OnAccept, if set, is called after each transaction that accepted
-	// commands commits: `onceflow dev` wires it to the relay's wake-up so
-	// commands leave the outbox at once instead of at the next poll.
-	OnAccept func()
+	// commands commits, with the outbox shards of their rows (one per
+	// command, repeated when commands share a shard): `onceflow dev` wires
+	// it to the relay's wake-up so commands leave the outbox at once
+	// instead of at the next poll.
+	OnAccept func(shards []int)
 	// TracerProvider, if set, makes ingest's spans (docs/observability.md):
 	// otelhttp's server span of each request, and a command's outbox
 	// insert, whose traceparent the command record carries on. Nil: none,

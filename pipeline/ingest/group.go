@@ -51,9 +51,10 @@ type acceptResult struct {
 	outcome outcome
 	resp    storedResponse
 	err     error
-	// command is an accepted command's id and aggregate.
+	// command is an accepted command's id, aggregate and outbox shard.
 	command   pipeline.ID
 	aggregate string
+	shard     int
 }
 
 // storedResponse is what idempotency_keys keeps of the response.
@@ -281,24 +282,24 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 		}
 		c.wake.accepting(fresh)
 	}
-	var n int
+	var shards []int // of the accepted commands' rows, one per command
 	for i, it := range batch {
 		if err != nil {
 			it.done <- acceptResult{err: err}
 			continue
 		}
 		if results[i].outcome == outcomeAccepted {
-			n++
+			shards = append(shards, results[i].shard)
 		}
 		it.done <- results[i]
 	}
-	if n > 0 {
+	if n := len(shards); n > 0 {
 		c.metrics.accepted.Add(float64(n))
 		if c.cfg.OnAccept != nil {
-			c.cfg.OnAccept()
+			c.cfg.OnAccept(shards)
 		}
 		if c.wake != nil {
-			c.wake.accepted()
+			c.wake.accepted(shards...)
 		}
 		now := time.Now()
 		for i, it := range batch {
@@ -508,7 +509,8 @@ func readOutcomes(br pgx.BatchResults, in *inputs, first int, results []acceptRe
 		}
 		switch outcome {
 		case "accepted":
-			results[i] = acceptResult{outcome: outcomeAccepted, resp: in.responses[i], command: in.commands[i], aggregate: in.aggregates[i]}
+			results[i] = acceptResult{outcome: outcomeAccepted, resp: in.responses[i], command: in.commands[i], aggregate: in.aggregates[i],
+				shard: int(in.shards[i])}
 		case "replayed":
 			stored.Status = *status
 			results[i] = acceptResult{outcome: outcomeReplayed, resp: stored}

@@ -318,9 +318,9 @@ func (s *Server) storeInbound(ctx context.Context, row inboundEventRow) (Inbound
 	if enqueued {
 		s.metrics.accepted.Inc()
 		if s.cfg.OnAccept != nil {
-			s.cfg.OnAccept()
+			s.cfg.OnAccept([]int{row.shard})
 		}
-		s.wake.accepted()
+		s.wake.accepted(row.shard)
 	}
 	return ans, nil
 }

@@ -447,3 +447,44 @@ func TestCommandWaitWakesOnNotification(t *testing.T) {
 		t.Fatal("the waiting request did not answer after its command's notification")
 	}
 }
+
+// A commit tells the relays which outbox shards it wrote to, on
+// OutboxChannel and through OnAccept: a relay reads only those shards'
+// heads (docs/decisions.md, "Waking up without polling").
+func TestAcceptNamesItsShards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := ledgerPool(t)
+	listener, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(ctx, "LISTEN "+postgres.OutboxChannel); err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan []int, 10)
+	s := startServer(t, pool, ingest.Config{OnAccept: func(shards []int) { accepted <- slices.Clone(shards) }})
+	key := tenant(t, pool, "acme")
+	for i := range 3 {
+		acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: fmt.Sprint("o-", i), body: fmt.Sprintf(`{"account_id":"a%d","currency":"EUR"}`, i)}))
+		want := []int{pipeline.OutboxShard(pipeline.AggregateID("acme", fmt.Sprint("a", i)), pipeline.DefaultOutboxShards)}
+		select {
+		case got := <-accepted:
+			if !slices.Equal(got, want) {
+				t.Errorf("command %d: OnAccept got shards %v, want %v", i, got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("command %d: OnAccept not called", i)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := listener.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("command %d: no notification: %v", i, err)
+		}
+		if got := postgres.ParseOutboxPayload(n.Payload); !slices.Equal(got, want) {
+			t.Errorf("command %d: notified %q, want shards %v", i, n.Payload, want)
+		}
+	}
+}

@@ -24,6 +24,9 @@ type wakeups struct {
 
 	committed chan struct{} // a commit to tell the relays about; 1 slot: commits coalesce
 
+	shardsMu sync.Mutex
+	shards   map[int]struct{} // the shards of the commits not told yet
+
 	mu      sync.Mutex
 	waiters map[pipeline.ID]map[chan struct{}]struct{}
 	// fresh are the commands this process accepted within freshFor whose
@@ -51,8 +54,9 @@ type freshEntry struct {
 const maxFresh = 1 << 16
 
 func newWakeups(pool *pgxpool.Pool, logger *slog.Logger, freshFor time.Duration) *wakeups {
-	return &wakeups{pool: pool, logger: logger, committed: make(chan struct{}, 1), waiters: map[pipeline.ID]map[chan struct{}]struct{}{},
-		fresh: map[pipeline.ID]freshCommand{}, freshFor: freshFor}
+	return &wakeups{pool: pool, logger: logger, committed: make(chan struct{}, 1), shards: map[int]struct{}{},
+		waiters: map[pipeline.ID]map[chan struct{}]struct{}{},
+		fresh:   map[pipeline.ID]freshCommand{}, freshFor: freshFor}
 }
 
 // run notifies the relays of commits and listens for outcomes until ctx
@@ -64,25 +68,45 @@ func (w *wakeups) run(ctx context.Context) {
 	wg.Wait()
 }
 
-// accepted records that a transaction committed outbox rows. It never
-// blocks: while a notification is on its way, later commits share the next
-// one, so a burst of commits costs the relays one wake-up, and the accept
-// transaction itself never notifies (which would serialize commits).
-func (w *wakeups) accepted() {
+// accepted records that a transaction committed outbox rows to shards. It
+// never blocks: while a notification is on its way, later commits share
+// the next one, so a burst of commits costs the relays one wake-up, and
+// the accept transaction itself never notifies (which would serialize
+// commits).
+func (w *wakeups) accepted(shards ...int) {
+	w.shardsMu.Lock()
+	for _, s := range shards {
+		w.shards[s] = struct{}{}
+	}
+	w.shardsMu.Unlock()
 	select {
 	case w.committed <- struct{}{}:
 	default:
 	}
 }
 
+// notifyCommits tells the relays which shards got rows: a relay reads only
+// those shards' heads, and a worker busy with another shard is left alone
+// (docs/decisions.md, "Waking up without polling").
 func (w *wakeups) notifyCommits(ctx context.Context) {
+	var shards []int
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.committed:
 		}
-		if err := postgres.Notify(ctx, w.pool, postgres.OutboxChannel); err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+		w.shardsMu.Lock()
+		shards = shards[:0]
+		for s := range w.shards {
+			shards = append(shards, s)
+		}
+		clear(w.shards)
+		w.shardsMu.Unlock()
+		if len(shards) == 0 {
+			continue // told with an earlier commit's notification
+		}
+		if err := postgres.Notify(ctx, w.pool, postgres.OutboxChannel, postgres.OutboxPayload(shards)); err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 			// The relays poll as well: a lost notification costs them a poll
 			// interval, not a command.
 			w.logger.Debug("notify the relays", "err", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,8 +20,9 @@ import (
 // data: a listener reads the tables it cares about when woken, and polls
 // as well, slowly, for the notifications a lost connection missed.
 const (
-	// OutboxChannel: ingest committed outbox rows; relays read their
-	// shards' heads. No payload.
+	// OutboxChannel: ingest committed outbox rows; relays read the heads
+	// of the shards the payload names (OutboxPayload's; empty: every
+	// shard).
 	OutboxChannel = "onceflow_outbox"
 	// OutcomesChannel: the projector committed command outcomes; ingest
 	// wakes the GET /v1/commands/{id}?wait= of those commands. The payload
@@ -98,6 +100,43 @@ func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, notifie
 		}
 		notified(n.Payload)
 	}
+}
+
+// OutboxPayload is the payload that names the shards a commit wrote
+// outbox rows to on OutboxChannel: their numbers in decimal, comma
+// separated. Shards that do not fit in one payload make it empty: every
+// shard.
+func OutboxPayload(shards []int) string {
+	var b strings.Builder
+	for _, s := range shards {
+		if b.Len()+12 > maxPayload {
+			return ""
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(s))
+	}
+	return b.String()
+}
+
+// ParseOutboxPayload reads a payload of OutboxChannel. It returns nil,
+// every shard, for an empty payload (a listener that just connected, a
+// writer that names no shard) and for one it cannot read whole: a shard
+// left out of a wake-up would wait for the relays' next poll.
+func ParseOutboxPayload(p string) []int {
+	if p == "" {
+		return nil
+	}
+	var shards []int
+	for s := range strings.SplitSeq(p, ",") {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return nil
+		}
+		shards = append(shards, n)
+	}
+	return shards
 }
 
 // OutcomePayloads are the payloads that name ids on OutcomesChannel: ids

@@ -55,6 +55,30 @@ func TestOutcomePayloads(t *testing.T) {
 	}
 }
 
+// An outbox payload names the shards a commit wrote to and reads back;
+// shards beyond Postgres's payload limit, and anything the relay cannot
+// read whole, mean every shard (nil).
+func TestOutboxPayloads(t *testing.T) {
+	for _, shards := range [][]int{{0}, {3, 15}, {4095, 0, 17}} {
+		p := postgres.OutboxPayload(shards)
+		if got := postgres.ParseOutboxPayload(p); !slices.Equal(got, shards) {
+			t.Errorf("%v: payload %q read back as %v", shards, p, got)
+		}
+	}
+	all := make([]int, 4096)
+	for i := range all {
+		all[i] = i
+	}
+	if p := postgres.OutboxPayload(all); p != "" {
+		t.Errorf("4096 shards: a payload of %d bytes, want an empty one (every shard)", len(p))
+	}
+	for _, p := range []string{"", "3,x", "-1", "3,,4"} {
+		if got := postgres.ParseOutboxPayload(p); got != nil {
+			t.Errorf("%q: read as %v, want nil (every shard)", p, got)
+		}
+	}
+}
+
 // Notify reaches a listener, and its asynchronous commit stays its own:
 // the connection it ran on commits synchronously again afterwards.
 func TestNotifyDeliversAndLeavesCommitsSynchronous(t *testing.T) {

@@ -227,11 +227,11 @@ func exec(b *testing.B, pool *pgxpool.Pool, sql string, args ...any) {
 
 // BenchmarkLatency measures what the relay adds to a command's way at 500
 // rows/s. Rows are committed one per transaction (as ingest does), the
-// relay is woken after each commit (ingest and relay in one process), and
-// a read_committed consumer notes when each arrives. The baseline is the
-// same writer without an outbox: it produces each record itself right
-// after its commit (idempotent producer), read by the same kind of
-// consumer. The two alternate in quarter-second slices for
+// relay is woken after each commit for the row's shard (ingest and relay
+// in one process), and a read_committed consumer notes when each arrives.
+// The baseline is the same writer without an outbox: it produces each
+// record itself right after its commit (idempotent producer), read by the
+// same kind of consumer. The two alternate in quarter-second slices for
 // ONCEFLOW_BENCH_LATENCY_SECONDS each (default 10), so both see the same
 // machine. It reports the p50 and p99 of commit-to-consumed for both and
 // the added p99 (goal <= 10 ms).
@@ -296,7 +296,7 @@ func BenchmarkLatency(b *testing.B) {
 			_, err := writerPool.Exec(ctx, `INSERT INTO outbox (shard, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5)`,
 				(seq%200)%16, topics.Commands(), key, make([]byte, 64), map[string]string{"bench-seq": strconv.Itoa(seq)})
 			return err
-		}, r.Wake)
+		}, func(seq int) { r.Wake((seq % 200) % 16) }) // as ingest does: the shard it wrote to
 		produced := newPath(b, brokers, topics.Events(), n, func(ctx context.Context, seq int, key []byte) error {
 			if _, err := writerPool.Exec(ctx, `INSERT INTO bench_direct (seq) VALUES ($1)`, seq); err != nil {
 				return err
@@ -334,7 +334,7 @@ func BenchmarkLatency(b *testing.B) {
 type path struct {
 	commit    func(ctx context.Context, seq int, key []byte) error
 	publish   func(ctx context.Context, seq int, key []byte) error
-	after     func()
+	after     func(seq int)
 	committed []atomic.Int64
 	arrived   []atomic.Int64
 	got       atomic.Int64
@@ -342,7 +342,7 @@ type path struct {
 	done      chan struct{}
 }
 
-func newPath(b *testing.B, brokers []string, topic string, n int, commit func(context.Context, int, []byte) error, after func()) *path {
+func newPath(b *testing.B, brokers []string, topic string, n int, commit func(context.Context, int, []byte) error, after func(seq int)) *path {
 	b.Helper()
 	p := &path{commit: commit, after: after, committed: make([]atomic.Int64, n), arrived: make([]atomic.Int64, n), done: make(chan struct{})}
 	cl := pipelinetest.Client(b, brokers, kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -392,7 +392,7 @@ func (p *path) write(b *testing.B, first, count int) {
 			err := p.commit(ctx, seq, key)
 			p.committed[seq].Store(time.Now().UnixNano())
 			if err == nil && p.after != nil {
-				p.after()
+				p.after(seq)
 			}
 			if err == nil && p.publish != nil {
 				err = p.publish(ctx, seq, key)

@@ -79,7 +79,8 @@
 // finds a worker busy is kept for it: the rows it announces may have been
 // committed after that worker's last read-ahead, so the worker reads its
 // head once more before it waits (without this they waited for the next
-// poll).
+// poll); a wake-up names the shards it is about, and a busy worker of
+// another shard is left alone.
 //
 // Rows are deleted only after the broker acknowledged the commit. A crash
 // (or a lost lease) between the commit and the delete leaves the rows; the
@@ -135,9 +136,13 @@
 //
 // # Wake-up
 //
-// Wake (called by ingest in the same process after each commit) or every
-// PollInterval, the dispatcher reads the idle shards' heads (above). Never
-// NOTIFY inside the ingest transaction: it serializes commits.
+// Every PollInterval the dispatcher reads every idle shard's head (above).
+// On Wake — called by ingest in the same process after each commit, and on
+// each notification ingest sends after a commit (postgres.OutboxChannel) —
+// it reads the heads of the shards the wake-up names (the ones the commit
+// wrote to; none named: every shard), and leaves word only with the busy
+// workers of those shards: the others have no rows of that commit to
+// read. Never NOTIFY inside the ingest transaction: it serializes commits.
 //
 // # Vacuum
 //

@@ -39,8 +39,11 @@ type Relay struct {
 	// incarnation's leases for its own.
 	owner string
 
-	wake      chan struct{} // ingest in the same process: rows are waiting
+	wake      chan struct{} // rows are waiting in the shards woken names
 	rebalance chan struct{} // a worker stopped: the keeper should look now
+
+	wakeMu sync.Mutex
+	woken  wakeUp // the shards Wake named since the dispatcher last looked
 
 	mu      sync.Mutex
 	workers map[int]*worker
@@ -84,13 +87,52 @@ func New(cfg Config, pool *pgxpool.Pool, kcfg kafka.Config, logger *slog.Logger,
 	}, nil
 }
 
-// Wake makes the relay look at the outbox now (ingest calls it after each
-// commit when both run in one process). It never blocks.
-func (r *Relay) Wake() {
+// Wake makes the relay look at the named outbox shards now, or at every
+// shard when none is named (ingest calls it after each commit with the
+// shards of the rows it wrote, when both run in one process). It never
+// blocks.
+func (r *Relay) Wake(shards ...int) {
+	r.wakeMu.Lock()
+	r.woken.add(shards)
+	r.wakeMu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// wakeUp is the shards wake-ups named since the dispatcher last looked.
+type wakeUp struct {
+	all    bool
+	shards map[int]struct{}
+}
+
+func (u *wakeUp) add(shards []int) {
+	if len(shards) == 0 {
+		u.all = true
+		return
+	}
+	if u.shards == nil {
+		u.shards = map[int]struct{}{}
+	}
+	for _, s := range shards {
+		u.shards[s] = struct{}{}
+	}
+}
+
+func (u wakeUp) names(shard int) bool {
+	_, ok := u.shards[shard]
+	return u.all || ok
+}
+
+// takeWakeUp returns the shards named since the last call, and forgets
+// them.
+func (r *Relay) takeWakeUp() wakeUp {
+	r.wakeMu.Lock()
+	defer r.wakeMu.Unlock()
+	u := r.woken
+	r.woken = wakeUp{}
+	return u
 }
 
 // Owner returns the name this process holds leases under
@@ -130,7 +172,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	// another process wakes within a round trip instead of at its next
 	// poll, which stays for notifications a lost connection missed.
 	g.Go(func() error {
-		return postgres.Listen(gctx, r.pool, postgres.OutboxChannel, r.logger, func(string) { r.Wake() })
+		return postgres.Listen(gctx, r.pool, postgres.OutboxChannel, r.logger, func(p string) {
+			r.Wake(postgres.ParseOutboxPayload(p)...)
+		})
 	})
 	err := g.Wait()
 
@@ -155,27 +199,34 @@ const headsSQL = `SELECT l.shard, EXTRACT(EPOCH FROM l.expires_at - now())::floa
 	JOIN onceflow_outbox_heads($1::int[], $4) o ON o.shard = l.shard
 	ORDER BY l.shard, o.xid, o.id`
 
-// dispatch hands work to idle workers, on Wake or every PollInterval: it
-// claims the idle workers, reads the head of their shards in one query
-// and gives each its rows. One query for all shards costs less than every
-// worker polling on its own, and a woken shard starts producing after a
-// single round trip to Postgres.
+// dispatch hands work to idle workers, every PollInterval and on Wake:
+// it claims the idle workers (on Wake, those of the shards it named),
+// reads the head of their shards in one query and gives each its rows.
+// One query for all shards costs less than every worker polling on its
+// own, and a woken shard starts producing after a single round trip to
+// Postgres. A wake-up leaves word only with the busy workers of the shards
+// it names: the others have no rows of its commit to read, and a word
+// costs a head read (docs/decisions.md, "Waking up without polling").
 func (r *Relay) dispatch(ctx context.Context) error {
 	t := time.NewTimer(jitter(r.cfg.PollInterval))
 	defer t.Stop()
 	for {
-		wakeUp := false
+		var woken *wakeUp // nil: the poll, every idle shard
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-r.wake:
-			wakeUp = true
+			u := r.takeWakeUp()
+			woken = &u
 		case <-t.C:
 		}
 		t.Reset(jitter(r.cfg.PollInterval))
 		var claimed []*worker
 		for _, w := range r.heldShards() {
-			if w.turn.claim(wakeUp) {
+			if woken != nil && !woken.names(w.shard) {
+				continue
+			}
+			if w.turn.claim(woken != nil) {
 				claimed = append(claimed, w)
 			}
 		}

@@ -1225,3 +1225,73 @@ func TestWakesOnNotification(t *testing.T) {
 		t.Errorf("without a notification: %d rows in the outbox after a second, want 1 (the relay should not have looked)", n)
 	}
 }
+
+// A notification names the shards its commit wrote to, and the relay looks
+// at those only: a commit to one shard does not make the relay read the
+// others (every such read was a statement, docs/benchmarks.md), and an
+// empty payload, what a writer that names no shard sends, still means
+// every shard.
+func TestWakeUpNamesShards(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.start(t, relay.Config{PollInterval: time.Minute})
+	ctx := context.Background()
+	// Every shard held and the relay listening: from here on only a
+	// notification makes it read a shard (a worker reads its shard when it
+	// starts, a listener that connects wakes every shard).
+	pipelinetest.Eventually(t, 20*time.Second, func() error {
+		st, err := relay.ReadStatus(ctx, e.pool, 0)
+		if err != nil {
+			return err
+		}
+		for _, s := range st.Shards {
+			if s.Owner != r.Owner() {
+				return fmt.Errorf("shard %d not held yet", s.Shard)
+			}
+		}
+		var listening bool
+		err = e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'LISTEN %')`).Scan(&listening)
+		if err == nil && !listening {
+			err = errors.New("the relay is not listening yet")
+		}
+		return err
+	})
+	agg := "acme/acc-1"
+	shard := pipeline.OutboxShard(agg, pipeline.DefaultOutboxShards)
+	notify := func(payload string) time.Time {
+		t.Helper()
+		if err := postgres.Notify(ctx, e.pool, postgres.OutboxChannel, payload); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
+	seq := 0
+	for round, payload := range []string{
+		postgres.OutboxPayload([]int{shard}),
+		postgres.OutboxPayload([]int{(shard + 5) % 16, shard}),
+		"", // every shard
+	} {
+		// A notification naming other shards leaves the row where it is.
+		// (A read of the relay's own — a worker going idle after a
+		// wake-up — may ship it once in a while: then again; reading the
+		// shard at every such notification fails every attempt.)
+		for attempt := 1; ; attempt++ {
+			e.insertOne(t, e.pool, agg, seq, 16)
+			seq++
+			notify(postgres.OutboxPayload([]int{(shard + 1) % 16, (shard + 2) % 16}))
+			time.Sleep(time.Second)
+			if n := e.backlog(t); n == 1 {
+				break
+			}
+			if attempt == 3 {
+				t.Fatalf("round %d: the row of shard %d shipped within a second of a notification naming other shards, in each of %d attempts", round, shard, attempt)
+			}
+		}
+		start := notify(payload)
+		e.waitEmpty(t, 10*time.Second)
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("round %d: shipped %v after the notification %q, want it well before the next poll", round, took, payload)
+		}
+	}
+}

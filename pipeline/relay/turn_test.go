@@ -60,3 +60,25 @@ func TestWakeTakenByExactlyOneSide(t *testing.T) {
 		}
 	}
 }
+
+// Wake-ups name shards until the dispatcher takes them; one that names
+// none names every shard.
+func TestWakeUpsAddUp(t *testing.T) {
+	r := &Relay{wake: make(chan struct{}, 1)}
+	r.Wake(3)
+	r.Wake(5, 3)
+	u := r.takeWakeUp()
+	for shard, want := range map[int]bool{3: true, 5: true, 4: false} {
+		if got := u.names(shard); got != want {
+			t.Errorf("after Wake(3), Wake(5, 3): shard %d named %v, want %v", shard, got, want)
+		}
+	}
+	if u := r.takeWakeUp(); u.names(3) {
+		t.Error("a wake-up taken twice")
+	}
+	r.Wake(3)
+	r.Wake()
+	if u := r.takeWakeUp(); !u.names(4) {
+		t.Error("Wake() did not name every shard")
+	}
+}
