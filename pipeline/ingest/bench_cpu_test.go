@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pipeline/ingest"
@@ -84,7 +86,7 @@ func processCPU() time.Duration {
 }
 
 // backendsCPU is the CPU time so far of each backend connected to pool's
-// database, by pid, from /proc/PID/stat (in clock ticks of 10 ms).
+// database, by pid.
 func backendsCPU(b *testing.B, pool *pgxpool.Pool) map[int]time.Duration {
 	b.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
@@ -98,18 +100,91 @@ func backendsCPU(b *testing.B, pool *pgxpool.Pool) map[int]time.Duration {
 		if err := rows.Scan(&pid); err != nil {
 			b.Fatal(err)
 		}
-		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			b.Fatalf("the benchmark reads the backends' CPU from /proc: run it on the database's machine (%v)", err)
-		}
-		s := string(stat)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // the name may hold spaces
-		utime, _ := strconv.Atoi(f[11])
-		stime, _ := strconv.Atoi(f[12])
-		cpu[pid] = time.Duration(utime+stime) * 10 * time.Millisecond
+		cpu[pid] = procCPU(b, pid)
 	}
 	if err := rows.Err(); err != nil {
 		b.Fatal(err)
 	}
 	return cpu
+}
+
+// BenchmarkOutcomeRead prices the statements of one outcome read
+// (loadCommand: the key's check and scope, then the read) on one
+// connection, without HTTP: as ingest sends them, two statements in one
+// pipeline, which Postgres runs as one implicit transaction (implicit),
+// and the baseline of the same two between BEGIN READ ONLY and COMMIT
+// (explicit, what ingest sent before). The two alternate in blocks of 2,000 reads
+// (explicit, implicit, implicit, explicit, ...); per read, this process's
+// CPU and that of the connection's backend (/proc), medians over the blocks.
+func BenchmarkOutcomeRead(b *testing.B) {
+	ctx := context.Background()
+	pool := benchPool(b, 1)
+	s := startServer(b, pool, ingest.Config{})
+	key := tenant(b, pool, "bench")
+	id := acceptedID(b, s.do(b, req{path: "/v1/accounts/acc/deposits", apiKey: key, idemKey: "1", body: `{"amount":1}`}))
+	s.stop()
+	sum := sha256.Sum256([]byte(key))
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	read := func(explicit bool) {
+		batch := &pgx.Batch{}
+		if explicit {
+			batch.Queue("BEGIN READ ONLY")
+		}
+		var tenant, status string
+		batch.Queue(ingest.ScopeSQL, sum[:]).QueryRow(func(row pgx.Row) error { return row.Scan(&tenant) })
+		batch.Queue(ingest.GetCommandSQL, id, "bench", nil).QueryRow(func(row pgx.Row) error {
+			var aggregate, commandType string
+			var reason, detail *string
+			var events []string
+			return row.Scan(&aggregate, &status, &commandType, &reason, &detail, &events)
+		})
+		if explicit {
+			batch.Queue("COMMIT")
+		}
+		if err := conn.SendBatch(ctx, batch).Close(); err != nil || tenant != "bench" || status != "pending" {
+			b.Fatalf("read: %v, tenant %q, status %q", err, tenant, status)
+		}
+	}
+	for range 500 { // plans and caches
+		read(true)
+		read(false)
+	}
+	const block = 2000
+	figures := map[bool][2][]float64{}
+	for i := range 4 * b.N * rounds() {
+		explicit := i%4 == 0 || i%4 == 3
+		goBefore, pgBefore := processCPU(), procCPU(b, int(pid))
+		for range block {
+			read(explicit)
+		}
+		f := figures[explicit]
+		f[0] = append(f[0], float64((processCPU()-goBefore).Microseconds())/block)
+		f[1] = append(f[1], float64((procCPU(b, int(pid))-pgBefore).Microseconds())/block)
+		figures[explicit] = f
+	}
+	b.ReportMetric(median(figures[false][0]), "implicit_go_us/read")
+	b.ReportMetric(median(figures[false][1]), "implicit_postgres_us/read")
+	b.ReportMetric(median(figures[true][0]), "explicit_go_us/read")
+	b.ReportMetric(median(figures[true][1]), "explicit_postgres_us/read")
+	b.ReportMetric(0, "ns/op")
+}
+
+// procCPU is the CPU time so far of the process pid of this machine (a
+// Postgres backend), from /proc/PID/stat, in clock ticks of 10 ms.
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatalf("the benchmark reads the backends' CPU from /proc: run it on the database's machine (%v)", err)
+	}
+	s := string(stat)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // the name may hold spaces
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
