@@ -34,3 +34,9 @@ func (s *Server) KnowsKey(key string) bool {
 	_, ok := s.keys.get(hashKey(key))
 	return ok
 }
+
+// The outcome read's statements (loadCommand), for BenchmarkOutcomeRead.
+const (
+	ScopeSQL      = scopeSQL
+	GetCommandSQL = getCommandSQL
+)

@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"math/big"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 )
 
 // fuzzRoutes are routes of the ledger's commands (examples/ledger) of
@@ -202,4 +205,56 @@ func FuzzExactInt64(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzHeadersJSON checks the outbox's headers column, written out by hand,
+// against encoding/json: whatever the tenant, command type and traceparent
+// (as UTF-8 strings, which is all Postgres takes), it is a JSON object
+// whose members are exactly the command record's headers.
+func FuzzHeadersJSON(f *testing.F) {
+	for _, s := range [][3]string{
+		{"acme", "Deposit", ""},
+		{"acme", "Deposit", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		{`a"b\c`, "tab\there\nnew\x00\x1f\x7f", "é ✓ \u2028 <&>"},
+	} {
+		f.Add(s[0], s[1], s[2])
+	}
+	f.Fuzz(func(t *testing.T, tenant, commandType, traceparent string) {
+		if !utf8.ValidString(tenant) || !utf8.ValidString(commandType) || !utf8.ValidString(traceparent) {
+			return
+		}
+		headers := kafka.CommandHeaders(pipeline.NewCommandID(), tenant, commandType, traceparent)
+		var got map[string]string
+		if err := json.Unmarshal([]byte(headersJSON(headers)), &got); err != nil {
+			t.Fatalf("headersJSON(%q) = %s: %v", headers, headersJSON(headers), err)
+		}
+		want := map[string]string{}
+		for _, h := range headers {
+			want[h.Key] = string(h.Value)
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("headersJSON: got %q, want %q", got, want)
+		}
+	})
+}
+
+// The 202's body and its stored headers, written out by hand, read as the
+// JSON they stand for.
+func TestAcceptedResponse(t *testing.T) {
+	id := pipeline.NewCommandID()
+	resp, headers := acceptedResponse(id)
+	var body struct {
+		CommandID string `json:"command_id"`
+		Status    string `json:"status"`
+	}
+	if err := json.Unmarshal(resp.Body, &body); err != nil || body.CommandID != id.String() || body.Status != "pending" {
+		t.Fatalf("body %s: got %+v (%v), want command_id %s, status pending", resp.Body, body, err, id)
+	}
+	var stored map[string]string
+	if err := json.Unmarshal([]byte(headers), &stored); err != nil || !maps.Equal(stored, resp.Headers) {
+		t.Fatalf("stored headers %s: got %v (%v), want %v", headers, stored, err, resp.Headers)
+	}
+	if want := "/v1/commands/" + id.String(); resp.Headers["Location"] != want || resp.Status != http.StatusAccepted {
+		t.Fatalf("got %d, Location %q; want 202, %q", resp.Status, resp.Headers["Location"], want)
+	}
 }

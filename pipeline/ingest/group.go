@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -64,22 +64,54 @@ type storedResponse struct {
 	Body    []byte
 }
 
-// accepted is the body of a 202.
-type accepted struct {
-	CommandID string `json:"command_id"`
-	Status    string `json:"status"`
+// acceptedResponse is a new command's 202, and its headers as the JSON
+// object idempotency_keys keeps. Both JSON texts are written out rather
+// than marshalled: every accepted request makes them, and a command id
+// (its only variable part) needs no escaping.
+func acceptedResponse(id pipeline.ID) (storedResponse, string) {
+	cid := id.String()
+	location := "/v1/commands/" + cid
+	return storedResponse{
+		Status:  http.StatusAccepted,
+		Headers: map[string]string{"Content-Type": "application/json", "Location": location},
+		Body:    []byte(`{"command_id":"` + cid + `","status":"pending"}` + "\n"),
+	}, `{"Content-Type":"application/json","Location":"` + location + `"}`
 }
 
-func acceptedResponse(id pipeline.ID) storedResponse {
-	body, _ := json.Marshal(accepted{CommandID: id.String(), Status: "pending"})
-	return storedResponse{
-		Status: http.StatusAccepted,
-		Headers: map[string]string{
-			"Content-Type": "application/json",
-			"Location":     "/v1/commands/" + id.String(),
-		},
-		Body: append(body, '\n'),
+// headersJSON is a command record's headers as the JSON object of strings
+// the outbox keeps (the relay produces them as they are). Written out
+// rather than marshalled from a map, as acceptedResponse's.
+func headersJSON(headers []kgo.RecordHeader) string {
+	b := make([]byte, 0, 192)
+	b = append(b, '{')
+	for i, h := range headers {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, h.Key)
+		b = append(b, ':')
+		b = appendJSONString(b, string(h.Value))
 	}
+	return string(append(b, '}'))
+}
+
+// appendJSONString appends s as a JSON string: quotes, backslashes and
+// control characters escaped, the rest as it is (s is UTF-8: Postgres
+// refuses anything else as a text parameter).
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := range len(s) {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
 }
 
 var (
@@ -548,16 +580,9 @@ func (c *committer) inputs(batch []*acceptItem) *inputs {
 	in := &inputs{}
 	for _, it := range batch {
 		id := pipeline.NewCommandID()
-		resp := acceptedResponse(id)
+		resp, rh := acceptedResponse(id)
 		aggregateID := pipeline.AggregateID(it.tenant, it.localID)
-		// The outbox keeps the command record's headers (the relay
-		// produces them as they are) as a JSON object.
-		h := map[string]string{}
-		for _, x := range kafka.CommandHeaders(id, it.tenant, it.commandType, it.traceparent) {
-			h[x.Key] = string(x.Value)
-		}
-		hj, _ := json.Marshal(h)
-		rh, _ := json.Marshal(resp.Headers)
+		hj := headersJSON(kafka.CommandHeaders(id, it.tenant, it.commandType, it.traceparent))
 		in.tenants = append(in.tenants, it.tenant)
 		in.keys = append(in.keys, it.key)
 		in.keyHashes = append(in.keyHashes, it.keyHash)
@@ -568,12 +593,12 @@ func (c *committer) inputs(batch []*acceptItem) *inputs {
 		in.shards = append(in.shards, int32(pipeline.OutboxShard(aggregateID, c.cfg.Shards)))
 		in.aggregateKeys = append(in.aggregateKeys, []byte(aggregateID))
 		in.values = append(in.values, it.value)
-		in.headers = append(in.headers, string(hj))
+		in.headers = append(in.headers, hj)
 		in.aggregates = append(in.aggregates, aggregateID)
 		in.types = append(in.types, it.commandType)
 		in.topics = append(in.topics, it.topic)
 		in.statuses = append(in.statuses, int32(resp.Status))
-		in.respHeaders = append(in.respHeaders, string(rh))
+		in.respHeaders = append(in.respHeaders, rh)
 		in.bodies = append(in.bodies, resp.Body)
 		in.responses = append(in.responses, resp)
 	}
