@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/user"
@@ -26,7 +27,8 @@ type Local struct {
 	// Dir is the cluster's data directory. Default ".data/postgres". When
 	// running as root and the postgres user cannot reach Dir (a home
 	// directory closed to others), a directory under os.TempDir() named
-	// after Dir's absolute path is used instead.
+	// after Dir's absolute path is used instead, and Dir holds a file
+	// naming it (see moved).
 	Dir string
 	// Port is the TCP port on 127.0.0.1. Default 54329.
 	Port int
@@ -74,11 +76,14 @@ func (l Local) Ensure(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	var m moved
 	if pg != nil && !reachableBy(dir, pg) {
-		sum := sha256.Sum256([]byte(dir))
-		alt := filepath.Join(os.TempDir(), "onceflow-postgres-"+hex.EncodeToString(sum[:6]))
-		l.Logf("postgres: the postgres user cannot reach %s; using %s", dir, alt)
-		dir = alt
+		m = movedFrom(dir)
+		l.Logf("postgres: the postgres user cannot reach %s; using %s", dir, m.dir)
+		dir = m.dir
+	}
+	if pg != nil {
+		l.sweepMoved(ctx, m.dir)
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil { // #nosec G301 -- run as root, the postgres user must reach its data directory through it
 		return "", fmt.Errorf("create %s: %w", filepath.Dir(dir), err)
@@ -88,6 +93,11 @@ func (l Local) Ensure(ctx context.Context) (string, error) {
 		return "", err
 	}
 	defer unlock()
+	if m.dir != "" {
+		if err := l.claim(ctx, m); err != nil {
+			return "", err
+		}
+	}
 
 	adminURL := l.URL("postgres")
 	if err := Reachable(ctx, adminURL, 2*time.Second); err != nil {
@@ -131,9 +141,16 @@ func (l Local) Stop(ctx context.Context, mode string) error {
 		return err
 	}
 	if pg != nil && !reachableBy(dir, pg) {
-		sum := sha256.Sum256([]byte(dir))
-		dir = filepath.Join(os.TempDir(), "onceflow-postgres-"+hex.EncodeToString(sum[:6]))
+		dir = movedFrom(dir).dir
 	}
+	if mode == "" {
+		mode = "fast"
+	}
+	return l.stopIn(ctx, pg, dir, mode)
+}
+
+// stopIn stops the cluster in dir if it runs.
+func (l Local) stopIn(ctx context.Context, pg *user.User, dir, mode string) error {
 	if _, err := os.Stat(filepath.Join(dir, "postmaster.pid")); err != nil {
 		return nil
 	}
@@ -141,10 +158,108 @@ func (l Local) Stop(ctx context.Context, mode string) error {
 	if err != nil {
 		return err
 	}
-	if mode == "" {
-		mode = "fast"
-	}
 	return run(ctx, pg, dir, filepath.Join(bin, "pg_ctl"), "-D", dir, "-m", mode, "-w", "stop")
+}
+
+// moved is a cluster kept under os.TempDir() for a data directory the
+// postgres user cannot reach. The two point at each other: the data
+// directory holds a file naming the cluster (movedNote), and next to the
+// cluster a file names the data directory (dir + ".owner"). A cluster
+// whose data directory has lost its note (removed with the data: `rm -rf
+// .data`, a test's temporary directory) is stale: Ensure removes it, so
+// that a data directory made anew gets a database made anew, as it gets
+// an empty broker, and the hundreds of megabytes of a cluster do not stay
+// behind each time.
+type moved struct {
+	from string // the data directory asked for
+	dir  string // where the cluster is
+}
+
+// movedNote is the file in the data directory that names the cluster.
+const movedNote = "ONCEFLOW_CLUSTER_MOVED"
+
+func movedFrom(dir string) moved {
+	sum := sha256.Sum256([]byte(dir))
+	return moved{from: dir, dir: filepath.Join(os.TempDir(), "onceflow-postgres-"+hex.EncodeToString(sum[:6]))}
+}
+
+// claim makes m's cluster the data directory's, under m's lock: a cluster
+// left by an earlier data directory of the same path is removed first (one
+// from before the notes, with no owner file, is adopted as it is).
+func (l Local) claim(ctx context.Context, m moved) error {
+	owner := m.dir + ".owner"
+	_, errOwner := os.Stat(owner)
+	if _, err := os.Stat(filepath.Join(m.from, movedNote)); err != nil && errOwner == nil {
+		l.Logf("postgres: %s was removed since its cluster in %s was made; making it anew", m.from, m.dir)
+		if err := l.remove(ctx, m.dir); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(m.from, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", m.from, err)
+	}
+	note := fmt.Sprintf("The PostgreSQL cluster of this directory is in %s:\nthe postgres user, which runs it, cannot reach this directory.\nRemoving this file (or this directory) removes that cluster the next time one is started.\n", m.dir)
+	if err := os.WriteFile(filepath.Join(m.from, movedNote), []byte(note), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(owner, []byte(m.from), 0o600) // #nosec G306 -- root's own bookkeeping
+}
+
+// remove stops the cluster in dir if it runs and removes it.
+func (l Local) remove(ctx context.Context, dir string) error {
+	pg, err := lookupPostgresUser()
+	if err != nil {
+		return err
+	}
+	if running(dir) {
+		if err := l.stopIn(ctx, pg, dir, "immediate"); err != nil {
+			return fmt.Errorf("stop the stale cluster in %s: %w", dir, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.Remove(dir + ".owner"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// sweepMoved removes every moved cluster but keep whose data directory
+// has lost its note: the clusters of removed data directories. One that
+// another process holds (its lock is taken) is left for the next sweep.
+func (l Local) sweepMoved(ctx context.Context, keep string) {
+	owners, _ := filepath.Glob(filepath.Join(os.TempDir(), "onceflow-postgres-*.owner"))
+	for _, owner := range owners {
+		dir := strings.TrimSuffix(owner, ".owner")
+		from, err := os.ReadFile(owner) // #nosec G304 -- our own bookkeeping under os.TempDir()
+		if dir == keep || err != nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(string(from), movedNote)); err == nil {
+			continue
+		}
+		unlock, ok := tryLockFile(dir + ".lock")
+		if !ok {
+			continue
+		}
+		l.Logf("postgres: %s was removed; removing its cluster in %s", from, dir)
+		if err := l.remove(ctx, dir); err != nil {
+			l.Logf("postgres: %v", err)
+		}
+		os.Remove(dir + ".lock")
+		unlock()
+	}
+}
+
+// running reports whether the server whose data directory is dir runs.
+func running(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "postmaster.pid")) // #nosec G304 -- the cluster's own pid file
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	return err == nil && pid > 0 && syscall.Kill(pid, 0) == nil
 }
 
 func (l Local) start(ctx context.Context, dir string, pg *user.User) error {
@@ -237,7 +352,12 @@ func reachableBy(dir string, u *user.User) bool {
 	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
 		fi, err := os.Stat(p)
 		if err != nil {
-			return true // not created yet: MkdirAll makes it 0755
+			// Not created yet: MkdirAll makes it 0755, and what matters
+			// is the ancestors that exist.
+			if p == "/" {
+				return true
+			}
+			continue
 		}
 		st := fi.Sys().(*syscall.Stat_t)
 		mode := fi.Mode().Perm()
@@ -283,6 +403,22 @@ func run(ctx context.Context, u *user.User, dir, name string, args ...string) er
 		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, tail(string(out), 2000))
 	}
 	return nil
+}
+
+// tryLockFile takes the lock at path if no one holds it.
+func tryLockFile(path string) (func(), bool) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600) // #nosec G304 -- the lock next to a cluster's own data directory
+	if err != nil {
+		return nil, false
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, true
 }
 
 func lockFile(path string) (func(), error) {
