@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,5 +133,25 @@ func TestSmoke(t *testing.T) {
 	}
 	if !bytes.HasPrefix(img, []byte("\x89PNG\r\n\x1a\n")) || len(img) < 10_000 {
 		t.Errorf("plot: %d bytes, not a PNG of a plot", len(img))
+	}
+}
+
+// TestSetFlag checks -set: each NAME=value reaches the environment of
+// every onceflow process the harness starts, over the harness's own
+// defaults, and a malformed one is refused before anything starts.
+func TestSetFlag(t *testing.T) {
+	c, err := parseFlags([]string{"-set", "ONCEFLOW_OUTBOX_SHARDS=4", "-set", "LOG_LEVEL=debug", "-set", "ONCEFLOW_X=a=b"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := env{settings: c.settings}.onceflowEnv()
+	want := map[string]string{"ONCEFLOW_OUTBOX_SHARDS": "4", "LOG_LEVEL": "debug", "ONCEFLOW_X": "a=b", "ONCEFLOW_TENANT_RATE_LIMIT": "0"}
+	if !maps.Equal(got, want) {
+		t.Errorf("environment with -set: got %v, want %v", got, want)
+	}
+	for _, bad := range []string{"ONCEFLOW_OUTBOX_SHARDS", "=4"} {
+		if _, err := parseFlags([]string{"-set", bad}, io.Discard); err == nil || !strings.Contains(err.Error(), "NAME=value") {
+			t.Errorf("-set %q: got %v, want an error asking for NAME=value", bad, err)
+		}
 	}
 }

@@ -101,6 +101,7 @@ type config struct {
 	cpuprofile string
 	bin        string
 	dir        string
+	settings   map[string]string // -set: added to every onceflow process's environment
 }
 
 func parseFlags(args []string, out io.Writer) (config, error) {
@@ -121,12 +122,21 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	md := fs.String("md", "", "also write the report (markdown) to this file")
 	png := fs.String("png", "", "write the plot of latency against rate to this PNG file")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of `onceflow dev` over its whole run to this file")
+	settings := map[string]string{}
+	fs.Func("set", "`NAME=value` added to every onceflow process's environment, e.g. ONCEFLOW_OUTBOX_SHARDS=4 (repeat for more)", func(v string) error {
+		name, value, ok := strings.Cut(v, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("want NAME=value, got %q", v)
+		}
+		settings[name] = value
+		return nil
+	})
 	bin := fs.String("bin", "", "directory with onceflow's binaries and the peer already built (default: build them into a temporary directory)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	c := config{step: *step, warmup: *warmup, closed: *closed, idle: *idle, goal: *goal, search: *search,
-		tenants: *tenants, accounts: *accounts, md: *md, png: *png, cpuprofile: *cpuprofile, bin: *bin}
+		tenants: *tenants, accounts: *accounts, md: *md, png: *png, cpuprofile: *cpuprofile, bin: *bin, settings: settings}
 	if c.cpuprofile != "" {
 		// Absolute, so the profile lands where it was asked for whatever
 		// directory the profiled process runs in.
@@ -240,7 +250,7 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	rep := &report{Started: time.Now().UTC(), Load: loadavg(), CPUs: runtime.NumCPU(), Go: runtime.Version(),
 		Command: "bench-e2e " + strings.Join(args, " "), Config: c}
-	e := env{bin: c.bin, dir: dir, databaseURL: dbURL, tenants: c.tenants, cpuprofile: c.cpuprofile, self: self}
+	e := env{bin: c.bin, dir: dir, databaseURL: dbURL, tenants: c.tenants, cpuprofile: c.cpuprofile, self: self, settings: c.settings}
 	// The no-op server runs throughout when it is measured: just before
 	// each system, the same clients measure its ceiling again, so a burst
 	// of someone else's load on a shared machine shows next to the figures

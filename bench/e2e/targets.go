@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -52,8 +53,9 @@ type env struct {
 	dir         string // logs, broker data
 	databaseURL string // a server on which to create a database per target
 	tenants     int
-	cpuprofile  string // `onceflow dev` writes its CPU profile here ("" none)
-	self        string // this program, for the no-op server
+	cpuprofile  string            // `onceflow dev` writes its CPU profile here ("" none)
+	self        string            // this program, for the no-op server
+	settings    map[string]string // -set, for every onceflow process
 }
 
 func freeAddr() string { return "127.0.0.1:" + strconv.Itoa(e2e.FreePort()) }
@@ -130,9 +132,12 @@ func tenants(ctx context.Context, dbURL string, n int) ([]string, error) {
 }
 
 // onceflowEnv is every onceflow process's environment in a benchmark: no
-// per-tenant rate limit (the load is the point), warnings and errors only.
-func onceflowEnv() map[string]string {
-	return map[string]string{"ONCEFLOW_TENANT_RATE_LIMIT": "0", "LOG_LEVEL": "warn"}
+// per-tenant rate limit (the load is the point), warnings and errors only,
+// and the run's -set settings.
+func (e env) onceflowEnv() map[string]string {
+	vars := map[string]string{"ONCEFLOW_TENANT_RATE_LIMIT": "0", "LOG_LEVEL": "warn"}
+	maps.Copy(vars, e.settings)
+	return vars
 }
 
 // closeOnError closes t if *err is set: a start function's deferred
@@ -177,7 +182,7 @@ func startDev(ctx context.Context, e env) (_ *target, err error) {
 	}
 	defer t.closeOnError(&err)
 	httpAddr, admin := freeAddr(), freeAddr()
-	vars := onceflowEnv()
+	vars := e.onceflowEnv()
 	for k, v := range map[string]string{
 		"DATABASE_URL": db, "HTTP_ADDR": httpAddr, "ADMIN_ADDR": admin,
 		"ONCEFLOW_DEV_BROKER_ADDR": freeAddr(), "ONCEFLOW_DEV_API_KEY": ingest.NewAPIKey(),
@@ -223,7 +228,7 @@ func startSplit(ctx context.Context, e env) (_ *target, err error) {
 		return nil, err
 	}
 	defer t.closeOnError(&err)
-	pl, err := t.startBroker(ctx, e, "split", db, func(pl *e2e.Pipeline) { pl.Env = onceflowEnv() })
+	pl, err := t.startBroker(ctx, e, "split", db, func(pl *e2e.Pipeline) { pl.Env = e.onceflowEnv() })
 	if err != nil {
 		return nil, err
 	}
