@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,6 +40,22 @@ type Components struct {
 // All is every component (the dev stack); the NATS sink runs in it when
 // RunConfig.NATSink.URL is set.
 var All = Components{Ingest: true, Relay: true, Processor: true, Projector: true, Worker: true}
+
+// String lists the components, "ingest,relay,processor,projector,worker"
+// for All: how a process's connections are named in Postgres
+// (application_name "onceflow ingest,relay,...").
+func (c Components) String() string {
+	var names []string
+	for _, n := range []struct {
+		on   bool
+		name string
+	}{{c.Ingest, "ingest"}, {c.Relay, "relay"}, {c.Processor, "processor"}, {c.Projector, "projector"}, {c.Worker, "worker"}, {c.NATSink, "natsink"}} {
+		if n.on {
+			names = append(names, n.name)
+		}
+	}
+	return strings.Join(names, ",")
+}
 
 // kafka says whether the components use Kafka (a worker alone does not).
 func (c Components) kafka() bool { return c.decode() || c.NATSink }
@@ -261,7 +278,9 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 	// A cluster-wide lag export reads projectors' offsets from Postgres,
 	// even in a process that runs none of the components using it.
 	if c.Ingest || c.Relay || c.Projector || c.Worker || rc.LagExport == LagExportCluster && rc.DatabaseURL != "" {
-		if p.pool, err = rc.Config.OpenDatabase(ctx, rc.DatabaseMaxConns); err != nil {
+		db := rc.Config
+		db.applicationName = "onceflow " + c.String()
+		if p.pool, err = db.OpenDatabase(ctx, rc.DatabaseMaxConns); err != nil {
 			return nil, err
 		}
 		p.closers = append(p.closers, p.pool.Close)

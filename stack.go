@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,6 +68,10 @@ type Config struct {
 	// TenantRateLimit is ingest's per-tenant rate in requests per second
 	// (ONCEFLOW_TENANT_RATE_LIMIT; negative: none). Default 1000.
 	TenantRateLimit float64
+	// applicationName names the process's connections in Postgres
+	// (application_name); "onceflow" unless the process says which
+	// components it runs.
+	applicationName string
 }
 
 // Deployment resolves cfg's domains: their topics, consumer groups and
@@ -287,7 +292,7 @@ func (cfg Config) OpenDatabase(ctx context.Context, maxConns int32) (*pgxpool.Po
 	if err != nil {
 		return nil, err
 	}
-	return postgres.ConnectTraced(ctx, cfg.DatabaseURL, maxConns, cfg.TracerProvider)
+	return postgres.ConnectTraced(ctx, cfg.DatabaseURL, maxConns, cfg.TracerProvider, cmp.Or(cfg.applicationName, "onceflow"))
 }
 
 // DefaultDatabaseMaxConns is a component's pool size unless

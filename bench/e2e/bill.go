@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
@@ -119,6 +120,21 @@ func perOp(cores float64, s result) float64 {
 // its Postgres backends and the cluster's background processes.
 func (u cpuUse) total() float64 { return u.Load + u.System + u.Postgres + u.PostgresBackground }
 
+// postgresCell is the Postgres backends' µs per operation, followed, when
+// the target's connections carry more than one name (the 5 processes),
+// by each name's share: "1590 (ingest 700, relay 400, ...)".
+func postgresCell(u cpuUse, s result) string {
+	cell := fmt.Sprintf("%.0f", perOp(u.Postgres, s))
+	if len(u.PostgresBy) < 2 {
+		return cell
+	}
+	var parts []string
+	for _, p := range u.PostgresBy {
+		parts = append(parts, fmt.Sprintf("%s %.0f", cmp.Or(p.Name, "unnamed"), perOp(p.Cores, s)))
+	}
+	return cell + " (" + strings.Join(parts, ", ") + ")"
+}
+
 // stmtTime is the statements' time in a step, ms, and their calls.
 func stmtTime(sts []statement) (ms, plan float64, calls int64) {
 	for _, st := range sts {
@@ -192,7 +208,7 @@ func (t targetReport) bill(b *strings.Builder, rates []float64) {
 			}
 			fmt.Fprintf(b, " %.0f |", perOp(v, s.res))
 		}
-		fmt.Fprintf(b, " %.0f | %.0f | **%.0f** | %.0f |", perOp(u.Postgres, s.res), perOp(u.PostgresBackground, s.res), perOp(u.total(), s.res), perOp(u.Machine, s.res))
+		fmt.Fprintf(b, " %s | %.0f | **%.0f** | %.0f |", postgresCell(u, s.res), perOp(u.PostgresBackground, s.res), perOp(u.total(), s.res), perOp(u.Machine, s.res))
 		switch {
 		case s.res.StatementsErr != "":
 			b.WriteString(" – | – |\n")

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,6 +28,10 @@ const clockTicks = 100
 type cpuUse struct {
 	Load, System, Postgres, PostgresBackground, Machine float64
 	Procs                                               []procUse
+	// PostgresBy is Postgres split by the backends' application_name
+	// (onceflow names a process's connections after its components:
+	// "ingest", "relay", ...; "" unnamed), sorted by name.
+	PostgresBy []procUse
 }
 
 // procUse is one process's cores over a step.
@@ -45,6 +51,7 @@ type cpuSnap struct {
 	load       float64
 	procs      []float64       // by the target's procs
 	postgres   map[int]float64 // backend pid -> CPU seconds
+	names      map[int]string  // backend pid -> application_name, less "onceflow "
 	background map[int]float64 // the cluster's background processes
 	machine    float64
 }
@@ -87,9 +94,10 @@ func machineCPU() float64 {
 }
 
 // backends are the pids of the Postgres backends connected to the
-// target's database and of the cluster's background processes (those of
-// no database, and autovacuum workers in this one); nil if it cannot tell.
-func backends(ctx context.Context, adminURL, db string) (ours, background []int) {
+// target's database, with their application_name, and of the cluster's
+// background processes (those of no database, and autovacuum workers in
+// this one); nil if it cannot tell.
+func backends(ctx context.Context, adminURL, db string) (ours map[int]string, background []int) {
 	if adminURL == "" || db == "" {
 		return nil, nil
 	}
@@ -98,21 +106,23 @@ func backends(ctx context.Context, adminURL, db string) (ours, background []int)
 		return nil, nil
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT pid, backend_type = 'client backend' AND datname = $1
+	rows, err := conn.Query(ctx, `SELECT pid, backend_type = 'client backend' AND datname = $1, application_name
 		FROM pg_stat_activity
 		WHERE pid <> pg_backend_pid() AND (datname = $1 OR backend_type <> 'client backend' AND datname IS NULL)`, db)
 	if err != nil {
 		return nil, nil
 	}
 	defer rows.Close()
+	ours = map[int]string{}
 	for rows.Next() {
 		var pid int32
 		var client bool
-		if rows.Scan(&pid, &client) != nil {
+		var name string
+		if rows.Scan(&pid, &client, &name) != nil {
 			return nil, nil
 		}
 		if client {
-			ours = append(ours, int(pid))
+			ours[int(pid)] = strings.TrimPrefix(name, "onceflow ")
 		} else {
 			background = append(background, int(pid))
 		}
@@ -121,13 +131,13 @@ func backends(ctx context.Context, adminURL, db string) (ours, background []int)
 }
 
 func (t *target) cpu(ctx context.Context) cpuSnap {
-	s := cpuSnap{load: procCPU(os.Getpid()), machine: machineCPU(), postgres: map[int]float64{}, background: map[int]float64{}}
+	s := cpuSnap{load: procCPU(os.Getpid()), machine: machineCPU(), postgres: map[int]float64{}, names: map[int]string{}, background: map[int]float64{}}
 	for _, p := range t.procs {
 		s.procs = append(s.procs, procCPU(p.pid))
 	}
 	ours, background := backends(ctx, t.adminURL, t.db)
-	for _, pid := range ours {
-		s.postgres[pid] = procCPU(pid)
+	for pid, name := range ours {
+		s.postgres[pid], s.names[pid] = procCPU(pid), name
 	}
 	for _, pid := range background {
 		s.background[pid] = procCPU(pid)
@@ -153,6 +163,13 @@ func (t *target) cpuBetween(a, b cpuSnap, secs float64) cpuUse {
 	}
 	u := cpuUse{Load: (b.load - a.load) / secs, Postgres: since(b.postgres, a.postgres) / secs,
 		PostgresBackground: since(b.background, a.background) / secs, Machine: (b.machine - a.machine) / secs}
+	by := map[string]float64{}
+	for pid, v := range b.postgres {
+		by[b.names[pid]] += (v - a.postgres[pid]) / secs
+	}
+	for _, name := range slices.Sorted(maps.Keys(by)) {
+		u.PostgresBy = append(u.PostgresBy, procUse{Name: name, Cores: by[name]})
+	}
 	for i, p := range t.procs {
 		if i < len(a.procs) && i < len(b.procs) {
 			c := (b.procs[i] - a.procs[i]) / secs

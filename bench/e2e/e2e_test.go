@@ -83,6 +83,15 @@ func TestSmoke(t *testing.T) {
 		if tr.Name != "dev" {
 			continue
 		}
+		// dev's connections are named after its components, and the bill
+		// splits Postgres by those names.
+		named := false
+		for _, p := range s.CPU.PostgresBy {
+			named = named || p.Name == "ingest,relay,processor,projector,worker"
+		}
+		if !named {
+			t.Errorf("dev: no Postgres backends named after its components: %+v", s.CPU.PostgresBy)
+		}
 		// The project's own cluster loads pg_stat_statements; a server
 		// started otherwise (make test on another DATABASE_URL) has no
 		// statements to bill, and says so.

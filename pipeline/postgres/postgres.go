@@ -21,25 +21,30 @@ import (
 // maxConns of zero keeps pgx's default (the larger of 4 and the CPU count).
 // Its errors never quote url's password.
 func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
-	return ConnectTraced(ctx, url, maxConns, nil)
+	return ConnectTraced(ctx, url, maxConns, nil, "")
 }
 
 // ConnectTraced is Connect with otelpgx's query tracer on tp
 // (docs/observability.md): a span for each statement, batch and
 // transaction run in a trace (its context carries a span), and none for
-// the others (polls, leases). A nil tp traces nothing.
-func ConnectTraced(ctx context.Context, url string, maxConns int32, tp trace.TracerProvider) (*pgxpool.Pool, error) {
-	pool, err := connect(ctx, url, maxConns, tp)
+// the others (polls, leases). A nil tp traces nothing. The connections
+// are named name in pg_stat_activity (application_name) unless url or
+// PGAPPNAME names them.
+func ConnectTraced(ctx context.Context, url string, maxConns int32, tp trace.TracerProvider, name string) (*pgxpool.Pool, error) {
+	pool, err := connect(ctx, url, maxConns, tp, name)
 	return pool, redactError(url, err)
 }
 
-func connect(ctx context.Context, url string, maxConns int32, tp trace.TracerProvider) (*pgxpool.Pool, error) {
+func connect(ctx context.Context, url string, maxConns int32, tp trace.TracerProvider, name string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams["application_name"]; !set && name != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = name
 	}
 	if tp != nil {
 		// The pool's acquire spans are left out: a command's statements
