@@ -18,6 +18,9 @@ func (s *Server) Waiters() int {
 	return len(s.wake.waiters)
 }
 
+// Listening reports whether the outcome listener has connected.
+func (s *Server) Listening() bool { return s.wake.listened.Load() }
+
 // ClientAddr is clientAddr, for its table test.
 func ClientAddr(r *http.Request, trusted []netip.Prefix) string { return clientAddr(r, trusted) }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -104,6 +105,15 @@ func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config, extra ...i
 		}
 	})
 	t.Cleanup(s.stop)
+	// Commands accepted before the outcome listener connects are not
+	// fresh (their first wait reads the row): tests start from a
+	// listening server, as a running one is.
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		if !srv.Listening() {
+			return errors.New("the outcome listener has not connected")
+		}
+		return nil
+	})
 	return s
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,6 +36,11 @@ type wakeups struct {
 	fresh      map[pipeline.ID]freshCommand
 	freshQueue []freshEntry
 	freshFor   time.Duration
+
+	// listened is set once the outcome listener has connected: a command
+	// accepted before then cannot be fresh (an outcome notified before
+	// the LISTEN is not heard), so the first connection forgets them all.
+	listened atomic.Bool
 }
 
 // freshCommand is what ingest knows of a command it just accepted: the
@@ -121,6 +127,9 @@ func (w *wakeups) outcomes(payload string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if errors.Is(err, postgres.ErrAllOutcomes) {
+		if payload == "" {
+			w.listened.Store(true)
+		}
 		for id, chs := range w.waiters {
 			wakeAll(chs)
 			delete(w.waiters, id)
