@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
 
@@ -23,26 +24,14 @@ func TestConnectionsNamedByComponents(t *testing.T) {
 		{url, "onceflow worker"},
 		{url + "&application_name=billing-worker", "billing-worker"},
 	} {
-		runCtx, cancel := context.WithCancel(ctx)
-		started := make(chan struct{})
-		done := make(chan error, 1)
-		go func() {
-			done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
-				Config: onceflow.Config{
-					Domains:     []*onceflow.Domain{ledgerWithGroup("appname")},
-					DatabaseURL: tc.url, Logger: slog.New(slog.DiscardHandler), InstanceID: "appname",
-				},
-				Components: onceflow.Components{Worker: true},
-				AdminAddr:  "127.0.0.1:0",
-				LagExport:  onceflow.LagExportOff,
-				Started:    func(onceflow.Addrs) { close(started) },
-			})
-		}()
-		select {
-		case <-started:
-		case err := <-done:
-			t.Fatalf("run: %v", err)
-		}
+		_, stop := onceflowtest.Components(t, onceflow.RunConfig{
+			Config: onceflow.Config{
+				Domains:     []*onceflow.Domain{ledgerWithGroup("appname")},
+				DatabaseURL: tc.url, Logger: slog.New(slog.DiscardHandler), InstanceID: "appname",
+			},
+			Components: onceflow.Components{Worker: true},
+			LagExport:  onceflow.LagExportOff,
+		})
 		pipelinetest.Eventually(t, 10*time.Second, func() error {
 			var names []string
 			err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT application_name), '{}') FROM pg_stat_activity
@@ -55,9 +44,6 @@ func TestConnectionsNamedByComponents(t *testing.T) {
 			}
 			return nil
 		})
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
+		stop()
 	}
 }

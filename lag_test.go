@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 )
@@ -83,34 +84,17 @@ func TestRunExportsLag(t *testing.T) {
 	} {
 		t.Run(tc.export, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			runCtx, cancel := context.WithCancel(ctx)
-			started := make(chan struct{})
-			done := make(chan error, 1)
-			go func() {
-				done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
-					Config: onceflow.Config{
-						Domains: []*onceflow.Domain{ledgerWithGroup("proc-" + tc.export)},
-						Kafka:   kafka.Config{Brokers: brokers}, Topics: topics, DatabaseURL: url,
-						Logger: slog.New(slog.DiscardHandler), InstanceID: "lag-" + tc.export,
-					},
-					Components: onceflow.Components{Processor: true},
-					AdminAddr:  "127.0.0.1:0",
-					Metrics:    reg,
-					LagExport:  tc.export,
-					Started:    func(onceflow.Addrs) { close(started) },
-				})
-			}()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("run: %v", err)
-				}
-			}()
-			select {
-			case <-started:
-			case err := <-done:
-				t.Fatalf("run: %v", err)
-			}
+			_, stop := onceflowtest.Components(t, onceflow.RunConfig{
+				Config: onceflow.Config{
+					Domains: []*onceflow.Domain{ledgerWithGroup("proc-" + tc.export)},
+					Kafka:   kafka.Config{Brokers: brokers}, Topics: topics, DatabaseURL: url,
+					Logger: slog.New(slog.DiscardHandler), InstanceID: "lag-" + tc.export,
+				},
+				Components: onceflow.Components{Processor: true},
+				Metrics:    reg,
+				LagExport:  tc.export,
+			})
+			defer stop()
 			got := lagSeries(t, reg, topics.Events())
 			for g, want := range tc.want {
 				if got[g] != want {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -99,7 +98,7 @@ func TestRelayReconcilesPeriodically(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := map[string]string{"DATABASE_URL": url, "KAFKA_BROKERS": brokers[0], "ONCEFLOW_PARTITIONS": "2",
-		"ONCEFLOW_RECONCILE_INTERVAL": "200ms", "ADMIN_ADDR": fmt.Sprintf("127.0.0.1:%d", freePort(t)), "LOG_LEVEL": "error"}
+		"ONCEFLOW_RECONCILE_INTERVAL": "200ms", "ADMIN_ADDR": fmt.Sprintf("127.0.0.1:%d", pipelinetest.FreePort(t)), "LOG_LEVEL": "error"}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- run(runCtx, []string{"relay"}, func(k string) string { return env[k] }, io.Discard) }()
@@ -121,14 +120,4 @@ func TestRelayReconcilesPeriodically(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

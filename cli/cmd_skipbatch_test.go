@@ -30,7 +30,7 @@ func TestCommandsSkipBatch(t *testing.T) {
 	t.Parallel()
 	e := newCLIEnv(t)
 	ctx := context.Background()
-	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	admin := fmt.Sprintf("127.0.0.1:%d", pipelinetest.FreePort(t))
 	for k, v := range map[string]string{"ADMIN_ADDR": admin, "ONCEFLOW_ADMIN_TOKEN": "op-token",
 		"KAFKA_MAX_DECOMPRESS_BATCH_BYTES": fmt.Sprint(1 << 20), "ONCEFLOW_PROCESSOR_SESSION_TIMEOUT": "2s", "LOG_LEVEL": "error"} {
 		e.env[k] = v

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/jobs"
@@ -57,41 +58,16 @@ func TestTraceFollowsOneCommand(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE webhook_subscriptions SET url = $1`, receiver.URL); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	addrs := make(chan onceflow.Addrs, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
-			Config: onceflow.Config{
-				Domains: []*onceflow.Domain{ledgerapp.Domain()}, Kafka: kafka.Config{Brokers: brokers, Logger: logger},
-				Topics: kafka.Topics{Partitions: 2}, DatabaseURL: url, Logger: logger,
-			},
-			Components: onceflow.All, HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-			Worker:   jobs.Config{FetchPollInterval: 100 * time.Millisecond},
-			Webhooks: webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
-			Started:  func(a onceflow.Addrs) { addrs <- a },
-		})
-	}()
-	stopped := false
-	defer func() {
-		cancel()
-		if stopped {
-			return
-		}
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("deployment: %v", err)
-		}
-	}()
-	var base string
-	select {
-	case a := <-addrs:
-		base = "http://" + a.HTTP
-	case err := <-done:
-		stopped = true
-		t.Fatalf("deployment stopped: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("deployment did not start")
-	}
+	a, _ := onceflowtest.Components(t, onceflow.RunConfig{
+		Config: onceflow.Config{
+			Domains: []*onceflow.Domain{ledgerapp.Domain()}, Kafka: kafka.Config{Brokers: brokers, Logger: logger},
+			Topics: kafka.Topics{Partitions: 2}, DatabaseURL: url, Logger: logger,
+		},
+		Components: onceflow.All,
+		Worker:     jobs.Config{FetchPollInterval: 100 * time.Millisecond},
+		Webhooks:   webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+	})
+	base := "http://" + a.HTTP
 	key := ingest.NewAPIKey()
 	if err := ingest.CreateAPIKey(ctx, pool, "acme", "test", key); err != nil {
 		t.Fatal(err)

@@ -3,13 +3,11 @@ package cli_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/examples/inventory/inventoryapp"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -35,39 +34,17 @@ func TestTwoDomainsOneDeployment(t *testing.T) {
 	brokers := pipelinetest.Broker(t).Addrs()
 	pool, url := pipelinetest.Pool(t, ledgerMigrations, postgres.Migrations{Name: inventoryapp.Name, FS: inventoryapp.Migrations})
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	runCtx, cancel := context.WithCancel(ctx)
-	addrs := make(chan onceflow.Addrs, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- onceflow.RunComponents(runCtx, onceflow.RunConfig{
-			Config: onceflow.Config{
-				Domains:     []*onceflow.Domain{ledgerapp.Domain(), inventoryapp.Domain()},
-				Kafka:       kafka.Config{Brokers: brokers, Logger: logger},
-				Topics:      kafka.Topics{Partitions: 2},
-				DatabaseURL: url,
-				Logger:      logger,
-			},
-			Components: onceflow.All,
-			HTTPAddr:   "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-			Started: func(a onceflow.Addrs) { addrs <- a },
-		})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("deployment: %v", err)
-		}
-	}()
-	var base string
-	select {
-	case a := <-addrs:
-		base = "http://" + a.HTTP
-	case err := <-done:
-		done <- err // for the deferred stop
-		t.Fatalf("deployment stopped: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("deployment did not start")
-	}
+	a, _ := onceflowtest.Components(t, onceflow.RunConfig{
+		Config: onceflow.Config{
+			Domains:     []*onceflow.Domain{ledgerapp.Domain(), inventoryapp.Domain()},
+			Kafka:       kafka.Config{Brokers: brokers, Logger: logger},
+			Topics:      kafka.Topics{Partitions: 2},
+			DatabaseURL: url,
+			Logger:      logger,
+		},
+		Components: onceflow.All,
+	})
+	base := "http://" + a.HTTP
 	key := ingest.NewAPIKey()
 	if err := ingest.CreateAPIKey(ctx, pool, "acme", "test", key); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,5 @@
-// Package onceflowtest runs the embedded default (onceflow dev) in a test.
+// Package onceflowtest runs the embedded default (onceflow dev), or the
+// components of a RunConfig, in a test.
 // It is for the application's tests and the test harnesses (test/...);
 // the library's tests (pipeline/...) do not need the application to
 // compile, and production code imports no test helper.
@@ -31,37 +32,60 @@ func Dev(t testing.TB, dc onceflow.DevConfig) (addrs onceflow.Addrs, stop func()
 	if dc.DataDir == "" {
 		dc.DataDir = t.TempDir()
 	}
-	started := make(chan onceflow.Addrs, 1)
-	then := dc.Started
-	dc.Started = func(a onceflow.Addrs) {
+	return run(t, "onceflow dev", &dc.Started, dc.Out, func(ctx context.Context) error { return onceflow.RunDev(ctx, dc) })
+}
+
+// Components runs rc's components (onceflow.RunComponents) until the test
+// ends, as Dev runs onceflow dev: its addresses once every component has
+// started (the HTTP and admin addresses a loopback port the system picks
+// when rc leaves them empty), a test failed by a deployment that stops
+// before it is ready or ends with an error, and stop.
+func Components(t testing.TB, rc onceflow.RunConfig) (addrs onceflow.Addrs, stop func()) {
+	t.Helper()
+	for _, addr := range []*string{&rc.HTTPAddr, &rc.AdminAddr} {
+		if *addr == "" {
+			*addr = "127.0.0.1:0"
+		}
+	}
+	return run(t, "deployment", &rc.Started, nil, func(ctx context.Context) error { return onceflow.RunComponents(ctx, rc) })
+}
+
+// run runs start until the test ends or stop is called, and returns the
+// addresses *started is called with; out, if a fmt.Stringer, is shown
+// when it stops before it is ready.
+func run(t testing.TB, name string, started *func(onceflow.Addrs), out any, start func(context.Context) error) (onceflow.Addrs, func()) {
+	t.Helper()
+	ready := make(chan onceflow.Addrs, 1)
+	then := *started
+	*started = func(a onceflow.Addrs) {
 		if then != nil {
 			then(a)
 		}
-		started <- a
+		ready <- a
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- onceflow.RunDev(ctx, dc) }()
+	go func() { done <- start(ctx) }()
 	var once sync.Once
-	stop = func() {
+	stop := func() {
 		once.Do(func() {
 			cancel()
 			if err := <-done; err != nil {
-				t.Errorf("onceflow dev: %v", err)
+				t.Errorf("%s: %v", name, err)
 			}
 		})
 	}
 	t.Cleanup(stop)
 	select {
-	case a := <-started:
+	case a := <-ready:
 		return a, stop
 	case err := <-done:
 		done <- nil // reported here: stop has nothing to add
-		out := ""
-		if s, ok := dc.Out.(fmt.Stringer); ok {
-			out = "\n" + s.String()
+		shown := ""
+		if s, ok := out.(fmt.Stringer); ok {
+			shown = "\n" + s.String()
 		}
-		t.Fatalf("onceflow dev stopped before it was ready: %v%s", err, out)
+		t.Fatalf("%s stopped before it was ready: %v%s", name, err, shown)
 		return onceflow.Addrs{}, stop
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,13 +27,7 @@ func ownCluster(t *testing.T) (postgres.Local, string) {
 	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 		os.Chmod(d, 0o755)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	pg := postgres.Local{Dir: filepath.Join(dir, "pg"), Port: port, Database: "ingest"}
+	pg := postgres.Local{Dir: filepath.Join(dir, "pg"), Port: pipelinetest.FreePort(t), Database: "ingest"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	url, err := pg.Ensure(ctx)

@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
@@ -43,7 +43,7 @@ func TestMovedClusterFollowsItsDataDirectory(t *testing.T) {
 
 	// t.TempDir() is 0700: the postgres user cannot reach inside it.
 	data := filepath.Join(t.TempDir(), ".data")
-	l := postgres.Local{Dir: filepath.Join(data, "postgres"), Port: freePort(t), Database: "app"}
+	l := postgres.Local{Dir: filepath.Join(data, "postgres"), Port: pipelinetest.FreePort(t), Database: "app"}
 	url := ensure(t, ctx, l)
 	where := movedTo(t, l.Dir)
 	t.Cleanup(func() { stopAndRemove(l, where) })
@@ -71,7 +71,7 @@ func TestMovedClusterFollowsItsDataDirectory(t *testing.T) {
 
 	// Another data directory, removed with its cluster stopped (a test's
 	// temporary directory): any cluster's next start removes its cluster.
-	other := postgres.Local{Dir: filepath.Join(t.TempDir(), "pg"), Port: freePort(t)}
+	other := postgres.Local{Dir: filepath.Join(t.TempDir(), "pg"), Port: pipelinetest.FreePort(t)}
 	ensure(t, ctx, other)
 	otherAt := movedTo(t, other.Dir)
 	t.Cleanup(func() { stopAndRemove(other, otherAt) })
@@ -146,14 +146,4 @@ func execErr(ctx context.Context, url, sql string) error {
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, sql)
 	return err
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
