@@ -3,6 +3,7 @@ package accounts_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,4 +158,67 @@ func TestCommandFailedInAccountsAndAudit(t *testing.T) {
 			t.Errorf("audit row: %s %s (%v)", typ, payload, err)
 		}
 	})
+}
+
+// An account written from outside the projector after the batch read its
+// version fails the batch (the projector rolls it back and tries again)
+// instead of being written over: the update waits for the other writer's
+// lock, then finds the row at another version.
+func TestAccountWrittenMeanwhileFailsTheBatch(t *testing.T) {
+	t.Parallel()
+	pool, _ := pipelinetest.Pool(t, postgres.Migrations{Name: "ledger", FS: accounts.Migrations})
+	ctx := context.Background()
+	acc := accounts.Projection{}
+	c := pipeline.NewCommandID
+	apply := func(evs ...pipeline.Event) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		out, err := acc.ApplyBatch(ctx, tx, evs)
+		if err != nil {
+			return err
+		}
+		for _, o := range out {
+			if o != nil {
+				return o
+			}
+		}
+		return tx.Commit(ctx)
+	}
+	if err := apply(projEvent("acme/a", 1, c(), 0, ledger.AccountOpened{Currency: "EUR"})); err != nil {
+		t.Fatal(err)
+	}
+	other, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if _, err := other.Exec(ctx, `UPDATE accounts SET version = 2, balance = 7 WHERE tenant = 'acme' AND account_id = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- apply(projEvent("acme/a", 2, c(), 0, ledger.Deposited{Amount: 100})) }()
+	for waiting := 0; waiting == 0; time.Sleep(5 * time.Millisecond) {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'UPDATE accounts%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the batch ended without waiting for the other writer: %v", err)
+		default:
+		}
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "0 of 1 rows at the expected version") {
+		t.Fatalf("the batch over a row written meanwhile: %v, want the update to find it at version 1: 0 of 1 rows", err)
+	}
+	var bal, ver int64
+	if err := pool.QueryRow(ctx, `SELECT balance, version FROM accounts WHERE tenant = 'acme' AND account_id = 'a'`).Scan(&bal, &ver); err != nil || bal != 7 || ver != 2 {
+		t.Errorf("account after the failed batch: balance %d version %d (%v), want the other writer's 7 at 2", bal, ver, err)
+	}
 }
