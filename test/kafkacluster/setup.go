@@ -91,6 +91,13 @@ logger.request.level = WARN
 			"num.io.threads":                    "4",
 			"background.threads":                "4",
 			"num.recovery.threads.per.data.dir": "1",
+			// A transaction that writes to a partition while the same
+			// producer's last one is still being completed (its
+			// markers written) waits for the broker to try again, 20
+			// ms later by default: onceflow's producers begin the next
+			// transaction as soon as the last committed
+			// (docs/decisions.md#the-embedded-broker-and-apache-kafka).
+			"add.partitions.to.txn.retry.backoff.ms": "2",
 		}
 		for k, v := range c.securityProps(n) {
 			props[k] = v
