@@ -215,7 +215,7 @@ func TestAccountWrittenMeanwhileFailsTheBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-done; err == nil || !strings.Contains(err.Error(), "0 of 1 rows at the expected version") {
-		t.Fatalf("the batch over a row written meanwhile: %v, want the update to find it at version 1: 0 of 1 rows", err)
+		t.Fatalf("the batch over a row written meanwhile: %v, want the update to find no row at version 1 (0 of 1 rows at the expected version)", err)
 	}
 	var bal, ver int64
 	if err := pool.QueryRow(ctx, `SELECT balance, version FROM accounts WHERE tenant = 'acme' AND account_id = 'a'`).Scan(&bal, &ver); err != nil || bal != 7 || ver != 2 {
