@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/test/kafkacluster"
 )
 
@@ -20,7 +21,7 @@ import (
 // node with the broker's default add.partitions.to.txn.retry.backoff.ms
 // (20, the baseline) against one with this package's setting (2), each
 // transaction one record produced and committed, with no pause and with a
-// pause of 2 ms between transactions.
+// pause of 2 ms between transactions, on onceflow's client settings.
 //
 //	go test -run '^$' -bench BackToBack -benchtime 300x ./test/kafkacluster/
 func BenchmarkBackToBackTransactions(b *testing.B) {
@@ -54,7 +55,8 @@ func backToBack(b *testing.B, c *kafkacluster.Cluster, pause time.Duration) {
 	if _, err := kadm.NewClient(adm).CreateTopic(ctx, 1, 1, nil, topic); err != nil {
 		b.Fatal(err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...), kgo.TransactionalID(topic), kgo.DefaultProduceTopic(topic))
+	// onceflow's client settings (pipeline/kafka), as its producers have.
+	cl, err := kafka.Config{Brokers: c.Brokers()}.NewClient(kgo.TransactionalID(topic), kgo.DefaultProduceTopic(topic))
 	if err != nil {
 		b.Fatal(err)
 	}
