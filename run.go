@@ -357,7 +357,7 @@ func (p *process) startIngest(context.Context) error {
 	}
 	icfg := p.rc.Ingest
 	if p.rel != nil && icfg.OnAccept == nil {
-		icfg.OnAccept = func(shards []int) { p.rel.Wake(shards...) }
+		icfg.OnAccept = func(shards []int) []int { return p.rel.WakeHeld(shards...) }
 	}
 	srv, err := newIngest(p.rc.Config, icfg, p.pool, p.dep, p.serdes, p.metrics)
 	if err != nil {

@@ -114,10 +114,13 @@ type Config struct {
 	AfterInbound func(eventID string)
 	// OnAccept, if set, is called after each transaction that accepted
 	// commands commits, with the outbox shards of their rows (one per
-	// command, repeated when commands share a shard): `onceflow dev` wires
-	// it to the relay's wake-up so commands leave the outbox at once
-	// instead of at the next poll.
-	OnAccept func(shards []int)
+	// command, repeated when commands share a shard), and returns the
+	// shards it did not see to: the notification to the relays
+	// (postgres.OutboxChannel) names only those, and is not sent when
+	// none is left. A process that runs the relay too wires it to the
+	// relay's wake-up (relay.Relay.WakeHeld), so commands leave the outbox
+	// at once, and the shards that relay holds cost no notification.
+	OnAccept func(shards []int) (others []int)
 	// TracerProvider, if set, makes ingest's spans (docs/observability.md):
 	// otelhttp's server span of each request, and a command's outbox
 	// insert, whose traceparent the command record carries on. Nil: none,

@@ -328,9 +328,9 @@ func (c *committer) commit(conn *pgxpool.Conn, batch []*acceptItem) {
 	if n := len(shards); n > 0 {
 		c.metrics.accepted.Add(float64(n))
 		if c.cfg.OnAccept != nil {
-			c.cfg.OnAccept(shards)
+			shards = c.cfg.OnAccept(shards)
 		}
-		if c.wake != nil {
+		if c.wake != nil && len(shards) > 0 {
 			c.wake.accepted(shards...)
 		}
 		now := time.Now()

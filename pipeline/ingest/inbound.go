@@ -317,10 +317,13 @@ func (s *Server) storeInbound(ctx context.Context, row inboundEventRow) (Inbound
 	}
 	if enqueued {
 		s.metrics.accepted.Inc()
+		shards := []int{row.shard}
 		if s.cfg.OnAccept != nil {
-			s.cfg.OnAccept([]int{row.shard})
+			shards = s.cfg.OnAccept(shards)
 		}
-		s.wake.accepted(row.shard)
+		if len(shards) > 0 {
+			s.wake.accepted(shards...)
+		}
 	}
 	return ans, nil
 }

@@ -450,7 +450,9 @@ func TestCommandWaitWakesOnNotification(t *testing.T) {
 
 // A commit tells the relays which outbox shards it wrote to, on
 // OutboxChannel and through OnAccept: a relay reads only those shards'
-// heads (docs/decisions.md, "Waking up without polling").
+// heads. The notification names only the shards OnAccept did not see to
+// (a relay in the same process holds them), and none is sent when it saw
+// to them all (docs/decisions.md, "Waking up without polling").
 func TestAcceptNamesItsShards(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -463,12 +465,32 @@ func TestAcceptNamesItsShards(t *testing.T) {
 	if _, err := listener.Exec(ctx, "LISTEN "+postgres.OutboxChannel); err != nil {
 		t.Fatal(err)
 	}
+	shardOf := func(account string) int {
+		return pipeline.OutboxShard(pipeline.AggregateID("acme", account), pipeline.DefaultOutboxShards)
+	}
+	// Accounts on distinct shards, so a notification says whose it is.
+	var accounts []string
+	seen := map[int]bool{}
+	for i := 0; len(accounts) < 4; i++ {
+		if a := fmt.Sprint("a", i); !seen[shardOf(a)] {
+			seen[shardOf(a)] = true
+			accounts = append(accounts, a)
+		}
+	}
+	// The in-process relay sees to the even commands' shards.
+	seenTo := map[int]bool{shardOf(accounts[0]): true, shardOf(accounts[2]): true}
 	accepted := make(chan []int, 10)
-	s := startServer(t, pool, ingest.Config{OnAccept: func(shards []int) { accepted <- slices.Clone(shards) }})
+	s := startServer(t, pool, ingest.Config{OnAccept: func(shards []int) []int {
+		accepted <- slices.Clone(shards)
+		if seenTo[shards[0]] {
+			return nil
+		}
+		return shards
+	}})
 	key := tenant(t, pool, "acme")
-	for i := range 3 {
-		acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: fmt.Sprint("o-", i), body: fmt.Sprintf(`{"account_id":"a%d","currency":"EUR"}`, i)}))
-		want := []int{pipeline.OutboxShard(pipeline.AggregateID("acme", fmt.Sprint("a", i)), pipeline.DefaultOutboxShards)}
+	for i, account := range accounts {
+		acceptedID(t, s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: fmt.Sprint("o-", i), body: fmt.Sprintf(`{"account_id":%q,"currency":"EUR"}`, account)}))
+		want := []int{shardOf(account)}
 		select {
 		case got := <-accepted:
 			if !slices.Equal(got, want) {
@@ -477,6 +499,9 @@ func TestAcceptNamesItsShards(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("command %d: OnAccept not called", i)
 		}
+		if i%2 == 0 {
+			continue // no notification: the next one received must be command i+1's
+		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		n, err := listener.Conn().WaitForNotification(wctx)
 		cancel()
@@ -484,7 +509,7 @@ func TestAcceptNamesItsShards(t *testing.T) {
 			t.Fatalf("command %d: no notification: %v", i, err)
 		}
 		if got := postgres.ParseOutboxPayload(n.Payload); !slices.Equal(got, want) {
-			t.Errorf("command %d: notified %q, want shards %v", i, n.Payload, want)
+			t.Errorf("command %d: notified %q, want shards %v (only the shards OnAccept left)", i, n.Payload, want)
 		}
 	}
 }

@@ -137,8 +137,10 @@
 // # Wake-up
 //
 // Every PollInterval the dispatcher reads every idle shard's head (above).
-// On Wake — called by ingest in the same process after each commit, and on
-// each notification ingest sends after a commit (postgres.OutboxChannel) —
+// On Wake — called by ingest in the same process after each commit (for
+// the shards this relay holds: WakeHeld), and on each notification ingest
+// sends after a commit for the shards no relay of its process holds
+// (postgres.OutboxChannel) —
 // it reads the heads of the shards the wake-up names (the ones the commit
 // wrote to; none named: every shard), and leaves word only with the busy
 // workers of those shards: the others have no rows of that commit to

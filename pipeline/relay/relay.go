@@ -101,6 +101,31 @@ func (r *Relay) Wake(shards ...int) {
 	}
 }
 
+// WakeHeld is Wake for the shards of shards this relay holds, and returns
+// the others (nil when it holds them all), which only a relay of another
+// process ships: ingest notifies those (postgres.OutboxChannel), so in a
+// process that holds every shard, as `onceflow dev` does, a commit costs
+// no notification, and its shard's worker no second head read when the
+// notification would have come back to it (docs/decisions.md, "Waking up
+// without polling"). A shard whose lease moves just after is woken by the
+// new holder's next poll.
+func (r *Relay) WakeHeld(shards ...int) (others []int) {
+	var held []int
+	r.mu.Lock()
+	for _, s := range shards {
+		if w := r.workers[s]; w != nil && !w.releasing.Load() && !w.gone.Load() {
+			held = append(held, s)
+		} else {
+			others = append(others, s)
+		}
+	}
+	r.mu.Unlock()
+	if len(held) > 0 {
+		r.Wake(held...)
+	}
+	return others
+}
+
 // wakeUp is the shards wake-ups named since the dispatcher last looked.
 type wakeUp struct {
 	all    bool

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"slices"
 	"sync"
 	"testing"
 )
@@ -80,5 +81,33 @@ func TestWakeUpsAddUp(t *testing.T) {
 	r.Wake()
 	if u := r.takeWakeUp(); !u.names(4) {
 		t.Error("Wake() did not name every shard")
+	}
+}
+
+// WakeHeld wakes the relay for the shards it holds and returns the
+// others, which ingest then notifies: a shard whose worker is giving it
+// back, or whose lease is gone, is another relay's to ship.
+func TestWakeHeldReturnsTheOthers(t *testing.T) {
+	releasing, gone := &worker{shard: 5}, &worker{shard: 6}
+	releasing.releasing.Store(true)
+	gone.gone.Store(true)
+	r := &Relay{wake: make(chan struct{}, 1), workers: map[int]*worker{3: {shard: 3}, 5: releasing, 6: gone}}
+	if others := r.WakeHeld(3, 5, 6, 7, 3); !slices.Equal(others, []int{5, 6, 7}) {
+		t.Errorf("WakeHeld(3, 5, 6, 7, 3) returned %v, want [5 6 7]", others)
+	}
+	u := r.takeWakeUp()
+	for shard, want := range map[int]bool{3: true, 5: false, 6: false, 7: false} {
+		if got := u.names(shard); got != want {
+			t.Errorf("shard %d woken %v, want %v", shard, got, want)
+		}
+	}
+	if others := r.WakeHeld(3); others != nil {
+		t.Errorf("WakeHeld(3) returned %v, want nil: the relay holds it", others)
+	}
+	if others := r.WakeHeld(8); !slices.Equal(others, []int{8}) {
+		t.Errorf("WakeHeld(8) returned %v, want [8]", others)
+	}
+	if u := r.takeWakeUp(); u.all || u.names(8) {
+		t.Error("WakeHeld of no held shard woke the relay for shards it does not hold")
 	}
 }
