@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -123,5 +124,24 @@ func TestDailyPartitions(t *testing.T) {
 	}
 	if postgres.IsMissingPartition(err, "inbox") {
 		t.Fatal("IsMissingPartition names the wrong table")
+	}
+}
+
+// The functions on the hot paths that Postgres would plan again at every
+// call keep their generic plan (sql/00046; docs/decisions.md): a later
+// CREATE OR REPLACE without the setting would bring the planning back
+// unseen, since pg_stat_statements does not count it.
+func TestHotFunctionsKeepTheirGenericPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pipelinetest.Pool(t)
+	for _, fn := range []string{"onceflow_outbox_heads(int[], int)", "onceflow_inbox_seen(text, uuid[], timestamptz)"} {
+		var config []string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(proconfig, '{}') FROM pg_proc WHERE oid = $1::regprocedure`, fn).Scan(&config); err != nil {
+			t.Fatalf("%s: %v", fn, err)
+		}
+		if !slices.Contains(config, "plan_cache_mode=force_generic_plan") {
+			t.Errorf("%s runs with %v, want plan_cache_mode=force_generic_plan among them", fn, config)
+		}
 	}
 }
