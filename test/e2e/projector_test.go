@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -309,6 +310,9 @@ func runCLI(ctx context.Context, pl *Pipeline, args ...string) (string, error) {
 	return runCLIWith(ctx, pl, nil, args...)
 }
 
+// cliRuns numbers the CLI's runs, for their logs.
+var cliRuns atomic.Int64
+
 // runCLIWith is runCLI with env's variables added.
 func runCLIWith(ctx context.Context, pl *Pipeline, env map[string]string, args ...string) (string, error) {
 	vars := map[string]string{
@@ -316,7 +320,10 @@ func runCLIWith(ctx context.Context, pl *Pipeline, env map[string]string, args .
 		"ONCEFLOW_TOPIC_PREFIX": pl.Prefix,
 	}
 	maps.Copy(vars, env)
-	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "cli", args, vars, filepath.Join(pl.Dir, "cli.log"), "")
+	// A log of its own: the output is this run's whole output, however
+	// long (`onceflow lag` lists every group on a shared cluster).
+	logPath := filepath.Join(pl.Dir, fmt.Sprintf("cli-%03d.log", cliRuns.Add(1)))
+	p, err := Start(filepath.Join(pl.Bin, "onceflow"), "cli", args, vars, logPath, "")
 	if err != nil {
 		return "", err
 	}
@@ -324,9 +331,9 @@ func runCLIWith(ctx context.Context, pl *Pipeline, env map[string]string, args .
 	case <-p.done:
 	case <-ctx.Done():
 		p.Kill()
-		return p.Tail(100), ctx.Err()
+		return p.Log(), ctx.Err()
 	}
-	out := p.Tail(200)
+	out := p.Log()
 	if p.err != nil {
 		return out, p.err
 	}

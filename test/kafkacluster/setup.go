@@ -205,11 +205,18 @@ func readState(dir string) (*state, error) {
 }
 
 // newClusterID returns a KRaft cluster id: 16 random bytes, base64url
-// without padding (what `kafka-storage random-uuid` prints).
+// without padding (what `kafka-storage random-uuid` prints), never one
+// that begins with '-', which kafka-storage's arguments would take for an
+// option ("argument --cluster-id/-t: expected one argument": one start in
+// 64 failed so); Kafka's own Uuid.randomUuid draws again in that case too.
 func newClusterID() string {
 	b := make([]byte, 16)
-	rand.Read(b)
-	return base64.RawURLEncoding.EncodeToString(b)
+	for {
+		rand.Read(b)
+		if id := base64.RawURLEncoding.EncodeToString(b); id[0] != '-' {
+			return id
+		}
+	}
 }
 
 // ports returns n ports on 127.0.0.1: base, base+1, ... when base is set
