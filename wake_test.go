@@ -3,10 +3,7 @@ package onceflow_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,8 +11,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/apiclient"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
@@ -61,21 +60,9 @@ func TestIngestWakesItsOwnRelayWithoutNotifying(t *testing.T) {
 	if err := ingest.CreateAPIKey(ctx, pool, "acme", "test", key); err != nil {
 		t.Fatal(err)
 	}
-	req, err := http.NewRequest(http.MethodPost, "http://"+addrs.HTTP+"/v1/accounts", strings.NewReader(`{"account_id":"a1","currency":"EUR"}`))
-	if err != nil {
+	api := ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + addrs.HTTP, APIKey: key}}
+	if _, _, err := api.OpenAccount(ctx, "open-a1", "a1", "EUR"); err != nil {
 		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Idempotency-Key", "open-a1")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("POST /v1/accounts: %d %s", resp.StatusCode, body)
 	}
 
 	cl := pipelinetest.Client(t, brokers, kgo.ConsumeTopics(topics.Commands()),
