@@ -128,7 +128,7 @@ func TestSmoke(t *testing.T) {
 	} else if !strings.Contains(string(text), "No statements: ") {
 		t.Errorf("report lacks why dev's statements are missing:\n%s", text)
 	}
-	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling", "onceflow dev, the bill", "| idle, µs per second |", "onceflow dev's bill in its best closed loop"} {
+	for _, want := range []string{"| onceflow dev |", "| Watermill peer |", "| HTTP only (no-op handler) |", "against the Watermill peer", "against the HTTP-only ceiling", "onceflow dev, the bill", "| idle, µs per second |", "onceflow dev's bill in its best closed loop", "onceflow dev against the goals"} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
 		}

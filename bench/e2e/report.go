@@ -86,6 +86,11 @@ func (r *report) markdown() string {
 	b.WriteString("\n")
 	r.ratios(&b)
 	for _, t := range r.Targets {
+		if t.Err == "" && (t.Name == "dev" || t.Name == "split") {
+			r.goalsTable(&b, t)
+		}
+	}
+	for _, t := range r.Targets {
 		if t.Err == "" {
 			t.steps(&b)
 			t.bill(&b, c.rates)
