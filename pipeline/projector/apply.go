@@ -227,11 +227,12 @@ func (a *applier) applyBlaming(ctx context.Context, evs []event, parks []park, b
 		if a.hold != nil {
 			a.hold(HoldBeforeTx, 0)
 		}
-		tx, err := a.pool.Begin(ctx)
+		parts := batchPartitions(evs, parks)
+		tx, stored, err := a.begin(ctx, parts)
 		if err != nil {
-			return result{}, fmt.Errorf("begin: %w", err)
+			return result{}, err
 		}
-		res, more, err = a.applyInTx(ctx, tx, evs, parks, careful, blame)
+		res, more, err = a.applyInTx(ctx, tx, evs, parks, parts, stored, careful, blame)
 		if err == nil && len(more) == 0 && a.hold != nil {
 			a.hold(HoldInTx, tx.Conn().PgConn().PID())
 		}
@@ -266,38 +267,41 @@ func (a *applier) applyBlaming(ctx context.Context, evs []event, parks []park, b
 	}
 }
 
-// applyInTx is the body of a batch's transaction. It returns the parks
-// the projections asked for (then nothing must be committed), or the
-// result to commit. careful runs each projection under a savepoint and
+// applyInTx is the body of a batch's transaction, begun by begin with the
+// partitions' offsets locked and stored the offsets it read. It returns
+// the parks the projections asked for (then nothing must be committed), or
+// the result to commit. careful runs each projection under a savepoint and
 // finds the events its data errors (and with blame > 0 its errors of no
 // known kind) are raised on (applyCarefully).
-func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, careful bool, blame int) (result, []park, error) {
+func (a *applier) applyInTx(ctx context.Context, tx pgx.Tx, evs []event, parks []park, parts []int32, stored map[int32]int64, careful bool, blame int) (result, []park, error) {
 	res := result{next: make(map[int32]kgo.EpochOffset)}
-	parts := batchPartitions(evs, parks)
 	if len(parts) == 0 {
 		return res, nil, nil
 	}
-	// 1. Lock the partitions' offsets; skip what is already below them.
-	stored, err := a.lockOffsets(ctx, tx, parts)
-	if err != nil {
-		return res, nil, err
-	}
+	// 1. Skip what is already below the stored offsets.
 	kept, keptParks := res.keep(evs, parks, stored)
 	// 2. The inbox: only ids it did not hold go to the projections.
 	fresh, err := a.inbox(ctx, tx, kept, &res)
 	if err != nil {
 		return res, nil, err
 	}
-	// 3. The projections, each over all fresh events at once.
+	// 3. The projections, each over all fresh events at once; those of
+	// the library's own queued in the last round trip (tail).
+	tail := &pgx.Batch{}
+	var queued []queuedOutcomes
 	if len(fresh) > 0 {
-		more, err := a.project(ctx, tx, fresh, careful, blame, &res)
+		var more []park
+		more, queued, err = a.project(ctx, tx, fresh, careful, blame, &res, tail)
 		if err != nil || len(more) > 0 {
 			return res, more, err
 		}
 		res.applied = len(fresh)
 	}
 	// 4. Offsets and parked partitions, in the same transaction.
-	return res, nil, a.saveOffsets(ctx, tx, &res, stored, parts, keptParks, kept)
+	if err := a.saveOffsets(ctx, tx, tail, &res, stored, parts, keptParks, kept); err != nil {
+		return res, nil, err
+	}
+	return res, nil, res.countQueued(queued)
 }
 
 // batchPartitions are the partitions of a batch's events and parks, sorted,
@@ -314,12 +318,47 @@ func batchPartitions(evs []event, parks []park) []int32 {
 	return slices.Compact(parts)
 }
 
-// lockOffsets locks the stored offsets of parts (with asynchronous
-// commit, the setting goes in the same round trip) and returns them. A
-// stored offset below one this process committed is a rewindError.
-func (a *applier) lockOffsets(ctx context.Context, tx pgx.Tx, parts []int32) (map[int32]int64, error) {
-	stored := make(map[int32]int64, len(parts))
+// begin begins a batch's transaction, locks the stored offsets of parts
+// and returns them, all in one round trip (pgx's Batch.BeginTx): at a
+// batch of one event each round trip is a sizeable part of the batch's
+// time (docs/benchmarks.md#the-bill-cpu-per-command). On any error the
+// transaction is rolled back.
+func (a *applier) begin(ctx context.Context, parts []int32) (_ pgx.Tx, _ map[int32]int64, err error) {
 	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	stored := a.queueLock(b, parts)
+	br := a.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	defer func() {
+		if err != nil {
+			tx.Rollback(context.WithoutCancel(ctx)) // releases the connection; closed already if the begin failed
+		}
+	}()
+	if err := br.Close(); err != nil {
+		return nil, nil, fmt.Errorf("begin and lock offsets: %w", err)
+	}
+	if err := a.rewound(parts, stored); err != nil {
+		return nil, nil, err
+	}
+	return tx, stored, nil
+}
+
+// lockOffsets is begin's lock in tx, a transaction begun already (the
+// rebuild's swap applies its last records in one).
+func (a *applier) lockOffsets(ctx context.Context, tx pgx.Tx, parts []int32) (map[int32]int64, error) {
+	b := &pgx.Batch{}
+	stored := a.queueLock(b, parts)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("lock offsets: %w", err)
+	}
+	return stored, a.rewound(parts, stored)
+}
+
+// queueLock queues on b the lock of parts' stored offsets (with
+// asynchronous commit, its setting first) and returns the map b fills
+// with them when it runs.
+func (a *applier) queueLock(b *pgx.Batch, parts []int32) map[int32]int64 {
+	stored := make(map[int32]int64, len(parts))
 	if a.asyncCommit {
 		b.Queue(asyncCommitSQL)
 	}
@@ -329,11 +368,14 @@ func (a *applier) lockOffsets(ctx context.Context, tx pgx.Tx, parts []int32) (ma
 		_, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { stored[part] = off; return nil })
 		return err
 	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("lock offsets: %w", err)
-	}
+	return stored
+}
+
+// rewound is a rewindError when a stored offset is below one this process
+// committed (lost commits), nil otherwise.
+func (a *applier) rewound(parts []int32, stored map[int32]int64) error {
 	if a.remembered == nil {
-		return stored, nil
+		return nil
 	}
 	var back map[int32]int64
 	for _, part := range parts {
@@ -345,9 +387,9 @@ func (a *applier) lockOffsets(ctx context.Context, tx pgx.Tx, parts []int32) (ma
 		}
 	}
 	if back != nil {
-		return nil, &rewindError{to: back}
+		return &rewindError{to: back}
 	}
-	return stored, nil
+	return nil
 }
 
 // keep drops the events and parks below the stored offsets (another
@@ -413,13 +455,22 @@ func (a *applier) inbox(ctx context.Context, tx pgx.Tx, kept []event, res *resul
 // the parks their outcomes ask for: a version gap, a refusal, a data
 // error of one event, and with blame > 0 an error of no known kind of one
 // event (classify). Any other error of an event is the batch's.
-func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful bool, blame int, res *result) ([]park, error) {
+func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful bool, blame int, res *result, tail *pgx.Batch) ([]park, []queuedOutcomes, error) {
 	pevs := make([]pipeline.Event, len(fresh))
 	for i, e := range fresh {
 		pevs[i] = e.Event
 	}
 	var more []park
+	var queued []queuedOutcomes
 	for _, proj := range a.projections {
+		if q, ok := proj.(queuedProjection); ok && !careful {
+			n := len(tail.QueuedQueries)
+			if out, ok := q.queue(tail, pevs); ok {
+				blameOn(tail.QueuedQueries[n:], proj.Name())
+				queued = append(queued, queuedOutcomes{proj.Name(), out})
+				continue
+			}
+		}
 		var outcomes []error
 		var err error
 		if careful {
@@ -428,7 +479,7 @@ func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful
 			outcomes, err = applyProjection(ctx, tx, proj, pevs)
 		}
 		if err != nil {
-			return nil, &projectionError{proj.Name(), err}
+			return nil, nil, &projectionError{proj.Name(), err}
 		}
 		for i, o := range outcomes {
 			var gap *pipeline.VersionGapError
@@ -452,18 +503,76 @@ func (a *applier) project(ctx context.Context, tx pgx.Tx, fresh []event, careful
 					more = append(more, park{partition: e.partition, offset: e.offset, reason: reasonProjectionError, detail: unknownErrorDetail(proj.Name(), e, o, blame)})
 					continue
 				}
-				return nil, &projectionError{proj.Name(), fmt.Errorf("apply %s %s: %w", e.Type(), e.ID, o)}
+				return nil, nil, &projectionError{proj.Name(), fmt.Errorf("apply %s %s: %w", e.Type(), e.ID, o)}
 			}
 		}
 	}
-	return more, nil
+	return more, queued, nil
+}
+
+// queuedProjection is a projection of the library's own (command_status,
+// audit_log) whose statement needs no answer before the batch's last round
+// trip: it reads nothing, and no projection after it reads what it
+// writes. Outside a careful run the applier queues it in that round trip,
+// with the offsets, instead of giving it one of its own: at a batch of one
+// event each round trip is a sizeable part of the batch's time
+// (docs/benchmarks.md#the-bill-cpu-per-command). queue adds evs'
+// statement to b and returns their outcomes, filled once b has run (nil
+// or ErrDuplicate), or false when evs need round trips of their own
+// (audit_log's COPY for a large batch): ApplyBatch then runs.
+type queuedProjection interface {
+	queue(b *pgx.Batch, evs []pipeline.Event) ([]error, bool)
+}
+
+// queuedOutcomes are a queued projection's outcomes.
+type queuedOutcomes struct {
+	name string
+	out  []error
+}
+
+// blameOn makes the errors of qs, the statements a queued projection
+// added to the batch, that projection's: a data error among them then
+// makes the batch run again carefully, as a projection's own would.
+func blameOn(qs []*pgx.QueuedQuery, name string) {
+	for _, q := range qs {
+		fn := q.Fn
+		q.Fn = func(br pgx.BatchResults) error {
+			var err error
+			if fn != nil {
+				err = fn(br)
+			} else {
+				_, err = br.Exec()
+			}
+			if err != nil {
+				return &projectionError{name, err}
+			}
+			return nil
+		}
+	}
+}
+
+// countQueued counts the duplicates among the queued projections'
+// outcomes, once their statements have run.
+func (res *result) countQueued(queued []queuedOutcomes) error {
+	for _, q := range queued {
+		for _, o := range q.out {
+			switch {
+			case o == nil:
+			case errors.Is(o, pipeline.ErrDuplicate):
+				res.duplicates++
+			default:
+				return &projectionError{q.name, o}
+			}
+		}
+	}
+	return nil
 }
 
 // saveOffsets stores the offsets after the batch (never below the stored
 // ones), clears the parks they got past and saves the batch's, in one
-// round trip, with the outcomes' notification when the transaction sends
-// it (asyncCommit).
-func (a *applier) saveOffsets(ctx context.Context, tx pgx.Tx, res *result, stored map[int32]int64, parts []int32, keptParks []park, kept []event) error {
+// round trip (b, after the queued projections' statements), with the
+// outcomes' notification when the transaction sends it (asyncCommit).
+func (a *applier) saveOffsets(ctx context.Context, tx pgx.Tx, b *pgx.Batch, res *result, stored map[int32]int64, parts []int32, keptParks []park, kept []event) error {
 	offParts, offs := make([]int32, 0, len(res.next)), make([]int64, 0, len(res.next))
 	for p, eo := range res.next {
 		if eo.Offset < stored[p] {
@@ -472,7 +581,6 @@ func (a *applier) saveOffsets(ctx context.Context, tx pgx.Tx, res *result, store
 		}
 		offParts, offs = append(offParts, p), append(offs, eo.Offset)
 	}
-	b := &pgx.Batch{}
 	if len(offParts) > 0 {
 		b.Queue(saveOffsetsSQL, a.consumer, a.topic, offParts, offs)
 	}

@@ -53,13 +53,9 @@ const copyAuditFrom = 64
 // goes in that way at once (copyAuditFrom).
 func (AuditLog) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
 	n := len(evs)
-	rows := make([][]any, n)
-	for i, ev := range evs {
-		p, err := fieldsJSON(ev.Payload)
-		if err != nil {
-			return nil, fmt.Errorf("audit %s %s: %w", ev.Type(), ev.ID, err)
-		}
-		rows[i] = []any{[16]byte(ev.ID), ev.Tenant, ev.AggregateID, ev.Version, ev.Type(), [16]byte(ev.CommandID), string(p), ev.Time}
+	rows, err := auditRows(evs)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]error, n)
 	if n >= copyAuditFrom {
@@ -78,17 +74,58 @@ func (AuditLog) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event)
 			return nil, fmt.Errorf("insert audit log: %w", err)
 		}
 	}
-	cols := make([][]any, len(auditColumns))
-	for c := range cols {
-		cols[c] = make([]any, n)
-		for i := range rows {
-			cols[c][i] = rows[i][c]
-		}
-	}
-	written, err := insertAudit(ctx, tx, cols)
+	rs, err := tx.Query(ctx, insertAuditSQL, insertArgs(rows)...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("insert audit log: %w", err)
 	}
+	written, err := pgx.CollectRows(rs, pgx.RowTo[[16]byte])
+	if err != nil {
+		return nil, fmt.Errorf("insert audit log: %w", err)
+	}
+	duplicates(evs, written, out)
+	return out, nil
+}
+
+// queue implements queuedProjection: below copyAuditFrom events the
+// INSERT goes in the batch's last round trip, and the events it did not
+// write are duplicates once that has run; a larger batch takes its COPY
+// in round trips of its own (false).
+func (AuditLog) queue(b *pgx.Batch, evs []pipeline.Event) ([]error, bool) {
+	if len(evs) >= copyAuditFrom {
+		return nil, false
+	}
+	rows, err := auditRows(evs)
+	if err != nil {
+		return nil, false // ApplyBatch reports it
+	}
+	out := make([]error, len(evs))
+	b.Queue(insertAuditSQL, insertArgs(rows)...).Query(func(rs pgx.Rows) error {
+		written, err := pgx.CollectRows(rs, pgx.RowTo[[16]byte])
+		if err != nil {
+			return fmt.Errorf("insert audit log: %w", err)
+		}
+		duplicates(evs, written, out)
+		return nil
+	})
+	return out, true
+}
+
+// auditRows are evs' audit_log rows, in auditColumns' order.
+func auditRows(evs []pipeline.Event) ([][]any, error) {
+	rows := make([][]any, len(evs))
+	for i, ev := range evs {
+		p, err := fieldsJSON(ev.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("audit %s %s: %w", ev.Type(), ev.ID, err)
+		}
+		rows[i] = []any{[16]byte(ev.ID), ev.Tenant, ev.AggregateID, ev.Version, ev.Type(), [16]byte(ev.CommandID), string(p), ev.Time}
+	}
+	return rows, nil
+}
+
+// duplicates sets the outcome of each event of evs whose row was not
+// written to ErrDuplicate.
+func duplicates(evs []pipeline.Event, written [][16]byte, out []error) {
 	isNew := make(map[[16]byte]bool, len(written))
 	for _, id := range written {
 		isNew[id] = true
@@ -100,23 +137,21 @@ func (AuditLog) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event)
 		}
 		isNew[id] = false // the same id twice in the batch is recorded once
 	}
-	return out, nil
 }
 
 var auditColumns = []string{"event_id", "tenant", "aggregate_id", "version", "event_type", "command_id", "payload", "occurred_at"}
 
-func insertAudit(ctx context.Context, tx pgx.Tx, cols [][]any) ([][16]byte, error) {
-	ids, tenants, aggs, versions, types, cmds, payloads, ats := typed[[16]byte](cols[0]), typed[string](cols[1]), typed[string](cols[2]),
-		typed[int64](cols[3]), typed[string](cols[4]), typed[[16]byte](cols[5]), typed[string](cols[6]), typed[time.Time](cols[7])
-	rows, err := tx.Query(ctx, insertAuditSQL, ids, tenants, aggs, versions, types, cmds, payloads, ats)
-	if err != nil {
-		return nil, fmt.Errorf("insert audit log: %w", err)
+// insertArgs are insertAuditSQL's arguments: rows by column.
+func insertArgs(rows [][]any) []any {
+	cols := make([][]any, len(auditColumns))
+	for c := range cols {
+		cols[c] = make([]any, len(rows))
+		for i := range rows {
+			cols[c][i] = rows[i][c]
+		}
 	}
-	written, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
-	if err != nil {
-		return nil, fmt.Errorf("insert audit log: %w", err)
-	}
-	return written, nil
+	return []any{typed[[16]byte](cols[0]), typed[string](cols[1]), typed[string](cols[2]),
+		typed[int64](cols[3]), typed[string](cols[4]), typed[[16]byte](cols[5]), typed[string](cols[6]), typed[time.Time](cols[7])}
 }
 
 func typed[T any](col []any) []T {

@@ -123,6 +123,21 @@ func (o *commandOutcome) add(ev pipeline.Event, typeOf func(pipeline.Message) st
 
 // ApplyBatch implements pipeline.BatchProjection.
 func (c CommandStatus) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([]error, error) {
+	if _, err := tx.Exec(ctx, upsertCommandStatusSQL, c.args(evs)...); err != nil {
+		return nil, fmt.Errorf("record command outcomes: %w", err)
+	}
+	return make([]error, len(evs)), nil
+}
+
+// queue implements queuedProjection: the upsert goes in the batch's last
+// round trip. Every event's outcome is nil.
+func (c CommandStatus) queue(b *pgx.Batch, evs []pipeline.Event) ([]error, bool) {
+	b.Queue(upsertCommandStatusSQL, c.args(evs)...)
+	return make([]error, len(evs)), true
+}
+
+// args are the upsert's arguments for evs, folded by command.
+func (c CommandStatus) args(evs []pipeline.Event) []any {
 	byCmd := make(map[commandKey]*commandOutcome, len(evs))
 	var order []commandKey
 	for _, ev := range evs {
@@ -155,10 +170,7 @@ func (c CommandStatus) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline
 		ids[i], tenants[i], aggs[i], types[i], statuses[i] = [16]byte(k.id), k.tenant, k.aggregate, o.cmdType, o.status
 		reasons[i], details[i], eventIDs[i], ats[i] = o.reason, o.detail, b.String(), o.at
 	}
-	if _, err := tx.Exec(ctx, upsertCommandStatusSQL, ids, tenants, aggs, types, statuses, reasons, details, eventIDs, ats); err != nil {
-		return nil, fmt.Errorf("record command outcomes: %w", err)
-	}
-	return make([]error, len(evs)), nil
+	return []any{ids, tenants, aggs, types, statuses, reasons, details, eventIDs, ats}
 }
 
 // BeforeSwap keeps, when a rebuilt command_status replaces the live one,

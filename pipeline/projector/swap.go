@@ -121,7 +121,12 @@ func (b *builder) applyDelta(ctx context.Context, tx pgx.Tx, live map[int32]int6
 		if err != nil {
 			return result{}, err
 		}
-		r, more, err := b.app.applyInTx(ctx, sp, evs, parks, careful, 0)
+		parts := batchPartitions(evs, parks)
+		stored, err := b.app.lockOffsets(ctx, sp, parts)
+		if err != nil {
+			return result{}, err
+		}
+		r, more, err := b.app.applyInTx(ctx, sp, evs, parks, parts, stored, careful, 0)
 		if err != nil && !careful && isProjectionDataError(err) {
 			if err := sp.Rollback(ctx); err != nil {
 				return result{}, err
