@@ -37,6 +37,14 @@ type goalRow struct {
 
 // goals checks t, an onceflow system, against every goal.
 func (r *report) goals(t targetReport) []goalRow {
+	rows := r.closedGoals(t)
+	rows = append(rows, r.latencyGoalRows(t)...)
+	return append(rows, r.billGoals(t)...)
+}
+
+// closedGoals checks t's best closed loop: its rate, against the HTTP-only
+// server's and against the peer's.
+func (r *report) closedGoals(t targetReport) []goalRow {
 	best := t.bestClosed()
 	closed := goalRow{
 		Goal: fmt.Sprintf("closed loop ≥ %.0f/s", goalClosedRate),
@@ -84,7 +92,12 @@ func (r *report) goals(t targetReport) []goalRow {
 		}
 		rows = append(rows, row)
 	}
+	return rows
+}
 
+// latencyGoalRows checks the outcome latency at each rate of latencyGoals.
+func (r *report) latencyGoalRows(t targetReport) []goalRow {
+	var rows []goalRow
 	for _, g := range latencyGoals {
 		row := goalRow{Goal: fmt.Sprintf("at %.0f/s: p50 ≤ %.0f ms, p99 ≤ %.0f ms", g.rate, g.p50, g.p99)}
 		s, ok := t.at(g.rate)
@@ -108,9 +121,12 @@ func (r *report) goals(t targetReport) []goalRow {
 		}
 		rows = append(rows, row)
 	}
+	return rows
+}
 
-	// The bill at every step that kept up: an overloaded step's batches
-	// are a queue's, not a price.
+// billGoals checks the bill at every step that kept up.
+func (r *report) billGoals(t targetReport) []goalRow {
+	// An overloaded step's batches are a queue's, not a price.
 	var steps []billStep
 	var overloaded []string
 	for _, s := range t.billSteps(r.Config.rates) {
@@ -121,7 +137,7 @@ func (r *report) goals(t targetReport) []goalRow {
 		steps = append(steps, s)
 	}
 	if len(steps) == 0 {
-		return rows
+		return nil
 	}
 	left := ""
 	if len(overloaded) > 0 {
@@ -140,7 +156,7 @@ func (r *report) goals(t targetReport) []goalRow {
 	}
 	cpu.Here = strings.Join(figures, "; ") + left
 	cpu.Way = fmt.Sprintf("at its cheapest (%s): %s. %s", cheapest.kind, largestLines(cheapest.res, 3), batchesWay(t, steps))
-	rows = append(rows, cpu)
+	rows := []goalRow{cpu}
 
 	pg := goalRow{Goal: fmt.Sprintf("the bill: Postgres statements ≤ %.0f µs a command", goalBillPostgres), Held: true}
 	figures = nil

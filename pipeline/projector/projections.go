@@ -158,3 +158,61 @@ func applyOne(ctx context.Context, tx pgx.Tx, proj pipeline.Projection[pgx.Tx], 
 	}()
 	return proj.Apply(ctx, tx, ev)
 }
+
+// queuedProjection is a projection of the library's own (command_status,
+// audit_log) whose statement needs no answer before the batch's last round
+// trip: it reads nothing, and no projection after it reads what it
+// writes. Outside a careful run the applier queues it in that round trip,
+// with the offsets, instead of giving it one of its own: at a batch of one
+// event each round trip is a sizeable part of the batch's time
+// (docs/benchmarks.md#the-bill-cpu-per-command). queue adds evs'
+// statement to b and returns their outcomes, filled once b has run (nil
+// or ErrDuplicate), or false when evs need round trips of their own
+// (audit_log's COPY for a large batch): ApplyBatch then runs.
+type queuedProjection interface {
+	queue(b *pgx.Batch, evs []pipeline.Event) ([]error, bool)
+}
+
+// queuedOutcomes are a queued projection's outcomes.
+type queuedOutcomes struct {
+	name string
+	out  []error
+}
+
+// blameOn makes the errors of qs, the statements a queued projection
+// added to the batch, that projection's: a data error among them then
+// makes the batch run again carefully, as a projection's own would.
+func blameOn(qs []*pgx.QueuedQuery, name string) {
+	for _, q := range qs {
+		fn := q.Fn
+		q.Fn = func(br pgx.BatchResults) error {
+			var err error
+			if fn != nil {
+				err = fn(br)
+			} else {
+				_, err = br.Exec()
+			}
+			if err != nil {
+				return &projectionError{name, err}
+			}
+			return nil
+		}
+	}
+}
+
+// countQueued counts the duplicates among the queued projections'
+// outcomes, once their statements have run.
+func (res *result) countQueued(queued []queuedOutcomes) error {
+	for _, q := range queued {
+		for _, o := range q.out {
+			switch {
+			case o == nil:
+			case errors.Is(o, pipeline.ErrDuplicate):
+				res.duplicates++
+			default:
+				return &projectionError{q.name, o}
+			}
+		}
+	}
+	return nil
+}
