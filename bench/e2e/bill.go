@@ -251,7 +251,7 @@ func (t targetReport) bill(b *strings.Builder, rates []float64) {
 	}
 	b.WriteString("\n|---|" + strings.Repeat("---|", len(steps)) + "\n")
 	for _, k := range keys {
-		fmt.Fprintf(b, "| `%s` |", shortQuery(query[k]))
+		fmt.Fprintf(b, "| `%s` |", shortQuery(query[k], 110))
 		for _, s := range steps {
 			cell := " – |"
 			n := float64(max(s.res.N, 1))
@@ -270,14 +270,14 @@ func (t targetReport) bill(b *strings.Builder, rates []float64) {
 // topStatements is how many statements the bill lists.
 const topStatements = 15
 
-// shortQuery is a statement on one line, at most 110 characters, fit for
-// a markdown table cell.
-func shortQuery(q string) string {
+// shortQuery is a statement on one line, at most n characters, fit for a
+// markdown table cell.
+func shortQuery(q string, n int) string {
 	q = strings.Join(strings.Fields(q), " ")
 	q = strings.ReplaceAll(q, "|", "¦")
 	q = strings.ReplaceAll(q, "`", "'")
-	if r := []rune(q); len(r) > 110 {
-		q = string(r[:107]) + "..."
+	if r := []rune(q); len(r) > n {
+		q = string(r[:n-3]) + "..."
 	}
 	return q
 }

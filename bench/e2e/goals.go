@@ -31,6 +31,7 @@ const fullMachine = 0.9
 // goalRow is one goal checked against a run.
 type goalRow struct {
 	Goal, Here string
+	Missing    bool // the run had no step the goal is about (-rates)
 	Held       bool
 	Way        string // what stands in the way, when it did not hold
 }
@@ -102,7 +103,7 @@ func (r *report) latencyGoalRows(t targetReport) []goalRow {
 		row := goalRow{Goal: fmt.Sprintf("at %.0f/s: p50 ≤ %.0f ms, p99 ≤ %.0f ms", g.rate, g.p50, g.p99)}
 		s, ok := t.at(g.rate)
 		if !ok {
-			row.Here = "not measured (-rates)"
+			row.Here, row.Missing = "not measured (-rates)", true
 			rows = append(rows, row)
 			continue
 		}
@@ -155,7 +156,7 @@ func (r *report) billGoals(t targetReport) []goalRow {
 		}
 	}
 	cpu.Here = strings.Join(figures, "; ") + left
-	cpu.Way = fmt.Sprintf("at its cheapest (%s): %s. %s", cheapest.kind, largestLines(cheapest.res, 3), batchesWay(t, steps))
+	cpu.Way = fmt.Sprintf("at its cheapest (%s): %s. %s", cheapest.kind, largestLines(cheapest.res, 3), batchesWay(steps))
 	rows := []goalRow{cpu}
 
 	pg := goalRow{Goal: fmt.Sprintf("the bill: Postgres statements ≤ %.0f µs a command", goalBillPostgres), Held: true}
@@ -274,7 +275,7 @@ var stageSpan = map[string]string{
 
 // batchesWay says how many commands each stage's batch carried at the
 // open-loop steps: at a low rate every command pays a batch's price alone.
-func batchesWay(t targetReport, steps []billStep) string {
+func batchesWay(steps []billStep) string {
 	var out []string
 	for _, s := range steps {
 		if s.res.Clients > 0 || s.res.N == 0 {
@@ -304,12 +305,7 @@ func dearestStatements(s result, n int) string {
 	var out []string
 	per := float64(max(s.N, 1))
 	for _, st := range s.Statements[:min(n, len(s.Statements))] { // the most time first
-
-		q := []rune(shortQuery(st.Query))
-		if len(q) > 60 {
-			q = append(q[:57], []rune("...")...)
-		}
-		out = append(out, fmt.Sprintf("`%s` %.0f µs (%.2f calls)", string(q), (st.Exec+st.Plan)*1000/per, float64(st.Calls)/per))
+		out = append(out, fmt.Sprintf("`%s` %.0f µs (%.2f calls)", shortQuery(st.Query, 60), (st.Exec+st.Plan)*1000/per, float64(st.Calls)/per))
 	}
 	return strings.Join(out, ", ")
 }
@@ -319,11 +315,11 @@ func (r *report) goalsTable(b *strings.Builder, t targetReport) {
 	fmt.Fprintf(b, "\n%s against the goals (docs/benchmarks.md, \"The goals a run is held to\"):\n\n| goal | this run | held | what stands in the way |\n|---|---|---|---|\n", t.Label)
 	for _, g := range r.goals(t) {
 		held, way := "no", g.Way
-		if g.Held {
+		switch {
+		case g.Missing:
+			held, way = "–", ""
+		case g.Held:
 			held, way = "yes", ""
-		}
-		if g.Here == "not measured (-rates)" {
-			held = "–"
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", g.Goal, g.Here, held, strings.ReplaceAll(way, "|", "¦"))
 	}

@@ -79,6 +79,18 @@ func TestGoals(t *testing.T) {
 		t.Errorf("200/s with its p99 over the goal: held %v, %s", g.Held, g.Way)
 	}
 
+	// A run without the 1,000/s step says so, and holds it neither way.
+	noHigh := dev
+	noHigh.Steps = []result{dev.Steps[0], queue}
+	if g := r.goals(noHigh)[4]; !g.Missing || g.Here != "not measured (-rates)" {
+		t.Errorf("1,000/s not run: %+v", g)
+	}
+	var b strings.Builder
+	r.goalsTable(&b, noHigh)
+	if !strings.Contains(b.String(), "| at 1000/s: p50 ≤ 15 ms, p99 ≤ 60 ms | not measured (-rates) | – |  |") {
+		t.Errorf("the table's row for a rate not run:\n%s", b.String())
+	}
+
 	// A closed loop that left the machine half idle was held back by its
 	// waits, not by the CPU, and the table says which step of the way:
 	// here the outcome read, 10 of its 20 ms after the projector (at 10).
