@@ -82,6 +82,14 @@ var (
 			}
 			return nil
 		}}
+	kafkaMaxDecompressPollBytes = &setting{flag: "kafka-max-decompress-poll-bytes", env: "KAFKA_MAX_DECOMPRESS_POLL_BYTES", def: "0", kind: "int", section: kafkaSection,
+		help: "most a consumer decompresses between two polls, all batches together; a batch past it waits for the next poll (docs/security.md); 0: twice the bound of one batch",
+		set: func(c *config, v string) (err error) {
+			if c.Kafka.MaxDecompressPollBytes, err = atLeast(v, 0); err != nil {
+				return errors.New("want a size in bytes, or 0 for the default")
+			}
+			return nil
+		}}
 )
 
 // decompressBound sets the decompression bound unless given: sixteen of
@@ -474,7 +482,7 @@ var (
 
 // Which command uses which settings.
 var (
-	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL, kafkaMaxDecompressBatchBytes}
+	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL, kafkaMaxDecompressBatchBytes, kafkaMaxDecompressPollBytes}
 	registrySettings = []*setting{registryURL, registryUser, registryPassword, registryCAFile}
 	loggingSettings  = []*setting{logLevel, logFormat}
 	tracingSettings  = []*setting{otlpEndpoint}

@@ -84,6 +84,7 @@ func samples(t *testing.T) map[string]sample {
 		"-kafka-tls-ca-file":                {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.Kafka.TLSCAFile }, want: "/ca.pem"},
 		"-kafka-allow-plaintext-sasl":       {value: "true", got: func(d onceflow.DevConfig) any { return d.Kafka.AllowPlaintextSASL }, want: true},
 		"-kafka-max-decompress-batch-bytes": {value: "33554432", got: func(d onceflow.DevConfig) any { return d.Kafka.MaxDecompressBatchBytes }, want: 33554432},
+		"-kafka-max-decompress-poll-bytes":  {value: "134217728", got: func(d onceflow.DevConfig) any { return d.Kafka.MaxDecompressPollBytes }, want: 134217728},
 		"-schema-registry-url":              {value: "http://r.example", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.URL }, want: "http://r.example"},
 		"-schema-registry-user":             {value: "u", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.User }, want: "u"},
 		"-schema-registry-password":         {value: "p", got: func(d onceflow.DevConfig) any { return d.SchemaRegistry.Password }, want: "p"},
@@ -228,7 +229,7 @@ func TestCommandsListOnlyTheirSettings(t *testing.T) {
 	rebuild := listed(t, "projections rebuild")
 	want := []string{"-consumer", "-lock-timeout", "-restart", "-verify",
 		"-kafka-brokers", "-kafka-sasl-mechanism", "-kafka-sasl-user", "-kafka-sasl-password", "-kafka-tls", "-kafka-tls-ca-file", "-kafka-allow-plaintext-sasl",
-		"-kafka-max-decompress-batch-bytes",
+		"-kafka-max-decompress-batch-bytes", "-kafka-max-decompress-poll-bytes",
 		"-schema-registry-url", "-schema-registry-user", "-schema-registry-password", "-schema-registry-ca-file",
 		"-database-url", "-database-migration-url", "-topic-prefix", "-log-level", "-log-format"}
 	if !slices.Equal(rebuild, want) {

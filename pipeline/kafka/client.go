@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -52,6 +53,13 @@ type Config struct {
 	// (BatchTooLarge), which reports it and waits for an operator.
 	// Default DefaultMaxDecompressBatchBytes.
 	MaxDecompressBatchBytes int
+	// MaxDecompressPollBytes bounds what a consumer decompresses between
+	// two polls, all batches together (KAFKA_MAX_DECOMPRESS_POLL_BYTES):
+	// many batches each under MaxDecompressBatchBytes would otherwise
+	// decompress at once, one fetch holding hundreds of them. A batch
+	// past it waits for the next poll (OverBudget). At least
+	// MaxDecompressBatchBytes; default twice it.
+	MaxDecompressPollBytes int
 	// Logger receives franz-go's warnings and errors; nil is silent.
 	Logger *slog.Logger
 	// TracerProvider, if set, gives every client franz-go's kotel hooks
@@ -108,6 +116,10 @@ func (c Config) validate() error {
 	if c.SASLMechanism != "" && !c.TLS && !c.AllowPlaintextSASL {
 		return fmt.Errorf("kafka: SASL %s without TLS would send credentials over an unencrypted connection; set KAFKA_TLS=true, or KAFKA_ALLOW_PLAINTEXT_SASL=true on a trusted network", c.SASLMechanism)
 	}
+	if c.MaxDecompressPollBytes > 0 && c.MaxDecompressPollBytes < cmp.Or(c.MaxDecompressBatchBytes, DefaultMaxDecompressBatchBytes) {
+		return fmt.Errorf("kafka: KAFKA_MAX_DECOMPRESS_POLL_BYTES (%d) is below the bound of one batch, KAFKA_MAX_DECOMPRESS_BATCH_BYTES (%d): a batch under the one would never fit in the other",
+			c.MaxDecompressPollBytes, cmp.Or(c.MaxDecompressBatchBytes, DefaultMaxDecompressBatchBytes))
+	}
 	if c.TLSCAFile != "" && !c.TLS {
 		return errors.New("kafka: KAFKA_TLS_CA_FILE is set but KAFKA_TLS is not")
 	}
@@ -132,7 +144,12 @@ func (c Config) Opts() ([]kgo.Opt, error) {
 	if maxBatch <= 0 {
 		maxBatch = DefaultMaxDecompressBatchBytes
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id), kgo.MaxDecompressBatchBytes(maxBatch), kgo.MetadataMinAge(metadataMinAge)}
+	inner, err := boundedDecompressor(maxBatch)
+	if err != nil {
+		return nil, err
+	}
+	b := &budget{inner: inner, limit: int64(cmp.Or(c.MaxDecompressPollBytes, 2*maxBatch))}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id), kgo.MaxDecompressBatchBytes(maxBatch), kgo.WithDecompressor(b), kgo.WithHooks(b), kgo.MetadataMinAge(metadataMinAge)}
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(kgoLogger{c.Logger.With("lib", "franz-go")}))
 	}
@@ -197,11 +214,15 @@ type BlockedPartition struct {
 	NextOffset int64  `json:"next_offset"`
 }
 
-// decompressor is cl's bounded decompressor (MaxDecompressBatchBytes),
-// for reading fetch responses by hand.
+// decompressor is cl's bounded decompressor (MaxDecompressBatchBytes a
+// batch, MaxDecompressPollBytes for the whole response), for reading one
+// fetch response by hand: call it for each response.
 func decompressor(cl *kgo.Client) kgo.Decompressor {
-	if d, ok := cl.OptValue(kgo.WithDecompressor).(kgo.Decompressor); ok && d != nil {
-		return d
+	switch d := cl.OptValue(kgo.WithDecompressor).(type) {
+	case *budget:
+		return d.readBudget()
+	case kgo.Decompressor:
+		return d // a client not made by Config: bounded a batch only
 	}
 	return kgo.DefaultDecompressor() // a client always has one; never reached
 }

@@ -107,7 +107,7 @@ func (s *Sink) Run(ctx context.Context) error {
 			return nil
 		}
 		fetches.EachError(func(topic string, part int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !kafka.OverBudget(err) {
 				s.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 			}
 		})

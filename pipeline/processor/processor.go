@@ -327,7 +327,7 @@ func (p *Processor[S]) logFetchErrors(fetches kgo.Fetches) {
 			p.block(tl)
 			return
 		}
-		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !kafka.OverBudget(err) {
 			p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 		}
 	})

@@ -274,7 +274,7 @@ func (p *Projector) Run(ctx context.Context) error {
 						tl.Offset, tl.NextOffset-1)})
 				return
 			}
-			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !kafka.OverBudget(err) {
 				p.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 			}
 		})

@@ -492,7 +492,7 @@ func (b *builder) poll(ctx context.Context, wait time.Duration) {
 			}
 			return
 		}
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !kafka.OverBudget(err) {
 			b.logger.Warn("fetch error", "topic", topic, "partition", part, "err", err)
 		}
 	})
