@@ -160,7 +160,7 @@ func runTopicsCreate(ctx context.Context, domains []*onceflow.Domain, args []str
 func postgresFlags(name string, args []string, getenv func(string) string, stdout io.Writer) (*config, postgres.Local, error) {
 	var port int
 	c, _, err := parse(name, nil, args, getenv, stdout, func(fs *flag.FlagSet) {
-		fs.IntVar(&port, "port", 54329, "port on 127.0.0.1")
+		fs.IntVar(&port, "port", 0, "port on 127.0.0.1; 0: the one remembered beside the data directory, or 54329, or a free one, remembered")
 	})
 	if err != nil {
 		return nil, postgres.Local{}, err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -30,7 +31,11 @@ type Local struct {
 	// after Dir's absolute path is used instead, and Dir holds a file
 	// naming it (see moved).
 	Dir string
-	// Port is the TCP port on 127.0.0.1. Default 54329.
+	// Port is the TCP port on 127.0.0.1. Default: the port remembered
+	// beside the data directory (Dir + ".port") or DefaultPort, whichever
+	// is free or already this cluster's, else a free port, which is then
+	// remembered: a second checkout on the same machine gets a cluster of
+	// its own. A port given here is used or refused, never changed.
 	Port int
 	// BinDir holds initdb and pg_ctl. Default: `pg_config --bindir`, else
 	// the newest /usr/lib/postgresql/*/bin.
@@ -42,12 +47,12 @@ type Local struct {
 	Logf func(format string, args ...any)
 }
 
+// DefaultPort is the port a private cluster tries first.
+const DefaultPort = 54329
+
 func (l *Local) setDefaults() {
 	if l.Dir == "" {
 		l.Dir = filepath.Join(".data", "postgres")
-	}
-	if l.Port == 0 {
-		l.Port = 54329
 	}
 	if l.Database == "" {
 		l.Database = "onceflow"
@@ -57,9 +62,13 @@ func (l *Local) setDefaults() {
 	}
 }
 
-// URL returns the URL of database db on the local cluster.
+// URL returns the URL of database db on the local cluster (on
+// DefaultPort unless Port says another; Ensure returns the one it chose).
 func (l Local) URL(db string) string {
 	l.setDefaults()
+	if l.Port == 0 {
+		l.Port = DefaultPort
+	}
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", l.Port, db)
 }
 
@@ -98,6 +107,11 @@ func (l Local) Ensure(ctx context.Context) (string, error) {
 			return "", err
 		}
 	}
+	if l.Port == 0 {
+		if l.Port, err = l.choosePort(ctx, dir); err != nil {
+			return "", err
+		}
+	}
 
 	adminURL := l.URL("postgres")
 	if err := Reachable(ctx, adminURL, 2*time.Second); err != nil {
@@ -115,7 +129,7 @@ func (l Local) Ensure(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if filepath.Clean(dataDir) != dir {
-		return "", fmt.Errorf("port %d answers for data directory %s, not %s: choose another port", l.Port, dataDir, dir)
+		return "", fmt.Errorf("port %d answers for data directory %s, not %s: give another port (onceflow postgres up -port N), or leave the port unset and a free one is chosen", l.Port, dataDir, dir)
 	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", l.Database).Scan(&exists); err != nil {
@@ -483,4 +497,51 @@ func Resolve(ctx context.Context, databaseURL string, local Local) (string, erro
 		local.Logf("postgres: DATABASE_URL does not answer (%v); starting the local cluster instead", err)
 	}
 	return local.Ensure(ctx)
+}
+
+// choosePort returns the port of the cluster in dir: the one remembered
+// beside the data directory, else DefaultPort, if it is free or this
+// cluster answers on it; else a free port, remembered for the next start.
+func (l Local) choosePort(ctx context.Context, dir string) (int, error) {
+	file, err := filepath.Abs(l.Dir + ".port")
+	if err != nil {
+		return 0, err
+	}
+	remembered := 0
+	if b, err := os.ReadFile(file); err == nil { // #nosec G304 -- our own bookkeeping beside the data directory
+		remembered, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	for _, port := range []int{remembered, DefaultPort} {
+		if port > 0 && l.portFor(ctx, port, dir) {
+			if port != remembered {
+				return port, os.WriteFile(file, []byte(strconv.Itoa(port)+"\n"), 0o600)
+			}
+			return port, nil
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	l.Logf("postgres: port %d is another cluster's or taken; using %d, remembered in %s", max(remembered, DefaultPort), port, file)
+	return port, os.WriteFile(file, []byte(strconv.Itoa(port)+"\n"), 0o600)
+}
+
+// portFor reports whether the cluster in dir can use port: nothing
+// listens on it, or the cluster itself does.
+func (l Local) portFor(ctx context.Context, port int, dir string) bool {
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", port)
+	if conn, err := pgx.Connect(ctx, url); err == nil {
+		defer conn.Close(context.WithoutCancel(ctx))
+		var dataDir string
+		return conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir) == nil && filepath.Clean(dataDir) == dir
+	}
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
 }

@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -93,6 +95,47 @@ func TestMovedClusterFollowsItsDataDirectory(t *testing.T) {
 	if _, err := os.Stat(where); err != nil {
 		t.Errorf("the cluster in use was swept: %v", err)
 	}
+}
+
+// A second checkout on the same machine: the default port is another
+// cluster's (or anything's), so the cluster of a data directory with no
+// port given takes a free one, remembers it beside the data directory,
+// and gets it again at its next start.
+func TestSecondClusterTakesAFreePortAndKeepsIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs initdb and starts PostgreSQL twice; skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("as root the server runs as the postgres user, which this test's cleanup assumes")
+	}
+	if dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(dirs) == 0 {
+		t.Skip("no PostgreSQL server binaries")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// The default port is taken: by the repository's own cluster when it
+	// runs, else by this listener.
+	if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", postgres.DefaultPort)); err == nil {
+		defer ln.Close()
+	}
+	l := postgres.Local{Dir: filepath.Join(t.TempDir(), ".data", "postgres")}
+	url := ensure(t, ctx, l)
+	t.Cleanup(func() { stopAndRemove(l, movedTo(t, l.Dir)) })
+	exec1(t, ctx, url, "CREATE TABLE kept (id int); INSERT INTO kept VALUES (1)")
+	if strings.Contains(url, fmt.Sprintf(":%d/", postgres.DefaultPort)) {
+		t.Fatalf("the second cluster's URL %s is on the default port, which is taken", url)
+	}
+	remembered, err := os.ReadFile(l.Dir + ".port")
+	if err != nil || !strings.Contains(url, ":"+strings.TrimSpace(string(remembered))+"/") {
+		t.Errorf("the port remembered beside the data directory: %q (%v), want the one of %s", remembered, err, url)
+	}
+	if err := l.Stop(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	if again := ensure(t, ctx, l); again != url {
+		t.Errorf("started again: %s, want %s", again, url)
+	}
+	exec1(t, ctx, url, "SELECT id FROM kept")
 }
 
 func ensure(t *testing.T, ctx context.Context, l postgres.Local) string {
