@@ -488,7 +488,7 @@ func readyCheck(ready <-chan struct{}) func(context.Context) error {
 		case <-ready:
 			return nil
 		default:
-			return errors.New("starting")
+			return admin.ErrStarting
 		}
 	}
 }

@@ -206,11 +206,18 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(result)
 }
 
+// ErrStarting is what a component's own readiness check answers until it
+// has started: not ready, and not a failure either.
+var ErrStarting = errors.New("starting")
+
 // noteCheck logs a check's failure when it starts or its error changes, and
-// its recovery.
+// its recovery. A component still starting is said at Info: every start
+// goes through it, and a warning there reads as a problem.
 func (s *Server) noteCheck(name string, err error) {
 	switch {
 	case !s.failing.Changed(name, err):
+	case errors.Is(err, ErrStarting):
+		s.logger.Info("not ready yet", "check", name, "reason", err)
 	case err != nil:
 		s.logger.Warn("readiness check failed", "check", name, "err", err)
 	default:

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,6 +70,31 @@ func TestReadyzHidesErrors(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "readiness check passes again") {
 		t.Errorf("the recovery was not logged:\n%s", logs.String())
+	}
+}
+
+// A component still starting is not ready, and says so at Info: every
+// start goes through it, and `onceflow dev` printed a WARN at each one.
+func TestStartingIsNotAWarning(t *testing.T) {
+	t.Parallel()
+	var logs pipelinetest.Buffer
+	s := admin.New("", prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	var started atomic.Bool
+	s.AddCheck("processor", func(context.Context) error {
+		if !started.Load() {
+			return fmt.Errorf("processor: %w", admin.ErrStarting)
+		}
+		return nil
+	})
+	if code, _ := get(t, s.Handler(), "GET", "/readyz", ""); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz while starting: %d, want 503", code)
+	}
+	started.Store(true)
+	if code, _ := get(t, s.Handler(), "GET", "/readyz", ""); code != http.StatusOK {
+		t.Errorf("/readyz once started: %d, want 200", code)
+	}
+	if strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "not ready yet") {
+		t.Errorf("a start logged:\n%s\nwant an INFO line and no WARN", logs.String())
 	}
 }
 
