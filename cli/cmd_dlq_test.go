@@ -78,6 +78,12 @@ func TestDLQListAndRedrive(t *testing.T) {
 	if reasons["decider-panic"] == "" || reasons["missing-tenant"] == "" || !strings.Contains(out, bugID) || !strings.Contains(out, "bug 666") {
 		t.Fatalf("dlq list:\n%s", out)
 	}
+	if !strings.HasSuffix(out, "\n2 records\n") {
+		t.Errorf("dlq list of two records ends %q, want \"2 records\"", out[max(0, len(out)-40):])
+	}
+	if out, err = e.run("dlq", "list", "-reason", "decider-panic"); err != nil || !strings.HasSuffix(out, "\n1 record\n") {
+		t.Errorf("dlq list of one record: %v, ends %q, want \"1 record\"", err, out[max(0, len(out)-40):])
+	}
 	out, err = e.run("dlq", "list", "-json", "-reason", "decider-panic")
 	if err != nil {
 		t.Fatal(err)

@@ -53,7 +53,11 @@ func runDLQList(ctx context.Context, domains []*onceflow.Domain, args []string, 
 			d.SourceTopic, d.SourcePartition, d.SourceOffset, cellText(d.Detail))
 	}
 	tw.Flush()
-	fmt.Fprintf(stdout, "%d records\n", len(dls))
+	if len(dls) == 1 {
+		fmt.Fprintln(stdout, "1 record")
+	} else {
+		fmt.Fprintf(stdout, "%d records\n", len(dls))
+	}
 	return nil
 }
 
