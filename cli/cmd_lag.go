@@ -67,7 +67,10 @@ func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 	var pool *pgxpool.Pool
 	var parked []projector.ParkedPartition
 	var retrying []projector.RetryingPartition
-	if c.DatabaseURL != "" {
+	// Without a database the projectors' offsets, parks and retries are
+	// unknown, and the table says so rather than showing none.
+	noDatabase := c.requireDatabase(ctx)
+	if noDatabase == nil {
 		if pool, err = postgres.Connect(ctx, c.DatabaseURL, 2); err != nil {
 			return err
 		}
@@ -126,9 +129,16 @@ func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 	if output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"partitions": rows, "parked": parked, "retrying": retrying})
+		out := map[string]any{"partitions": rows, "parked": parked, "retrying": retrying}
+		if noDatabase != nil {
+			out["database"] = noDatabase.Error()
+		}
+		return enc.Encode(out)
 	}
 	printLag(stdout, rows, parked, retrying)
+	if noDatabase != nil {
+		fmt.Fprintf(stdout, "\nthe projectors' offsets, parked and retrying partitions are not shown: %v\n", noDatabase)
+	}
 	return nil
 }
 

@@ -36,8 +36,8 @@ func runReconcile(ctx context.Context, domains []*onceflow.Domain, args []string
 	if err != nil {
 		return err
 	}
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("DATABASE_URL is required")
+	if err := c.requireDatabase(ctx); err != nil {
+		return err
 	}
 	if olderThan <= 0 {
 		return fmt.Errorf("-older-than %s: want a positive duration", olderThan)
@@ -129,8 +129,8 @@ func runTrace(ctx context.Context, domains []*onceflow.Domain, args []string, ge
 	if fs.NArg() != 1 {
 		return fmt.Errorf("usage: onceflow trace [flags] IDEMPOTENCY-KEY | PROVIDER/EVENT-ID | COMMAND-ID | EVENT-ID")
 	}
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("DATABASE_URL is required")
+	if err := c.requireDatabase(ctx); err != nil {
+		return err
 	}
 	cfg := c.Config
 	dep, err := cfg.Deployment()

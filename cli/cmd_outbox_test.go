@@ -3,10 +3,12 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // `onceflow outbox status` shows each shard's backlog, oldest age and
@@ -75,5 +77,47 @@ func TestOutboxStatusNeedsDatabase(t *testing.T) {
 	}, &out)
 	if err == nil {
 		t.Fatal("no error with an unreachable database")
+	}
+}
+
+// An operator command run beside `onceflow dev`, with no DATABASE_URL,
+// finds dev's database as it finds dev's broker: the private cluster of
+// the data directory (ONCEFLOW_DATA_DIR), when it runs. When none runs,
+// it says what to do instead of only that DATABASE_URL is required.
+func TestOperatorCommandFindsDevDatabase(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs initdb and starts PostgreSQL; skipped with -short")
+	}
+	if dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(dirs) == 0 {
+		t.Skip("no PostgreSQL server binaries")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	data := filepath.Join(t.TempDir(), ".data")
+	local := postgres.Local{Dir: filepath.Join(data, "postgres")}
+	url, err := local.Ensure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { local.Stop(context.Background(), "immediate") })
+	env := func(vars map[string]string) func(string) string { return func(k string) string { return vars[k] } }
+	var out bytes.Buffer
+	if err := run(ctx, []string{"migrate"}, env(map[string]string{"DATABASE_URL": url}), &out); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out.String())
+	}
+
+	beside := env(map[string]string{"ONCEFLOW_DATA_DIR": data})
+	out.Reset()
+	if err := run(ctx, []string{"outbox", "status"}, beside, &out); err != nil || !strings.Contains(out.String(), "SHARD") {
+		t.Fatalf("outbox status beside dev, without DATABASE_URL: %v\n%s", err, out.String())
+	}
+
+	if err := local.Stop(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	err = run(ctx, []string{"outbox", "status"}, beside, &out)
+	if err == nil || !strings.Contains(err.Error(), "no private cluster of onceflow dev runs in "+filepath.Join(data, "postgres")) ||
+		!strings.Contains(err.Error(), "export DATABASE_URL") {
+		t.Errorf("outbox status with dev stopped: %v, want what to do", err)
 	}
 }

@@ -30,8 +30,8 @@ func runProjectionsRebuild(ctx context.Context, domains []*onceflow.Domain, args
 	if err != nil {
 		return err
 	}
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("DATABASE_URL is required")
+	if err := c.requireDatabase(ctx); err != nil {
+		return err
 	}
 	cfg := c.Config
 	dep, serdes, err := deploymentSerdes(ctx, cfg)
@@ -184,7 +184,8 @@ func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []
 		}
 	}
 	tw.Flush()
-	if c.DatabaseURL == "" {
+	if err := c.requireDatabase(ctx); err != nil {
+		fmt.Fprintf(stdout, "\nrebuilds and parked partitions are not shown: %v\n", err)
 		return nil
 	}
 	pool, err := c.connect(ctx)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -231,8 +233,26 @@ func quoteDefault(kind, text string) string {
 
 // connect opens a small pool on DATABASE_URL for an operator command.
 func (c *config) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	if c.DatabaseURL == "" {
-		return nil, errors.New("DATABASE_URL is required")
+	if err := c.requireDatabase(ctx); err != nil {
+		return nil, err
 	}
 	return postgres.Connect(ctx, c.DatabaseURL, 2)
+}
+
+// requireDatabase sets DATABASE_URL, when it is unset, to the database of
+// the private cluster `onceflow dev` runs in its data directory
+// (ONCEFLOW_DATA_DIR, .data), if that cluster runs: an operator command
+// beside dev finds its database as it finds its broker. Otherwise it says
+// what to do.
+func (c *config) requireDatabase(ctx context.Context) error {
+	if c.DatabaseURL != "" {
+		return nil
+	}
+	dir := filepath.Join(cmp.Or(c.DataDir, c.getenv(dataDir.env), dataDir.def), "postgres")
+	url, err := postgres.Local{Dir: dir}.Running(ctx)
+	if err != nil || url == "" {
+		return fmt.Errorf("DATABASE_URL is required: no private cluster of onceflow dev runs in %s (start onceflow dev there, set ONCEFLOW_DATA_DIR to its directory, or export DATABASE_URL=postgres://USER:PASSWORD@HOST:5432/DATABASE)", dir)
+	}
+	c.DatabaseURL = url
+	return nil
 }

@@ -532,11 +532,9 @@ func (l Local) choosePort(ctx context.Context, dir string) (int, error) {
 // portFor reports whether the cluster in dir can use port: nothing
 // listens on it, or the cluster itself does.
 func (l Local) portFor(ctx context.Context, port int, dir string) bool {
-	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", port)
-	if conn, err := pgx.Connect(ctx, url); err == nil {
-		defer conn.Close(context.WithoutCancel(ctx))
-		var dataDir string
-		return conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir) == nil && filepath.Clean(dataDir) == dir
+	answered, ours := clusterOn(ctx, port, dir)
+	if answered {
+		return ours
 	}
 	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
@@ -544,4 +542,50 @@ func (l Local) portFor(ctx context.Context, port int, dir string) bool {
 	}
 	ln.Close()
 	return true
+}
+
+// clusterOn reports whether a PostgreSQL server answers on port, and
+// whether it is the cluster whose data directory is dir.
+func clusterOn(ctx context.Context, port int, dir string) (answered, ours bool) {
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", port)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return false, false
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var dataDir string
+	return true, conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir) == nil && filepath.Clean(dataDir) == dir
+}
+
+// Running returns the URL of Database on the cluster of Dir if that
+// cluster runs, and "" if it does not; it starts nothing. Operator
+// commands find `onceflow dev`'s database with it.
+func (l Local) Running(ctx context.Context) (string, error) {
+	l.setDefaults()
+	dir, err := filepath.Abs(l.Dir)
+	if err != nil {
+		return "", err
+	}
+	ports := []int{l.Port}
+	if l.Port == 0 {
+		ports = []int{DefaultPort}
+		if b, err := os.ReadFile(dir + ".port"); err == nil { // #nosec G304 -- our own bookkeeping beside the data directory
+			if p, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				ports = []int{p, DefaultPort}
+			}
+		}
+	}
+	if pg, err := lookupPostgresUser(); err == nil && pg != nil && !reachableBy(dir, pg) {
+		dir = movedFrom(dir).dir
+	}
+	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err != nil {
+		return "", nil // never made
+	}
+	for _, port := range ports {
+		if _, ours := clusterOn(ctx, port, dir); ours {
+			l.Port = port
+			return l.URL(l.Database), nil
+		}
+	}
+	return "", nil
 }
