@@ -21,6 +21,8 @@ func init() {
 		more: "Republishes the chosen records to the commands topic as they came (key, value, headers,\n" +
 			"command id, timestamp). A command handled meanwhile is recognized by its id and skipped.",
 		settings: use(kafkaSettings, []*setting{topicPrefix}), run: runDLQRedrive})
+	register(&command{name: "events tail", summary: "print the events decoded, as a team downstream reads them, and follow new ones", more: eventsTailUsage,
+		settings: use(kafkaSettings, registrySettings, []*setting{topicPrefix}), run: runEventsTail})
 	register(&command{name: "produce", summary: "produce commands to the commands topic from JSON, Avro-encoded with their headers", args: "['PAYLOAD-JSON']", more: produceUsage,
 		settings: use(kafkaSettings, registrySettings, []*setting{topicPrefix}), run: runProduce})
 	register(&command{name: "idempotency-check", summary: "a tenant's Idempotency-Keys: replays and conflicts per key, most active first: idempotency-check --tenant T --hours H",

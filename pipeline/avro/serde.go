@@ -281,32 +281,63 @@ func (s *Serde) Decode(ctx context.Context, b []byte) (any, error) {
 	return p.decode(id, payload)
 }
 
-func (p *writerPlan) decode(id int, payload []byte) (v any, err error) {
+// DecodeNative decodes a Confluent-framed value as its writer wrote it:
+// goavro's native form (a record is a map from its Avro field names), the
+// topic's union unwrapped, with the record's full name. Tools show records
+// with it as their schemas name them (onceflow events tail).
+func (s *Serde) DecodeNative(ctx context.Context, b []byte) (name string, native any, err error) {
+	id, payload, err := ParseHeader(b)
+	if err != nil {
+		return "", nil, err
+	}
+	p, err := s.plan(ctx, id)
+	if err != nil {
+		return "", nil, err
+	}
+	return p.native(id, payload)
+}
+
+// native decodes payload, written with writer schema id, into goavro's
+// native form, and names the record it holds.
+func (p *writerPlan) native(id int, payload []byte) (key string, native any, err error) {
 	if p.err != nil {
-		return nil, p.err
+		return "", nil, p.err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			native, err = nil, fmt.Errorf("%w: writer schema %d: %w: %v", ErrMalformed, id, errPanicked, r)
+		}
+	}()
+	native, rest, err := p.codec.NativeFromBinary(payload)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: writer schema %d: %v", ErrMalformed, id, err)
+	}
+	if len(rest) != 0 {
+		return "", nil, fmt.Errorf("%w: writer schema %d: %d trailing bytes after the datum", ErrMalformed, id, len(rest))
+	}
+	key = p.root
+	if p.union {
+		m, ok := native.(map[string]any)
+		if !ok || len(m) != 1 {
+			return "", nil, fmt.Errorf("%w: writer schema %d: decoded %T, want a union branch", ErrMalformed, id, native)
+		}
+		for k, x := range m {
+			key, native = k, x
+		}
+	}
+	return key, native, nil
+}
+
+func (p *writerPlan) decode(id int, payload []byte) (v any, err error) {
+	key, native, err := p.native(id, payload)
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
 		if r := recover(); r != nil {
 			v, err = nil, fmt.Errorf("%w: writer schema %d: %w: %v", ErrMalformed, id, errPanicked, r)
 		}
 	}()
-	native, rest, err := p.codec.NativeFromBinary(payload)
-	if err != nil {
-		return nil, fmt.Errorf("%w: writer schema %d: %v", ErrMalformed, id, err)
-	}
-	if len(rest) != 0 {
-		return nil, fmt.Errorf("%w: writer schema %d: %d trailing bytes after the datum", ErrMalformed, id, len(rest))
-	}
-	key := p.root
-	if p.union {
-		m, ok := native.(map[string]any)
-		if !ok || len(m) != 1 {
-			return nil, fmt.Errorf("%w: writer schema %d: decoded %T, want a union branch", ErrMalformed, id, native)
-		}
-		for k, x := range m {
-			key, native = k, x
-		}
-	}
 	bd, ok := p.branches[key]
 	if !ok {
 		return nil, fmt.Errorf("%w: writer schema %d: no decoder for %s", ErrMalformed, id, key)
