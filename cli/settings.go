@@ -535,7 +535,10 @@ func componentSettings(c onceflow.Components) []*setting {
 }
 
 // use is lists in one, each setting once, in the order of the sections
-// they are declared in.
+// they are declared in. A setting whose section sectionOrder lacks is a
+// mistake of this file, not a setting to leave out: it panics, when the
+// commands are registered (the tracing section once was missing, and
+// OTEL_EXPORTER_OTLP_ENDPOINT was read by no command).
 func use(lists ...[]*setting) []*setting {
 	var out []*setting
 	seen := map[*setting]bool{}
@@ -549,11 +552,18 @@ func use(lists ...[]*setting) []*setting {
 			}
 		}
 	}
+	for _, l := range lists {
+		for _, s := range l {
+			if !seen[s] {
+				panic(fmt.Sprintf("cli: setting %s is in a section sectionOrder lacks (%v)", s.name(), s.section))
+			}
+		}
+	}
 	return out
 }
 
-// sectionOrder is the order of the sections in -h.
-var sectionOrder = []*section{kafkaSection, registrySection, postgresSection, topicsSection, processSection, loggingSection,
+// sectionOrder is the order of the sections in -h; every section is in it.
+var sectionOrder = []*section{kafkaSection, registrySection, postgresSection, topicsSection, processSection, loggingSection, tracingSection,
 	outboxSection, ingestSection, relaySection, processorSection, projectorSection, workerSection, webhooksSection, natsinkSection, devSection}
 
 // buildLogger is the process logger; each component adds its own
