@@ -27,7 +27,8 @@ import (
 )
 
 // otlpReceiver is an OTLP/HTTP collector on loopback: it records every
-// request and decodes the spans of those to /v1/traces.
+// request and decodes the spans of each export (a POST to /v1/traces, or
+// to another path ending in /traces).
 type otlpReceiver struct {
 	*httptest.Server
 	mu       sync.Mutex
@@ -36,11 +37,12 @@ type otlpReceiver struct {
 	errs     []error
 }
 
-// receivedSpan is one exported span with the service that sent it.
+// receivedSpan is one exported span with the service that sent it and
+// the path it was posted to.
 type receivedSpan struct {
-	service, name string
-	traceID       string
-	attrs         map[string]string
+	service, name, path string
+	traceID             string
+	attrs               map[string]string
 }
 
 func newOTLPReceiver(t *testing.T) *otlpReceiver {
@@ -70,7 +72,7 @@ func (r *otlpReceiver) serve(w http.ResponseWriter, req *http.Request) {
 	if err == nil {
 		err = proto.Unmarshal(b, &export)
 	}
-	if err != nil || req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" {
+	if err != nil || req.Method != http.MethodPost || !strings.HasSuffix(req.URL.Path, "/traces") || req.Header.Get("Content-Type") != "application/x-protobuf" {
 		r.errs = append(r.errs, fmt.Errorf("%s %s (%s): %v", req.Method, req.URL.Path, req.Header.Get("Content-Type"), err))
 		http.Error(w, "not an OTLP/HTTP protobuf export", http.StatusBadRequest)
 		return
@@ -88,7 +90,7 @@ func (r *otlpReceiver) serve(w http.ResponseWriter, req *http.Request) {
 				for _, kv := range s.GetAttributes() {
 					attrs[kv.GetKey()] = kv.GetValue().GetStringValue()
 				}
-				r.spans = append(r.spans, receivedSpan{service: service, name: s.GetName(), traceID: fmt.Sprintf("%x", s.GetTraceId()), attrs: attrs})
+				r.spans = append(r.spans, receivedSpan{service: service, name: s.GetName(), path: req.URL.Path, traceID: fmt.Sprintf("%x", s.GetTraceId()), attrs: attrs})
 			}
 		}
 	}
@@ -129,8 +131,9 @@ func openAccounts(t *testing.T, ctx context.Context, c *ledgerapp.Client, n int)
 
 // checkCommandTraces checks that each command's spans reached the
 // receiver in one trace, from each stage of its way, each sent under the
-// service the stage's process names (service(span's stage)).
-func checkCommandTraces(t *testing.T, r *otlpReceiver, prefix string, commandIDs []string, service func(stage string) string) {
+// service the stage's process names (service(span's stage)), to the path
+// path(stage).
+func checkCommandTraces(t *testing.T, r *otlpReceiver, prefix string, commandIDs []string, service, path func(stage string) string) {
 	t.Helper()
 	requests, spans, errs := r.received()
 	for _, err := range errs {
@@ -161,15 +164,15 @@ func checkCommandTraces(t *testing.T, r *otlpReceiver, prefix string, commandIDs
 			t.Errorf("command %s: no onceflow.ingest.outbox_insert span names it; %d spans received in %d requests: %s", id, len(spans), len(requests), summary(spans))
 			continue
 		}
-		have := map[[2]string]bool{}
+		have := map[[3]string]bool{}
 		for _, s := range spans {
 			if s.traceID == traceID {
-				have[[2]string{s.service, s.name}] = true
+				have[[3]string{s.service, s.name, s.path}] = true
 			}
 		}
 		for _, st := range stages {
-			if !have[[2]string{service(st.stage), st.span}] {
-				t.Errorf("command %s: trace %s has no span %q from service %q; it has %v", id, traceID, st.span, service(st.stage), have)
+			if !have[[3]string{service(st.stage), st.span, path(st.stage)}] {
+				t.Errorf("command %s: trace %s has no span %q from service %q posted to %s; it has %v", id, traceID, st.span, service(st.stage), path(st.stage), have)
 			}
 		}
 	}
@@ -193,7 +196,9 @@ func summary(spans []receivedSpan) string {
 // OTEL_EXPORTER_OTLP_ENDPOINT names, each under the service
 // OTEL_SERVICE_NAME names, as docs/observability.md says a user sets them:
 // a command's spans from ingest, the relay, the processor and the
-// projector arrive in one trace. The batch span processor is told to wait
+// projector arrive in one trace. The projector is given
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT alone, a URL its spans go to as it
+// is. The batch span processor is told to wait
 // ten minutes (OTEL_BSP_SCHEDULE_DELAY), so nothing is exported while the
 // processes run; every span arrives at SIGTERM, with the shutdown.
 // Before the tracing section was in sectionOrder, no binary read the
@@ -214,7 +219,11 @@ func TestComponentsExportSpansToOTLPEndpoint(t *testing.T) {
 	}
 	comps := map[string]*Component{}
 	for _, kind := range []string{"ingest", "relay", "processor", "projector"} {
-		c, err := pl.StartComponent(ctx, kind, kind, map[string]string{"OTEL_SERVICE_NAME": "onceflow-" + kind})
+		env := map[string]string{"OTEL_SERVICE_NAME": "onceflow-" + kind}
+		if kind == "projector" {
+			env["OTEL_EXPORTER_OTLP_ENDPOINT"], env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = "", receiver.URL+"/projector/traces"
+		}
+		c, err := pl.StartComponent(ctx, kind, kind, env)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +244,12 @@ func TestComponentsExportSpansToOTLPEndpoint(t *testing.T) {
 			t.Errorf("%s after SIGTERM: %v\n%s", kind, err, c.Tail(20))
 		}
 	}
-	checkCommandTraces(t, receiver, pl.Prefix, ids, func(stage string) string { return "onceflow-" + stage })
+	checkCommandTraces(t, receiver, pl.Prefix, ids, func(stage string) string { return "onceflow-" + stage }, func(stage string) string {
+		if stage == "projector" {
+			return "/projector/traces"
+		}
+		return "/v1/traces"
+	})
 }
 
 // `onceflow dev -otlp-endpoint URL` (the flag, and no other tracing
@@ -277,7 +291,7 @@ func TestDevExportsSpansToOTLPEndpointFlag(t *testing.T) {
 	if err := dev.Stop(30 * time.Second); err != nil {
 		t.Errorf("onceflow dev after SIGTERM: %v", err)
 	}
-	checkCommandTraces(t, receiver, "ledger", ids, func(string) string { return "onceflow" })
+	checkCommandTraces(t, receiver, "ledger", ids, func(string) string { return "onceflow" }, func(string) string { return "/v1/traces" })
 }
 
 // Every binary that runs components lists the tracing settings in its -h
