@@ -95,11 +95,17 @@ type RunConfig struct {
 	// (ONCEFLOW_LAG_EXPORT): LagExportOwn, LagExportCluster or
 	// LagExportOff. Default LagExportOwn.
 	LagExport string
-	// OTLPEndpoint, if set and Config.TracerProvider is not, is the OTLP
-	// collector (OTEL_EXPORTER_OTLP_ENDPOINT) the process exports its spans
-	// to (docs/observability.md); the SDK reads the other OTEL_* variables.
+	// OTLPEndpoint, if set and Config.TracerProvider is not, is the base
+	// URL of the OTLP/HTTP collector (OTEL_EXPORTER_OTLP_ENDPOINT) the
+	// process exports its spans to, at its /v1/traces
+	// (docs/observability.md); the SDK reads the other OTEL_* variables.
 	// Default: no spans.
 	OTLPEndpoint string
+	// OTLPTracesEndpoint, if set and Config.TracerProvider is not, is the
+	// URL the spans are posted to, as it is
+	// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); it wins over OTLPEndpoint, as
+	// the OpenTelemetry specification has it. Default: OTLPEndpoint's.
+	OTLPTracesEndpoint string
 
 	Ingest    ingest.Config
 	Relay     relay.Config
@@ -137,8 +143,8 @@ type Addrs struct {
 // then shuts them down gracefully. A component that fails ends the
 // process.
 func RunComponents(ctx context.Context, rc RunConfig) error {
-	if rc.OTLPEndpoint != "" && rc.TracerProvider == nil {
-		tp, err := tracing.OTLP(ctx, rc.OTLPEndpoint, "onceflow")
+	if url := tracing.TracesURL(rc.OTLPEndpoint, rc.OTLPTracesEndpoint); url != "" && rc.TracerProvider == nil {
+		tp, err := tracing.OTLP(ctx, url, "onceflow")
 		if err != nil {
 			return err
 		}

@@ -63,7 +63,8 @@ type Config struct {
 	IdempotencyRetention time.Duration
 	// TracerProvider receives the components' spans (docs/observability.md);
 	// RunComponents builds an OTLP exporter's when RunConfig.OTLPEndpoint
-	// is set. Nil: no spans and no instrumentation installed.
+	// or OTLPTracesEndpoint is set. Nil: no spans and no instrumentation
+	// installed.
 	TracerProvider trace.TracerProvider
 	// TenantRateLimit is ingest's per-tenant rate in requests per second
 	// (ONCEFLOW_TENANT_RATE_LIMIT; negative: none). Default 1000.

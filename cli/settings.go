@@ -190,20 +190,14 @@ var (
 	logLevel = &setting{flag: "log-level", env: "LOG_LEVEL", def: "info", kind: "string", section: loggingSection,
 		help: "debug, info, warn or error",
 		set:  func(c *config, v string) error { c.logLevel = v; return nil }}
-	// The collector is the standard variable's; the SDK reads the other
+	// The collector is the standard variables'; the SDK reads the other
 	// OTEL_* variables itself (docs/observability.md).
 	otlpEndpoint = &setting{flag: "otlp-endpoint", env: "OTEL_EXPORTER_OTLP_ENDPOINT", kind: "url", section: tracingSection,
-		help: "OTLP/HTTP collector the process exports its spans to (http://127.0.0.1:4318); unset, no spans are made",
-		set: func(c *config, v string) error {
-			if v == "" {
-				return nil
-			}
-			if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return errors.New("want an http:// or https:// URL")
-			}
-			c.OTLPEndpoint = v
-			return nil
-		}}
+		help: "base URL of the OTLP/HTTP collector the process exports its spans to, at its /v1/traces (http://127.0.0.1:4318); unset, and OTEL_EXPORTER_OTLP_TRACES_ENDPOINT too, no spans are made",
+		set:  func(c *config, v string) (err error) { c.OTLPEndpoint, err = httpURL(v); return err }}
+	otlpTracesEndpoint = &setting{flag: "otlp-traces-endpoint", env: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", kind: "url", section: tracingSection,
+		help: "URL the spans are posted to, as it is (http://127.0.0.1:4318/v1/traces); wins over OTEL_EXPORTER_OTLP_ENDPOINT",
+		set:  func(c *config, v string) (err error) { c.OTLPTracesEndpoint, err = httpURL(v); return err }}
 	logFormat = &setting{flag: "log-format", env: "LOG_FORMAT", def: "text", kind: "string", section: loggingSection,
 		help: "text or json",
 		set:  func(c *config, v string) error { c.logFormat = v; return nil }}
@@ -485,7 +479,7 @@ var (
 	kafkaSettings    = []*setting{kafkaBrokers, kafkaSASLMechanism, kafkaSASLUser, kafkaSASLPassword, kafkaTLS, kafkaTLSCAFile, kafkaAllowPlaintextSASL, kafkaMaxDecompressBatchBytes, kafkaMaxDecompressPollBytes}
 	registrySettings = []*setting{registryURL, registryUser, registryPassword, registryCAFile}
 	loggingSettings  = []*setting{logLevel, logFormat}
-	tracingSettings  = []*setting{otlpEndpoint}
+	tracingSettings  = []*setting{otlpEndpoint, otlpTracesEndpoint}
 	// poolSettings are a component's database: it migrates, then holds a pool.
 	poolSettings   = []*setting{databaseURL, databaseMigrationURL, databaseMaxConns}
 	topicsSettings = []*setting{topicPrefix, partitions, dedupWindow}
@@ -543,7 +537,10 @@ func componentSettings(c onceflow.Components) []*setting {
 }
 
 // use is lists in one, each setting once, in the order of the sections
-// they are declared in.
+// they are declared in. A setting whose section sectionOrder lacks is a
+// mistake of this file, not a setting to leave out: it panics, when the
+// commands are registered (the tracing section once was missing, and
+// OTEL_EXPORTER_OTLP_ENDPOINT was read by no command).
 func use(lists ...[]*setting) []*setting {
 	var out []*setting
 	seen := map[*setting]bool{}
@@ -557,11 +554,18 @@ func use(lists ...[]*setting) []*setting {
 			}
 		}
 	}
+	for _, l := range lists {
+		for _, s := range l {
+			if !seen[s] {
+				panic(fmt.Sprintf("cli: setting %s is in a section sectionOrder lacks (%v)", s.name(), s.section))
+			}
+		}
+	}
 	return out
 }
 
-// sectionOrder is the order of the sections in -h.
-var sectionOrder = []*section{kafkaSection, registrySection, postgresSection, topicsSection, processSection, loggingSection,
+// sectionOrder is the order of the sections in -h; every section is in it.
+var sectionOrder = []*section{kafkaSection, registrySection, postgresSection, topicsSection, processSection, loggingSection, tracingSection,
 	outboxSection, ingestSection, relaySection, processorSection, projectorSection, workerSection, webhooksSection, natsinkSection, devSection}
 
 // buildLogger is the process logger; each component adds its own
@@ -668,6 +672,17 @@ func boolean(v string) (bool, error) {
 		return false, errors.New("want true or false")
 	}
 	return b, nil
+}
+
+// httpURL checks an http:// or https:// URL with a host; "" stays "".
+func httpURL(v string) (string, error) {
+	if v == "" {
+		return "", nil
+	}
+	if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", errors.New("want an http:// or https:// URL")
+	}
+	return v, nil
 }
 
 // networks parses networks in CIDR notation, comma separated.

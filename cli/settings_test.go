@@ -104,6 +104,7 @@ func samples(t *testing.T) map[string]sample {
 		"-lag-export":            {value: "off", got: func(d onceflow.DevConfig) any { return d.LagExport }, want: "off"},
 		"-log-level":             {value: "debug", got: func(d onceflow.DevConfig) any { return d.Logger.Enabled(context.Background(), slog.LevelDebug) }, want: true},
 		"-otlp-endpoint":         {value: "http://127.0.0.1:4318", got: func(d onceflow.DevConfig) any { return d.OTLPEndpoint }, want: "http://127.0.0.1:4318"},
+		"-otlp-traces-endpoint":  {value: "http://127.0.0.1:4318/v1/traces", got: func(d onceflow.DevConfig) any { return d.OTLPTracesEndpoint }, want: "http://127.0.0.1:4318/v1/traces"},
 		"-log-format":            {value: "json", got: func(d onceflow.DevConfig) any { return fmt.Sprintf("%T", d.Logger.Handler()) }, want: "*slog.JSONHandler"},
 		"-outbox-shards":         {value: "3", got: func(d onceflow.DevConfig) any { return d.OutboxShards }, want: 3},
 		"-idempotency-retention": {value: "2h", got: func(d onceflow.DevConfig) any { return d.IdempotencyRetention }, want: 2 * time.Hour},

@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -11,16 +12,35 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 )
 
+// TracesURL is where the spans go, as the OpenTelemetry specification
+// reads its two variables: traces, the signal's own URL
+// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), as it is (with no path, the root:
+// the exporter would put /v1/traces there); else base, a collector's base
+// URL (OTEL_EXPORTER_OTLP_ENDPOINT), with /v1/traces after its path; ""
+// when neither is set (no spans).
+func TracesURL(base, traces string) string {
+	switch {
+	case traces != "":
+		if u, err := url.Parse(traces); err == nil && u.Path == "" {
+			u.Path = "/"
+			return u.String()
+		}
+		return traces
+	case base != "":
+		return strings.TrimSuffix(base, "/") + "/v1/traces"
+	}
+	return ""
+}
+
 // OTLP returns a tracer provider that exports its spans in batches by
-// OTLP over HTTP to endpoint, the collector's base URL as
-// OTEL_EXPORTER_OTLP_ENDPOINT gives it (the spans go to its /v1/traces).
-// The SDK reads the other standard variables itself: OTEL_SERVICE_NAME
-// and OTEL_RESOURCE_ATTRIBUTES (default service name: service),
-// OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE,
-// OTEL_TRACES_SAMPLER (default parentbased_always_on) and OTEL_BSP_*. Its
-// Shutdown exports what is left.
-func OTLP(ctx context.Context, endpoint, service string) (*sdktrace.TracerProvider, error) {
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(strings.TrimSuffix(endpoint, "/")+"/v1/traces"))
+// OTLP over HTTP to tracesURL (TracesURL). The SDK reads the other standard
+// variables itself: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+// (default service name: service), OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT,
+// _COMPRESSION, _CERTIFICATE and their _TRACES_ forms, OTEL_TRACES_SAMPLER
+// (default parentbased_always_on) and OTEL_BSP_*. Its Shutdown exports
+// what is left.
+func OTLP(ctx context.Context, tracesURL, service string) (*sdktrace.TracerProvider, error) {
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(tracesURL))
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
 	}
