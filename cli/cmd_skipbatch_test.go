@@ -132,7 +132,7 @@ func TestCommandsSkipBatch(t *testing.T) {
 	pipelinetest.Eventually(t, 60*time.Second, func() error { return blocked(0) })
 	pipelinetest.Eventually(t, 60*time.Second, func() error {
 		out, err := e.run("dlq", "list", "-reason", processor.ReasonBatchTooLarge)
-		if err != nil || !strings.Contains(out, "1 records") || !strings.Contains(out, "alice: 8 MiB of zeros from a test producer") ||
+		if err != nil || !strings.Contains(out, "\n1 record\n") || !strings.Contains(out, "alice: 8 MiB of zeros from a test producer") ||
 			!strings.Contains(out, fmt.Sprintf("%s/%d@%d", e.topics.Commands(), got.Partition, got.Offset)) {
 			return fmt.Errorf("dlq list (%v):\n%s", err, out)
 		}
