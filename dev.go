@@ -69,6 +69,10 @@ const DemoTenant = "demo"
 // not set: loopback only.
 const DevAdminAddr = "127.0.0.1:9090"
 
+// DevHTTPAddr is ingest's address in `onceflow dev` when HTTP_ADDR is not
+// set: loopback only, as the admin address.
+const DevHTTPAddr = "127.0.0.1:8080"
+
 // RunDev runs the embedded default: a Kafka-compatible broker and a schema
 // registry in process, Postgres (DATABASE_URL or a private cluster), the
 // demo tenant, and all five components, until ctx ends; with ExternalKafka,

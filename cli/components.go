@@ -74,6 +74,11 @@ func runDev(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 	// KAFKA_BROKERS (or -kafka-brokers) names a cluster to run on instead
 	// of the embedded broker: Apache Kafka, `make kafka-up`.
 	dc.ExternalKafka = c.given[kafkaBrokers]
+	// The dev stack is one machine's: ingest, like the admin address,
+	// listens on loopback unless HTTP_ADDR says otherwise.
+	if !c.given[httpAddr] {
+		dc.HTTPAddr = onceflow.DevHTTPAddr
+	}
 	dc.Out = stdout
 	return runDevStack(ctx, dc)
 }

@@ -219,7 +219,7 @@ var (
 // Ingest.
 var (
 	httpAddr = &setting{flag: "http-addr", env: "HTTP_ADDR", def: ":8080", kind: "string", section: ingestSection,
-		help: "ingest HTTP address",
+		help: "ingest HTTP address; onceflow dev listens on 127.0.0.1:8080 unless it is given",
 		set:  func(c *config, v string) error { c.HTTPAddr = v; return nil }}
 	tenantRateLimit = &setting{flag: "tenant-rate-limit", env: "ONCEFLOW_TENANT_RATE_LIMIT", def: strconv.Itoa(ingest.DefaultRateLimit), kind: "float", section: ingestSection,
 		help: "requests per second each tenant may send to one ingest process, bursts up to twice that; above it 429 (0 or less: no limit)",

@@ -470,3 +470,26 @@ func TestSettingsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// onceflow dev listens on loopback, ingest as the admin address, unless
+// HTTP_ADDR says otherwise (it listened on every interface); a component
+// keeps ingest's default of every interface.
+func TestDevListensOnLoopback(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dev"}, "127.0.0.1:8080"},
+		{[]string{"dev", "-http-addr", ":8080"}, ":8080"},
+		{[]string{"ingest"}, ":8080"},
+	} {
+		got, err := started(t, c.args, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.HTTPAddr != c.want {
+			t.Errorf("%v: ingest on %q, want %q", c.args, got.HTTPAddr, c.want)
+		}
+	}
+}
+
