@@ -29,3 +29,15 @@ curl -fsS "http://$admin/readyz" >/dev/null || { echo "onceflow dev is not ready
 sed -n '/^onceflow dev is running/,/^$/p' "$log"
 
 ONCEFLOW_DEV_API_KEY="$key" bin/onceflow demo -url "http://$http"
+
+cat <<'NEXT'
+
+What to try next:
+  ONCEFLOW_DEV_API_KEY=devkey bin/onceflow dev    the same pipeline and data, left running; then, beside it:
+    README's "Try it by hand"                     commands of your own over HTTP
+    http://127.0.0.1:9090/status                  the status page
+    bin/onceflow events tail -from start -follow=false   the events decided so far, decoded (docs/consumers.md)
+    bin/onceflow trace KEY                        one command's way, from its Idempotency-Key (docs/operations.md)
+  make kafka-up                                   Apache Kafka itself, to run the same on (README, "On Apache Kafka")
+  docs/your-first-domain.md                       a domain of your own, in nine steps
+NEXT
