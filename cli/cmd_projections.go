@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -74,7 +73,7 @@ func runProjectionsRebuild(ctx context.Context, domains []*onceflow.Domain, args
 		return fmt.Errorf("rebuild %s: %w", proj.Name(), err)
 	}
 	fmt.Fprintf(stdout, "rebuilt %s in %s: %d events applied by this run; swapped at offsets %s\n",
-		res.Projection, res.Duration.Round(time.Millisecond), res.Applied, formatOffsets(res.Offsets))
+		res.Projection, res.Duration.Round(time.Millisecond), res.Applied, projector.OffsetsText(res.Offsets))
 	for _, t := range res.Tables {
 		if verify {
 			same := "identical"
@@ -235,22 +234,6 @@ func runProjectionsList(ctx context.Context, domains []*onceflow.Domain, args []
 	}
 	fmt.Fprintln(stdout)
 	return nil
-}
-
-func formatOffsets(m map[int32]int64) string {
-	parts := make([]int32, 0, len(m))
-	for p := range m {
-		parts = append(parts, p)
-	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
-	var b strings.Builder
-	for i, p := range parts {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		fmt.Fprintf(&b, "%d:%d", p, m[p])
-	}
-	return b.String()
 }
 
 // parkedProjector finds what unpark and skip act on: the domain (the only

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -243,6 +244,9 @@ func TestProjectionsCommands(t *testing.T) {
 	out, err = c.run("projections", "list")
 	if err != nil || !strings.Contains(out, "audit_log") || !strings.Contains(out, "swapped") {
 		t.Errorf("list: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`swapped at offsets (\d+:\d+ ?)+ \(partition:offset\)`).MatchString(out) || strings.Contains(out, "map[") {
+		t.Errorf("list shows the swap's offsets as a Go map, or not at all:\n%s", out)
 	}
 
 	c.exec(t, `INSERT INTO projector_parked (consumer, topic, partition, next_offset, reason, detail) VALUES ($1, $2, 1, 3, 'version-gap', 'x')`,

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -214,7 +217,7 @@ func (b *builder) finishSwap(ctx context.Context, tx pgx.Tx, live map[int32]int6
 	if _, err := tx.Exec(ctx, forgetConsumerSQL, b.st.shadowConsumer); err != nil {
 		return nil, err
 	}
-	detail := fmt.Sprintf("swapped at offsets %v", live)
+	detail := "swapped at offsets " + OffsetsText(live) + " (partition:offset)"
 	if _, err := tx.Exec(ctx, `UPDATE projection_rebuilds SET state = 'swapped', finished_at = now(), detail = $2
 		WHERE shadow_consumer = $1`, b.st.shadowConsumer, detail); err != nil {
 		return nil, err
@@ -263,4 +266,18 @@ func checksum(ctx context.Context, tx pgx.Tx, table string) (int64, string, erro
 		return 0, "", fmt.Errorf("checksum %s: %w", table, err)
 	}
 	return n, sum, nil
+}
+
+// OffsetsText is offsets by partition as an operator reads them,
+// "0:12 1:7", in partition order.
+func OffsetsText(m map[int32]int64) string {
+	parts := slices.Sorted(maps.Keys(m))
+	var b strings.Builder
+	for i, p := range parts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:%d", p, m[p])
+	}
+	return b.String()
 }
