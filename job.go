@@ -80,14 +80,20 @@ type JobAttempt[A JobArgs] struct {
 	Attempt int
 	// ID is River's id of the job (`onceflow jobs list`).
 	ID int64
+	// Tenant is the tenant of the event that caused the job. Complete's
+	// transaction is scoped to it: with row-level security it sees and
+	// writes that tenant's rows only.
+	Tenant string
 
 	job    *river.Job[A]
 	pool   *pgxpool.Pool
 	client *http.Client
 }
 
-// Call makes the attempt's call, req with Idempotency-Key: Key, and
-// classifies the answer for the job's retries (jobs.Call): 2xx is the
+// Call makes the attempt's call, req with Idempotency-Key: Key, through
+// the worker's guarded client (the webhooks' dial-time address guard and
+// its ONCEFLOW_WEBHOOK_ALLOW_NETWORKS, no proxy, no redirect followed),
+// and classifies the answer for the job's retries (jobs.Call): 2xx is the
 // response (its body is the caller's to close); 429 and 503 are retried
 // after their Retry-After; 408, 425, other 5xx and no answer after the
 // backoff; other 4xx end the job.
@@ -97,10 +103,11 @@ func (a *JobAttempt[A]) Call(ctx context.Context, req *http.Request) (*http.Resp
 
 // Complete runs fn and completes the job in one transaction, fenced: if
 // a later attempt holds the job (this one outlived its lease), nothing fn
-// wrote is kept and the error is jobs.ErrFenced (jobs.Complete). Work
+// wrote is kept and the error is jobs.ErrFenced (jobs.Complete). The
+// transaction is scoped to the job's Tenant (jobs.CompleteScoped). Work
 // returns nil after it.
 func (a *JobAttempt[A]) Complete(ctx context.Context, fn func(pgx.Tx) error) error {
-	return jobs.Complete(ctx, a.pool, a.job, fn)
+	return jobs.CompleteScoped(ctx, a.pool, a.job, a.Tenant, fn)
 }
 
 // Note records a short note of what the attempt did, shown by `onceflow
@@ -175,7 +182,7 @@ type jobWorker[A JobArgs] struct {
 
 func (jw *jobWorker[A]) Work(ctx context.Context, job *river.Job[A]) error {
 	return jw.job.Work(ctx, &JobAttempt[A]{Args: job.Args, Key: job.Args.JobKey(), Attempt: job.Attempt, ID: job.ID,
-		job: job, pool: jw.w.Pool(), client: jw.client})
+		Tenant: jobs.Tenant(job.JobRow), job: job, pool: jw.w.Pool(), client: jw.client})
 }
 
 // NextRetry is the kind's own backoff, if it has one (River asks the
@@ -207,11 +214,9 @@ func jobProjections(d *DeployedDomain, wcfg jobs.Config, reg prometheus.Register
 	return out, nil
 }
 
-// registerJobs adds the deployment's job kinds to a worker.
-func (dep *Deployment) registerJobs(w *jobs.Worker, ws *river.Workers) error {
-	// Each attempt's context bounds a call (AttemptTimeout); a redirect is
-	// an answer (3xx: permanent, jobs.Call), not followed.
-	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+// registerJobs adds the deployment's job kinds to a worker, their calls
+// made by client.
+func (dep *Deployment) registerJobs(w *jobs.Worker, ws *river.Workers, client *http.Client) error {
 	for _, d := range dep.Domains {
 		for _, k := range d.Jobs {
 			if err := k.jobKind().register(w, ws, client); err != nil {

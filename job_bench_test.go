@@ -96,7 +96,7 @@ func BenchmarkDomainJobRoundTrip(b *testing.B) {
 		if err := hookReg(w, ws); err != nil {
 			return err
 		}
-		return dep.registerJobs(w, ws)
+		return dep.registerJobs(w, ws, webhooks.Guard{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}.Client(0))
 	}, nil, reg)
 	if err != nil {
 		b.Fatal(err)

@@ -528,11 +528,15 @@ func newWorker(cfg Config, wcfg jobs.Config, hcfg webhooks.Config, pool *pgxpool
 	if err != nil {
 		return nil, err
 	}
+	// A domain's job calls out as a webhook delivery does: its URL may come
+	// from event data, so it gets the same guard, allow-list and no proxy.
+	// Each attempt's context bounds a call (AttemptTimeout).
+	client := webhooks.Guard{Allow: hcfg.Allow}.Client(0)
 	register := func(w *jobs.Worker, ws *river.Workers) error {
 		if err := hooks(w, ws); err != nil {
 			return err
 		}
-		return dep.registerJobs(w, ws)
+		return dep.registerJobs(w, ws, client)
 	}
 	return jobs.New(wcfg, pool, register, cfg.Logger, reg)
 }

@@ -391,7 +391,7 @@ var (
 		help: "bound of one webhook request, connect to last byte",
 		set:  func(c *config, v string) (err error) { c.Webhooks.Timeout, err = positive(v, "10s"); return err }}
 	webhookAllowNetworks = &setting{flag: "webhook-allow-networks", env: "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS", kind: "string", section: webhooksSection,
-		help: "networks (CIDR, comma separated) webhooks may reach although the address guard refuses them: loopback, private, link-local, NAT64 and the other special-purpose ranges",
+		help: "networks (CIDR, comma separated) webhooks and domains' jobs may reach although the address guard refuses them: loopback, private, link-local, NAT64 and the other special-purpose ranges",
 		set:  func(c *config, v string) (err error) { c.Webhooks.Allow, err = networks(v); return err }}
 	webhookBreakerFailures = &setting{flag: "webhook-breaker-failures", env: "ONCEFLOW_WEBHOOK_BREAKER_FAILURES", def: strconv.Itoa(webhooks.DefaultBreakerFailures), kind: "int", section: webhooksSection,
 		help: "failures in a row that open an endpoint's circuit breaker",

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // DB is what a Query reads through: the request's read-only transaction,
@@ -22,13 +24,9 @@ type DB interface {
 }
 
 // TenantSetting is the transaction setting a read runs under: the
-// caller's tenant. onceflow's row-level security policies (and those a
-// domain's migrations add with onceflow_tenant_rls) show a session in
-// which it is set only that tenant's rows, so a query that forgets its
-// tenant predicate still reads nothing of another tenant's
-// (docs/security.md#row-level-security). Writers, which work across
-// tenants, leave it unset.
-const TenantSetting = "onceflow.tenant"
+// caller's tenant (postgres.TenantSetting). A query that forgets its
+// tenant predicate still reads nothing of another tenant's.
+const TenantSetting = postgres.TenantSetting
 
 // scopeSQL checks the request's API key again and sets the transaction's
 // tenant to the key's, in one statement at the start of the read: the

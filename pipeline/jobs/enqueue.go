@@ -131,7 +131,7 @@ func (p *Projection) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline.E
 			params = append(params, river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{
 				Queue: p.queue, MaxAttempts: p.attempts,
 				UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: allStates},
-				Metadata:   jobMetadata(evs[i].Traceparent), // #nosec G602 -- perEvent has evs' length (checked above)
+				Metadata:   jobMetadata(evs[i].Traceparent, evs[i].Tenant), // #nosec G602 -- perEvent has evs' length (checked above)
 			}})
 		}
 	}

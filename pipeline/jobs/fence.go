@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // ErrFenced is Complete's error when the attempt is no longer the job's
@@ -143,17 +144,28 @@ const lockAttemptSQL = `SELECT attempt, state = 'running' FROM river_job WHERE i
 // that was taken over writes nothing. Call it from a River worker's Work;
 // on success Work returns nil.
 func Complete[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error) error {
-	return fenced(ctx, pool, job, fn, true)
+	return fenced(ctx, pool, job, "", fn, true)
+}
+
+// CompleteScoped is Complete in a transaction scoped to tenant
+// (postgres.TenantSetting): with row-level security, fn sees and writes
+// that tenant's rows only, whatever its statements say. A domain's job
+// completes so, as its event's tenant (Tenant).
+func CompleteScoped[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], tenant string, fn func(pgx.Tx) error) error {
+	return fenced(ctx, pool, job, tenant, fn, true)
 }
 
 // Record runs fn in a transaction of pool fenced like Complete's, without
 // completing the job: what a failed attempt writes (its error in a
 // delivery's log) before it returns the error.
 func Record[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error) error {
-	return fenced(ctx, pool, job, fn, false)
+	return fenced(ctx, pool, job, "", fn, false)
 }
 
-func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error, complete bool) error {
+// scopeSQL scopes a transaction to a tenant (postgres.TenantSetting).
+const scopeSQL = `SELECT set_config('` + postgres.TenantSetting + `', $1, true)`
+
+func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], tenant string, fn func(pgx.Tx) error, complete bool) error {
 	// The token rides in the completion's own update too (the trigger).
 	if err := river.RecordOutput(ctx, Output{Attempt: job.Attempt}); err != nil {
 		return err
@@ -169,6 +181,11 @@ func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river
 		}
 		if attempt != job.Attempt || !running {
 			return ErrFenced
+		}
+		if tenant != "" {
+			if _, err := tx.Exec(ctx, scopeSQL, tenant); err != nil {
+				return fmt.Errorf("scope job %d to its tenant: %w", job.ID, err)
+			}
 		}
 		if fn != nil {
 			if err := fn(tx); err != nil {

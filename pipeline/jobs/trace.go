@@ -19,14 +19,29 @@ import (
 // whether or not this process makes spans.
 
 // jobMetadata is the metadata of a job whose event has a trace.
-func jobMetadata(traceparent string) []byte {
-	if traceparent == "" {
+func jobMetadata(traceparent, tenant string) []byte {
+	if traceparent == "" && tenant == "" {
 		return nil
 	}
-	b, _ := json.Marshal(struct {
-		Traceparent string `json:"traceparent"`
-	}{traceparent})
+	b, _ := json.Marshal(metadata{Traceparent: traceparent, Tenant: tenant})
 	return b
+}
+
+// metadata is what onceflow keeps in a job's River metadata: its event's
+// trace and tenant.
+type metadata struct {
+	Traceparent string `json:"traceparent,omitempty"`
+	Tenant      string `json:"tenant,omitempty"`
+}
+
+// Tenant is the tenant of the event that caused job, kept in its
+// metadata when it was enqueued; "" for a job enqueued otherwise.
+func Tenant(job *rivertype.JobRow) string {
+	var m metadata
+	if len(job.Metadata) > 0 && json.Unmarshal(job.Metadata, &m) == nil {
+		return m.Tenant
+	}
+	return ""
 }
 
 // traceContext is the worker middleware that puts a job's trace in the
@@ -37,9 +52,7 @@ type traceContext struct {
 }
 
 func (*traceContext) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
-	var m struct {
-		Traceparent string `json:"traceparent"`
-	}
+	var m metadata
 	if len(job.Metadata) > 0 && json.Unmarshal(job.Metadata, &m) == nil && m.Traceparent != "" {
 		ctx = tracing.WithTraceparent(ctx, m.Traceparent)
 	}

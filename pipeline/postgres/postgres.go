@@ -17,6 +17,14 @@ import (
 	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
+// TenantSetting is the transaction setting that scopes a transaction to
+// one tenant: onceflow's row-level security policies (and those a
+// domain's migrations add with onceflow_tenant_rls) show a transaction in
+// which it is set only that tenant's rows (docs/security.md#row-level-security).
+// Ingest's reads and a domain job's completion set it; the pipeline's
+// writers, which work across tenants, leave it unset.
+const TenantSetting = "onceflow.tenant"
+
 // Connect opens a pool to url and checks that the server answers.
 // maxConns of zero keeps pgx's default (the larger of 4 and the CPU count).
 // Its errors never quote url's password.

@@ -147,6 +147,8 @@ func TestTutorial(t *testing.T) {
 			"ADMIN_ADDR":               admin,
 			"ONCEFLOW_DATA_DIR":        filepath.Join(dir, ".data"),
 			"ROOMS_CONFIRM_URL":        "http://" + confirmAddr,
+			// As the page says: the stand-in is on this machine.
+			"ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "127.0.0.1/32,::1/128",
 		}, logPath, "http://"+admin)
 	if err != nil {
 		t.Fatal(err)

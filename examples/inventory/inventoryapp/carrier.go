@@ -19,7 +19,9 @@ import (
 
 // Carrier is the carrier the inventory books a confirmed order's
 // shipment with: an HTTP service that takes POST {URL}/bookings with an
-// Idempotency-Key and applies each key once.
+// Idempotency-Key and applies each key once. The worker reaches it through
+// the webhooks' address guard: a carrier on a private network or this
+// machine needs ONCEFLOW_WEBHOOK_ALLOW_NETWORKS.
 type Carrier struct {
 	// URL is the carrier's base URL (INVENTORY_CARRIER_URL for
 	// cmd/inventory). Empty: no bookings (the domain declares no job).
@@ -69,7 +71,8 @@ func CarrierJob(c Carrier) onceflow.Job[CarrierBooking] {
 				OrderID: order, ItemID: confirmed.ItemID, Quantity: confirmed.Quantity}}, nil
 		},
 		Work: func(ctx context.Context, a *onceflow.JobAttempt[CarrierBooking]) error {
-			body, err := json.Marshal(map[string]any{"order_id": a.Args.OrderID, "item_id": a.Args.ItemID, "quantity": a.Args.Quantity})
+			// The carrier books for a tenant: the job's, its event's.
+			body, err := json.Marshal(map[string]any{"tenant": a.Tenant, "order_id": a.Args.OrderID, "item_id": a.Args.ItemID, "quantity": a.Args.Quantity})
 			if err != nil {
 				return pipeline.Permanent(err)
 			}

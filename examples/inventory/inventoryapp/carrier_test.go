@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
+	"github.com/onceflow/onceflow/pipeline/webhooks"
 	"github.com/onceflow/onceflow/test/e2e"
 )
 
@@ -61,9 +63,12 @@ func (c *carrier) setPlan(plan func(key string, n int) (int, string, bool)) {
 func (c *carrier) serve(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	var body struct {
+		Tenant  string `json:"tenant"`
 		OrderID string `json:"order_id"`
 	}
-	if r.Method != http.MethodPost || r.URL.Path != "/bookings" || key == "" || json.NewDecoder(r.Body).Decode(&body) != nil || body.OrderID == "" {
+	// A booking is for the tenant whose order it ships: the job's.
+	if r.Method != http.MethodPost || r.URL.Path != "/bookings" || key == "" || json.NewDecoder(r.Body).Decode(&body) != nil || body.OrderID == "" ||
+		body.Tenant != "acme" {
 		http.Error(w, "bad booking", http.StatusBadRequest)
 		return
 	}
@@ -118,6 +123,9 @@ func carrierStack(t *testing.T, c inventoryapp.Carrier, components onceflow.Comp
 				Topics: kafka.Topics{Partitions: 2}, DatabaseURL: runtime, DatabaseMigrationURL: owner, Logger: logger,
 			},
 			Components: components, HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Worker: w,
+			// The carrier is on loopback, which the worker's guard refuses
+			// unless allowed, as for a webhook receiver.
+			Webhooks: webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
 			Started: func(a onceflow.Addrs) { addrs <- a },
 		})
 	}()
@@ -327,7 +335,7 @@ func TestCarrierBookingWorkerKilledMidCall(t *testing.T) {
 	acme, owner, runtime := carrierStack(t, inventoryapp.Carrier{URL: c.URL}, onceflow.Components{Ingest: true, Relay: true, Processor: true, Projector: true}, jobs.Config{})
 	worker := func(name string) *e2e.Proc {
 		p, err := e2e.Start(inventoryBin(t), name, []string{"worker"}, map[string]string{
-			"DATABASE_URL": runtime, "DATABASE_MIGRATION_URL": owner, "INVENTORY_CARRIER_URL": c.URL, "ADMIN_ADDR": "127.0.0.1:0", "ONCEFLOW_LAG_EXPORT": "off",
+			"DATABASE_URL": runtime, "DATABASE_MIGRATION_URL": owner, "INVENTORY_CARRIER_URL": c.URL, "ONCEFLOW_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8", "ADMIN_ADDR": "127.0.0.1:0", "ONCEFLOW_LAG_EXPORT": "off",
 			"ONCEFLOW_WORKER_LEASE": "10s", "ONCEFLOW_WORKER_ATTEMPT_TIMEOUT": "8s", "ONCEFLOW_WEBHOOK_TIMEOUT": "5s",
 		}, filepath.Join(t.TempDir(), name+".log"), "")
 		if err != nil {
