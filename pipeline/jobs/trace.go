@@ -12,13 +12,15 @@ import (
 	"github.com/onceflow/onceflow/pipeline/tracing"
 )
 
-// A job carries the trace of the event that made it in its metadata, as
-// {"traceparent": ...} (docs/observability.md): Projection puts the
-// event's there, traceContext puts it in the context of each attempt, and
-// Call sends it with the attempt's request. It goes on with the delivery
-// whether or not this process makes spans.
+// A job carries the trace and the tenant of the event that made it in its
+// metadata, as {"traceparent": ..., "tenant": ...} (docs/observability.md,
+// docs/jobs.md): Projection puts the event's there, traceContext puts the
+// trace in the context of each attempt, and Call sends it with the
+// attempt's request, whether or not this process makes spans; Tenant
+// reads the tenant, which a domain job's completion is scoped to.
 
-// jobMetadata is the metadata of a job whose event has a trace.
+// jobMetadata is the metadata of a job of an event with a trace or a
+// tenant.
 func jobMetadata(traceparent, tenant string) []byte {
 	if traceparent == "" && tenant == "" {
 		return nil
