@@ -270,6 +270,12 @@ func (dc *DevConfig) setDefaults() {
 	if dc.RegistryAddr == "" {
 		dc.RegistryAddr = "127.0.0.1:8081"
 	}
+	if dc.NATSink.Replicas == 0 {
+		// A trial's NATS is one server (its stream is created with one
+		// replica, which production refuses unless told that the server
+		// syncs every write: docs/consumers.md#nats-jetstream).
+		dc.NATSink.Replicas, dc.NATSink.AllowSingleReplica = 1, true
+	}
 	if dc.AdminAddr == "" {
 		// The dev stack is one machine's: its metrics and probes stay on
 		// it unless ADMIN_ADDR says otherwise.

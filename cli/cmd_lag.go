@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
+	"github.com/onceflow/onceflow/pipeline/natsink"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/projector"
 )
@@ -126,6 +127,7 @@ func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 			}
 		}
 	}
+	streams := natsStreams(ctx, c, dep)
 	if output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -133,12 +135,16 @@ func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 		if noDatabase != nil {
 			out["database"] = noDatabase.Error()
 		}
+		if streams != nil {
+			out["nats_streams"] = streams
+		}
 		return enc.Encode(out)
 	}
 	printLag(stdout, rows, parked, retrying)
 	if noDatabase != nil {
 		fmt.Fprintf(stdout, "\nthe projectors' offsets, parked and retrying partitions are not shown: %v\n", noDatabase)
 	}
+	printStreams(stdout, streams)
 	return nil
 }
 
@@ -245,3 +251,47 @@ func printRetrying(w io.Writer, retrying []projector.RetryingPartition) {
 	}
 	tw.Flush()
 }
+
+// natsStream is a NATS sink's stream as lag shows it, or why it could
+// not be read.
+type natsStream struct {
+	natsink.StreamInfo
+	Error string `json:"error,omitempty"`
+}
+
+// natsStreams reads the stream of each domain's NATS sink when
+// ONCEFLOW_NATS_URL is set: whether it keeps what JetStream acknowledged
+// (its storage and replicas), and how far it is.
+func natsStreams(ctx context.Context, c *config, dep *onceflow.Deployment) []natsStream {
+	if c.NATSink.URL == "" {
+		return nil
+	}
+	var out []natsStream
+	for _, d := range dep.Domains {
+		cfg := c.NATSink
+		cfg.Topic = d.EventsTopic()
+		info, err := natsink.Describe(ctx, cfg)
+		s := natsStream{StreamInfo: info}
+		if err != nil {
+			s.Stream, s.Error = natsink.DefaultStream(cfg.Topic), err.Error()
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func printStreams(w io.Writer, streams []natsStream) {
+	for _, s := range streams {
+		switch {
+		case s.Error != "":
+			fmt.Fprintf(w, "\nNATS stream %s: %s\n", s.Stream, s.Error)
+		default:
+			fmt.Fprintf(w, "\nNATS stream %s: %s storage, %d %s, %d messages (last sequence %d)\n", s.Stream, s.Storage, s.Replicas,
+				map[bool]string{true: "replica", false: "replicas"}[s.Replicas == 1], s.Messages, s.LastSeq)
+			if !s.Durable {
+				fmt.Fprintf(w, "  NOT DURABLE: %s\n", s.Why)
+			}
+		}
+	}
+}
+

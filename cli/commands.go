@@ -39,7 +39,8 @@ func init() {
 	register(&command{name: "tenants keys revoke", summary: "revoke an API key by id, at once: tenants keys revoke ID", args: "ID",
 		settings: use([]*setting{databaseURL}), run: runTenantsKeysRevoke})
 	register(&command{name: "lag", summary: "consumer lag per group, topic and partition against the last stable offset, and parked partitions",
-		settings: use(kafkaSettings, []*setting{databaseURL, topicPrefix}, loggingSettings), run: runLag})
+		settings: use(kafkaSettings, []*setting{databaseURL, topicPrefix}, loggingSettings,
+			[]*setting{natsURL, natsCredsFile, natsCAFile, natsAllowSingleReplica}), run: runLag})
 	register(&command{name: "outbox status", summary: "print the outbox per shard (backlog, oldest age, lease owner), the relays and the dead rows",
 		settings: use([]*setting{databaseURL}), run: runOutboxStatus})
 	register(&command{name: "projections rebuild", summary: "rebuild a read model from the events topic into shadow tables and swap it in: projections rebuild NAME", args: "NAME",

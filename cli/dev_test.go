@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -172,12 +173,33 @@ func TestDevRunsTheNATSinkWithAURL(t *testing.T) {
 			t.Fatalf("components %v, want natsink among them", st.Components)
 		}
 		for _, s := range st.Flow {
-			if s.Name == "natsink" && s.Present && len(s.Rates) > 0 && s.Rates[0].Total == 1 {
+			if s.Name == "natsink" && s.Present && len(s.Rates) > 0 && s.Rates[0].Total == 1 &&
+				len(s.Facts) == 1 && s.Facts[0].Value == "ledger_events, file storage, replicas 1" {
 				return nil
 			}
 		}
-		return fmt.Errorf("no natsink stage with 1 event to JetStream: %+v", st.Flow)
+		return fmt.Errorf("no natsink stage with 1 event to JetStream on ledger_events, file storage, replicas 1: %+v", st.Flow)
 	})
+
+	// onceflow lag says what the stream keeps: a trial's one replica is
+	// not durable unless its server syncs every write.
+	kafkaAddr := regexp.MustCompile(`kafka +(\S+)`).FindStringSubmatch(out.String())
+	if kafkaAddr == nil {
+		t.Fatalf("no kafka address in the banner:\n%s", out.String())
+	}
+	lagEnv := map[string]string{"KAFKA_BROKERS": kafkaAddr[1], "ONCEFLOW_NATS_URL": ns.URL, "DATABASE_URL": env["DATABASE_URL"]}
+	var lag bytes.Buffer
+	if err := run(ctx, []string{"lag"}, func(k string) string { return lagEnv[k] }, &lag); err != nil {
+		t.Fatalf("lag: %v\n%s", err, lag.String())
+	}
+	if !strings.Contains(lag.String(), "NATS stream ledger_events: file storage, 1 replica, 1 messages") || !strings.Contains(lag.String(), "NOT DURABLE: stream ledger_events has one replica") {
+		t.Errorf("lag does not say what the stream keeps:\n%s", lag.String())
+	}
+	lagEnv["ONCEFLOW_NATS_ALLOW_SINGLE_REPLICA"] = "true"
+	lag.Reset()
+	if err := run(ctx, []string{"lag"}, func(k string) string { return lagEnv[k] }, &lag); err != nil || strings.Contains(lag.String(), "NOT DURABLE") {
+		t.Errorf("lag with one replica allowed: %v\n%s", err, lag.String())
+	}
 }
 
 // The NATS sink without ONCEFLOW_NATS_URL stops at once, naming it,

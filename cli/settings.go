@@ -435,9 +435,12 @@ var (
 	natsDuplicateWindow = &setting{flag: "nats-duplicate-window", env: "ONCEFLOW_NATS_DUPLICATE_WINDOW", def: natsink.DefaultDuplicateWindow.String(), kind: "duration", section: natsinkSection,
 		help: "how long JetStream drops an event published again (its Nats-Msg-Id): the limit of exactly once; the stream the sink creates gets it, an existing stream with less is refused",
 		set:  func(c *config, v string) (err error) { c.NATSink.DuplicateWindow, err = positive(v, "10m"); return err }}
-	natsReplicas = &setting{flag: "nats-stream-replicas", env: "ONCEFLOW_NATS_STREAM_REPLICAS", def: "1", kind: "int", section: natsinkSection,
-		help: "replicas of a stream the sink creates (3 on a JetStream cluster)",
-		set:  func(c *config, v string) (err error) { c.NATSink.Replicas, err = atLeast(v, 1); return err }}
+	natsReplicas = &setting{flag: "nats-stream-replicas", env: "ONCEFLOW_NATS_STREAM_REPLICAS", def: "0", kind: "int", section: natsinkSection,
+		help: "replicas of a stream the sink creates; 0: 3, and 1 in onceflow dev (which then allows it)",
+		set:  func(c *config, v string) (err error) { c.NATSink.Replicas, err = atLeast(v, 0); return err }}
+	natsAllowSingleReplica = &setting{flag: "nats-allow-single-replica", env: "ONCEFLOW_NATS_ALLOW_SINGLE_REPLICA", def: "false", kind: "bool", section: natsinkSection,
+		help: "let the sink use a stream of one replica: only where the server syncs every write (sync_interval: always), since JetStream acknowledges before it syncs and the sink commits on the acknowledgement",
+		set:  func(c *config, v string) (err error) { c.NATSink.AllowSingleReplica, err = boolean(v); return err }}
 	natsMaxInFlight = &setting{flag: "nats-max-in-flight", env: "ONCEFLOW_NATS_MAX_IN_FLIGHT", def: strconv.Itoa(natsink.DefaultMaxInFlight), kind: "int", section: natsinkSection,
 		help: "events published and not yet acknowledged by JetStream; 1 keeps every aggregate's order in the stream even when a publish fails, at a round trip per event",
 		set:  func(c *config, v string) (err error) { c.NATSink.MaxInFlight, err = atLeast(v, 1); return err }}
@@ -490,7 +493,7 @@ var (
 	projectorSettings = []*setting{projectorSessionTimeout, projectorParallelism, projectorSynchronousCommit, workerQueue, workerMaxAttempts, webhookMaxPending}
 	workerSettings    = []*setting{workerQueue, workerMaxWorkers, workerBacklogWorkers, workerLease, workerAttemptTimeout, workerMaxAttempts, workerBaseDelay, workerMaxDelay,
 		webhookTimeout, webhookAllowNetworks, webhookBreakerFailures, webhookBreakerCooldown, webhookMaxPerTenant, webhookMaxPending, webhookRetention}
-	natsinkSettings = []*setting{natsURL, natsCredsFile, natsCAFile, natsDuplicateWindow, natsReplicas, natsMaxInFlight, natsSessionTimeout}
+	natsinkSettings = []*setting{natsURL, natsCredsFile, natsCAFile, natsDuplicateWindow, natsReplicas, natsAllowSingleReplica, natsMaxInFlight, natsSessionTimeout}
 	devSettings     = []*setting{dataDir, brokerAddr, registryAddr, brokerOnly, groupMinSessionTimeout, devAPIKey}
 )
 

@@ -141,7 +141,8 @@ func samples(t *testing.T) map[string]sample {
 		"-nats-creds-file":              {value: "/u.creds", got: func(d onceflow.DevConfig) any { return d.NATSink.CredsFile }, want: "/u.creds"},
 		"-nats-ca-file":                 {value: "/ca.pem", got: func(d onceflow.DevConfig) any { return d.NATSink.CAFile }, want: "/ca.pem"},
 		"-nats-duplicate-window":        {value: "1h", got: func(d onceflow.DevConfig) any { return d.NATSink.DuplicateWindow }, want: time.Hour},
-		"-nats-stream-replicas":         {value: "3", got: func(d onceflow.DevConfig) any { return d.NATSink.Replicas }, want: 3},
+		"-nats-stream-replicas":         {value: "5", got: func(d onceflow.DevConfig) any { return d.NATSink.Replicas }, want: 5},
+		"-nats-allow-single-replica":    {value: "true", got: func(d onceflow.DevConfig) any { return d.NATSink.AllowSingleReplica }, want: true},
 		"-nats-max-in-flight":           {value: "1", got: func(d onceflow.DevConfig) any { return d.NATSink.MaxInFlight }, want: 1},
 		"-nats-session-timeout":         {value: "3s", got: func(d onceflow.DevConfig) any { return d.NATSink.SessionTimeout }, want: 3 * time.Second},
 		"-webhook-max-pending":          {value: "500", got: func(d onceflow.DevConfig) any { return d.Webhooks.MaxPending }, want: 500},
@@ -492,4 +493,3 @@ func TestDevListensOnLoopback(t *testing.T) {
 		}
 	}
 }
-

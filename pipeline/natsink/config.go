@@ -42,8 +42,19 @@ type Config struct {
 	// DefaultDuplicateWindow.
 	DuplicateWindow time.Duration
 	// Replicas is the replica count of a stream the sink creates (an
-	// existing stream keeps its own). Default 1.
+	// existing stream keeps its own). Default DefaultReplicas.
 	Replicas int
+	// AllowSingleReplica lets the sink use a stream of one replica
+	// (Replicas 1, or an existing stream with one). JetStream acknowledges
+	// a message of such a stream before it is on disk (the server syncs
+	// its files every 2 minutes by default), and the sink commits its
+	// Kafka offsets on that acknowledgement: a crash of the server's
+	// machine loses events the sink will never send again. Set it when
+	// the server syncs every write (nats-server 2.10 and later: jetstream
+	// { sync_interval: always }), or when that loss is acceptable (onceflow
+	// dev sets it). A stream in memory is refused whatever this says.
+	// Default false.
+	AllowSingleReplica bool
 	// MaxInFlight bounds the messages published and not yet acknowledged
 	// by JetStream. 1 publishes each event only after the one before it
 	// was acknowledged, which keeps every aggregate's order in the stream
@@ -79,6 +90,10 @@ const (
 	DefaultDuplicateWindow = 10 * time.Minute
 	DefaultMaxInFlight     = 1024
 	DefaultSessionTimeout  = 10 * time.Second
+	// DefaultReplicas is a stream's replicas unless Config.Replicas says:
+	// a message acknowledged by a majority of three servers survives one's
+	// loss without syncing every write.
+	DefaultReplicas = 3
 )
 
 // DefaultStream is the stream of the events of topic unless
@@ -101,7 +116,11 @@ func (c *Config) setDefaults() error {
 	c.Stream = cmp.Or(c.Stream, DefaultStream(c.Topic))
 	c.Subject = cmp.Or(c.Subject, c.Topic)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
-	c.Replicas = cmp.Or(c.Replicas, 1)
+	c.Replicas = cmp.Or(c.Replicas, DefaultReplicas)
+	if c.Replicas == 1 && !c.AllowSingleReplica {
+		return errors.New("natsink: a stream of one replica loses what JetStream acknowledged when its server's machine fails before it syncs (every 2 minutes by default): " +
+			"use 3 replicas (ONCEFLOW_NATS_STREAM_REPLICAS), or set ONCEFLOW_NATS_ALLOW_SINGLE_REPLICA=true on a server that syncs every write (sync_interval: always)")
+	}
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
 	c.AckTimeout = cmp.Or(c.AckTimeout, 5*time.Second)
 	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, 5000)

@@ -134,6 +134,9 @@ func (e *env) config() natsink.Config {
 	return natsink.Config{
 		Topic: e.topics.Events(), URL: e.nats.URL, Group: fmt.Sprintf("natsink-test-%d", groupSeq.Add(1)),
 		SessionTimeout: time.Second, MaxBackoff: 500 * time.Millisecond,
+		// One nats-server: one replica, allowed as a user of one server
+		// that syncs every write would.
+		Replicas: 1, AllowSingleReplica: true,
 	}
 }
 

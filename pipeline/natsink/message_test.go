@@ -64,7 +64,7 @@ func TestConfigDefaultsAndErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Stream != "ledger_events" || c.Subject != "ledger.events" || c.Group != DefaultGroup ||
-		c.DuplicateWindow != DefaultDuplicateWindow || c.MaxInFlight != DefaultMaxInFlight || c.Replicas != 1 {
+		c.DuplicateWindow != DefaultDuplicateWindow || c.MaxInFlight != DefaultMaxInFlight || c.Replicas != DefaultReplicas {
 		t.Errorf("defaults: %+v", c)
 	}
 	for _, bad := range []struct {
@@ -77,6 +77,7 @@ func TestConfigDefaultsAndErrors(t *testing.T) {
 		{Config{Topic: "t.events", URL: "nats://x", Stream: "a.b"}, "stream name"},
 		{Config{Topic: "t.events", URL: "nats://x", Subject: "a.*"}, "subject"},
 		{Config{Topic: "t.events", URL: "nats://x", Subject: "a..b"}, "subject"},
+		{Config{Topic: "t.events", URL: "nats://x", Replicas: 1}, "ONCEFLOW_NATS_ALLOW_SINGLE_REPLICA"},
 	} {
 		if err := bad.cfg.setDefaults(); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%+v: %v, want an error saying %q", bad.cfg, err, bad.want)

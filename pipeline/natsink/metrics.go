@@ -30,6 +30,7 @@ type metrics struct {
 	positional prometheus.Counter
 	commits    *prometheus.CounterVec // by result: committed, failed
 	connected  prometheus.Gauge
+	stream     *prometheus.GaugeVec // 1 for the stream in use, by its storage and replicas
 	batch      prometheus.Histogram
 	age        prometheus.Histogram
 }
@@ -44,6 +45,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		positional: f.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_records_without_event_id_total", Help: "Records of the events topic without a valid event-id header, published with their topic position as message id."}),
 		commits:    f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_natsink_commits_total", Help: "Offset commits to Kafka after JetStream acknowledged the records before them, by result (committed, failed)."}, []string{"result"}),
 		connected:  f.NewGauge(prometheus.GaugeOpts{Name: "onceflow_natsink_connected", Help: "1 while the sink's connection to NATS is up, else 0."}),
+		stream: f.NewGaugeVec(prometheus.GaugeOpts{Name: "onceflow_natsink_stream_info",
+			Help: "1 for the JetStream stream the sink writes to, with its storage (file) and replicas, as the server reported them at start."}, []string{"stream", "storage", "replicas"}),
 		batch:      f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_batch_duration_seconds", Help: "Time from a batch's first publish to its offsets' commit.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		age:        f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_event_age_seconds", Help: "Age of an event when JetStream acknowledged it, from its time (its command's).", Buckets: pipeline.StageAgeBuckets}),
 	}

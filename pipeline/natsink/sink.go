@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -173,7 +174,10 @@ func (s *Sink) waitStream(ctx context.Context, js jetstream.JetStream) error {
 		got, err := ensureStream(sctx, js, s.cfg)
 		cancel()
 		if err == nil {
-			s.logger.Info("stream ready", "subjects", strings.Join(got.Subjects, ","), "duplicate_window", got.Duplicates)
+			s.logger.Info("stream ready", "subjects", strings.Join(got.Subjects, ","), "duplicate_window", got.Duplicates,
+				"storage", strings.ToLower(got.Storage.String()), "replicas", max(got.Replicas, 1))
+			s.metrics.stream.Reset()
+			s.metrics.stream.WithLabelValues(s.cfg.Stream, strings.ToLower(got.Storage.String()), strconv.Itoa(max(got.Replicas, 1))).Set(1)
 			return nil
 		}
 		if errors.Is(err, errRefused) || ctx.Err() != nil {

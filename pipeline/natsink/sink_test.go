@@ -225,27 +225,38 @@ func TestExistingStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	ctx := context.Background()
+	own := func(cfg natsink.Config) []string { return []string{cfg.Subject + ".>"} }
 	cases := []struct {
 		name     string
 		subjects func(cfg natsink.Config) []string
 		window   time.Duration
+		storage  jetstream.StorageType
+		single   bool   // the sink allows a stream of one replica (its server syncs every write)
 		refusal  string // "" accepted
 	}{
 		{"wider subjects, longer window", func(cfg natsink.Config) []string {
 			return []string{strings.Replace(cfg.Subject, ".events.", ".*.", 1) + ".>"}
-		}, time.Hour, ""},
-		{"shorter window", func(cfg natsink.Config) []string { return []string{cfg.Subject + ".>"} }, time.Minute, "less than the duplicate window 10m0s"},
-		{"other subjects", func(cfg natsink.Config) []string { return []string{cfg.Subject + ".acme.*"} }, time.Hour, "do not include"},
+		}, time.Hour, jetstream.FileStorage, true, ""},
+		{"shorter window", own, time.Minute, jetstream.FileStorage, true, "less than the duplicate window 10m0s"},
+		{"other subjects", func(cfg natsink.Config) []string { return []string{cfg.Subject + ".acme.*"} }, time.Hour, jetstream.FileStorage, true, "do not include"},
+		// What JetStream acknowledged must outlive its servers: the sink
+		// commits its offsets on the acknowledgement.
+		{"in memory", own, time.Hour, jetstream.MemoryStorage, true, "keeps its messages in memory"},
+		{"one replica, not allowed", own, time.Hour, jetstream.FileStorage, false, "has one replica"},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := e.config()
 			cfg.Stream = fmt.Sprintf("existing_%d", i)
 			cfg.Subject = fmt.Sprintf("%s.s%d", cfg.Topic, i)
-			if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: c.subjects(cfg), Duplicates: c.window, Storage: jetstream.MemoryStorage}); err != nil {
+			if !c.single {
+				cfg.Replicas, cfg.AllowSingleReplica = 3, false // for a stream it would create
+			}
+			if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: c.subjects(cfg), Duplicates: c.window, Storage: c.storage}); err != nil {
 				t.Fatal(err)
 			}
-			s, err := natsink.New(cfg, kafka.Config{Brokers: e.brokers}, nil, prometheus.NewRegistry())
+			reg := prometheus.NewRegistry()
+			s, err := natsink.New(cfg, kafka.Config{Brokers: e.brokers}, nil, reg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -257,6 +268,10 @@ func TestExistingStream(t *testing.T) {
 			case <-s.Ready():
 				if c.refusal != "" {
 					t.Fatalf("sink started on a stream it should refuse (%s)", c.refusal)
+				}
+				// What it writes to, for `onceflow lag` and the status page.
+				if got := streamInfo(t, reg); got != fmt.Sprintf("stream=%s storage=file replicas=1", cfg.Stream) {
+					t.Errorf("onceflow_natsink_stream_info: %q", got)
 				}
 				cancel()
 				if err := <-done; err != nil {
@@ -390,3 +405,31 @@ func TestRecordWithoutEventID(t *testing.T) {
 		t.Errorf("records without event id %v, want 1", got)
 	}
 }
+
+// streamInfo is the labels of the sink's onceflow_natsink_stream_info
+// series at 1.
+func streamInfo(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != "onceflow_natsink_stream_info" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetGauge().GetValue() != 1 {
+				continue
+			}
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			out = append(out, fmt.Sprintf("stream=%s storage=%s replicas=%s", labels["stream"], labels["storage"], labels["replicas"]))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+

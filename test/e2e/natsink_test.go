@@ -74,6 +74,10 @@ func (r *sinkRig) start(ctx context.Context) {
 		"ONCEFLOW_NATS_URL":             r.nats.URL,
 		natsink.HoldEnv:                 r.hold,
 		"ONCEFLOW_NATS_SESSION_TIMEOUT": "2s",
+		// One nats-server: a stream of one replica, allowed as on a
+		// server that syncs every write.
+		"ONCEFLOW_NATS_STREAM_REPLICAS":      "1",
+		"ONCEFLOW_NATS_ALLOW_SINGLE_REPLICA": "true",
 	})
 	if err != nil {
 		r.t.Fatal(err)

@@ -8,6 +8,8 @@ type stage struct {
 	name      string
 	rates     []rate
 	latencies []latency
+	// facts are what the stage runs on, from info gauges.
+	facts []fact
 	// into names the queue after the stage: where its output waits for the
 	// next one.
 	into queue
@@ -20,6 +22,14 @@ type stage struct {
 // down by that label.
 type rate struct {
 	title, metric, by string
+}
+
+// fact is an info gauge's series at 1, its labels' values shown through
+// format (one %s each): what a stage runs on rather than what it did.
+type fact struct {
+	title, metric string
+	labels        []string
+	format        string
 }
 
 // latency is a histogram of seconds, its buckets summed over its series.
@@ -127,6 +137,9 @@ var flow = []stage{
 			{"age when acknowledged", "onceflow_natsink_event_age_seconds"},
 			{"batch", "onceflow_natsink_batch_duration_seconds"},
 		},
+		// What JetStream acknowledged survives only on a durable stream
+		// (docs/consumers.md#nats-jetstream).
+		facts: []fact{{"stream", "onceflow_natsink_stream_info", []string{"stream", "storage", "replicas"}, "%s, %s storage, replicas %s"}},
 	},
 }
 
@@ -171,6 +184,9 @@ func tracked() map[string]track {
 		}
 		for _, l := range s.latencies {
 			t[l.metric] = track{}
+		}
+		for _, f := range s.facts {
+			t[f.metric] = track{keep: f.labels}
 		}
 	}
 	return t

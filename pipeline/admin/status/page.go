@@ -332,6 +332,19 @@ func (p *Page) flowOf(now, then *reading, lag Lag) []StageStatus {
 			ss.Latencies = append(ss.Latencies, LatencyStatus{Title: l.title, Metric: l.metric, Count: h.count, Total: total,
 				P50: h.quantile(.5), P90: h.quantile(.9), P99: h.quantile(.99), Mean: h.mean()})
 		}
+		for _, f := range s.facts {
+			for _, v := range labelValuesOf(now, f.metric) {
+				if x, _ := now.get(key{f.metric, v}); x != 1 {
+					continue
+				}
+				vals := strings.Split(v, sep)
+				args := make([]any, len(vals))
+				for i, x := range vals {
+					args[i] = x
+				}
+				ss.Facts = append(ss.Facts, FactStatus{Title: f.title, Metric: f.metric, Value: fmt.Sprintf(f.format, args...)})
+			}
+		}
 		switch s.into {
 		case outboxQueue:
 			q := &Queue{Name: "outbox", Metric: backlogMetric}

@@ -308,7 +308,9 @@ func TestNATSinkStage(t *testing.T) {
 	duplicates := prometheus.NewCounter(prometheus.CounterOpts{Name: "onceflow_natsink_duplicates_total"})
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_natsink_publish_errors_total"}, []string{"class"})
 	age := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_event_age_seconds"})
-	reg.MustRegister(published, duplicates, errs, age)
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "onceflow_natsink_stream_info"}, []string{"stream", "storage", "replicas"})
+	reg.MustRegister(published, duplicates, errs, age, info)
+	info.WithLabelValues("ledger_events", "file", "3").Set(1)
 	published.Add(40)
 	duplicates.Add(3)
 	errs.WithLabelValues("unavailable").Add(2)
@@ -347,5 +349,9 @@ func TestNATSinkStage(t *testing.T) {
 	}
 	if l := sink.Latencies[0]; l.Metric != "onceflow_natsink_event_age_seconds" || l.Total != 1 {
 		t.Errorf("the sink's first latency: %+v, want the event age with one observation", l)
+	}
+	// The stream it writes to, which must keep what it acknowledged.
+	if len(sink.Facts) != 1 || sink.Facts[0].Value != "ledger_events, file storage, replicas 3" {
+		t.Errorf("the sink's facts: %+v, want its stream with its storage and replicas", sink.Facts)
 	}
 }

@@ -41,8 +41,18 @@ type StageStatus struct {
 	Present   bool            `json:"present"`
 	Rates     []RateStatus    `json:"rates"`
 	Latencies []LatencyStatus `json:"latencies"`
+	// Facts are what the stage runs on (a NATS sink's stream, its storage
+	// and replicas), one for each series of an info gauge at 1.
+	Facts []FactStatus `json:"facts,omitempty"`
 	// Into is the queue after the stage, if it has one.
 	Into *Queue `json:"into,omitempty"`
+}
+
+// FactStatus is one fact of a stage: its title and its value as text.
+type FactStatus struct {
+	Title  string `json:"title"`
+	Metric string `json:"metric"`
+	Value  string `json:"value"`
 }
 
 // RateStatus is a counter: its value now and its rate over the window.

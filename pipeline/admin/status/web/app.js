@@ -130,6 +130,9 @@
         el('td', { class: 'num p50' }, idle ? 'idle' : fmtSeconds(l.p50_seconds)),
         el('td', { class: 'num p99' }, idle ? '' : fmtSeconds(l.p99_seconds))));
     }
+    for (const f of s.facts || []) {
+      card.append(el('p', { class: 'fact', 'data-metric': f.metric, title: f.metric }, `${f.title}: ${f.value}`));
+    }
     card.append(rates, latencies);
     const first = s.rates[0];
     if (first && hist[first.metric]) card.append(sparkline(hist[first.metric], first.title));
