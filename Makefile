@@ -23,8 +23,9 @@ GOSEC       := github.com/securego/gosec/v2/cmd/gosec@v2.30.0
 # and test/ and bench/ (the end-to-end, chaos and benchmark harnesses, which
 # build and start the binaries they test, and write their logs and reports
 # where they are told; bench/ is a module of its own that gosec, walking
-# directories, would otherwise read as this one's).
-GOSEC_FLAGS := -quiet -exclude=G104,G115 -exclude-dir=test -exclude-dir=bench
+# directories, would otherwise read as this one's), and deploy/ (the Helm
+# chart's tests, a module of their own too).
+GOSEC_FLAGS := -quiet -exclude=G104,G115 -exclude-dir=test -exclude-dir=bench -exclude-dir=deploy
 BENCH_TIME   ?= 1x
 # PG_URL sets url to the Postgres the tests use: DATABASE_URL when it
 # answers, else the private cluster's. `onceflow postgres up` prints a
@@ -73,7 +74,16 @@ test: build ## run every test (race detector on the pipeline packages) against P
 	@$(PG_URL) && export KAFKA_BROKERS= && \
 	DATABASE_URL="$$url" $(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS) && \
 	DATABASE_URL="$$url" $(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list $(PKGS) | grep -v -e '/pipeline' -e '/test/docs$$') && \
-	cd bench && DATABASE_URL="$$url" $(GO) test -mod=mod -timeout $(TEST_TIMEOUT) ./...
+	cd bench && DATABASE_URL="$$url" $(GO) test -mod=mod -timeout $(TEST_TIMEOUT) ./... && \
+	cd .. && $(MAKE) --no-print-directory test-helm
+
+# deploy/helm is a module of its own (Helm's library and Kubernetes' API
+# types stay out of onceflow's go.mod): the chart rendered, decoded
+# strictly and linted; its tests read the settings from bin/onceflow -h.
+# The first build of Kubernetes' packages takes 2-3 minutes on two cores.
+.PHONY: test-helm
+test-helm: build ## the Helm chart's tests (deploy/helm): rendered with Helm's library, decoded into Kubernetes' types, linted
+	cd deploy/helm && ONCEFLOW_BIN=$(abspath $(BIN))/onceflow $(GO) test -timeout $(TEST_TIMEOUT) ./...
 
 # The suites that run on Apache Kafka when KAFKA_BROKERS names it
 # (docs/decisions.md#the-embedded-broker-and-apache-kafka), one package at
@@ -161,6 +171,7 @@ lint: build ## gofmt, go vet, staticcheck, gosec, the import rules (library, app
 	@set -o pipefail; $(PG_URL) && DATABASE_URL="$$url" $(GO) test -count=1 -v -run '^TestDocs(Commands|Links)$$' ./test/docs | grep -v ': ran  '
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	cd bench && $(GO) vet -mod=mod ./...
+	cd deploy/helm && $(GO) vet ./... && { $(GO) mod tidy -diff >/dev/null || { echo "deploy/helm: go.mod/go.sum are not tidy: run go mod tidy there"; exit 1; }; }
 
 .PHONY: clean
 clean: ## remove build output (keeps .data; `make pg-down` first to stop Postgres)
