@@ -2,6 +2,11 @@ package compose
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/pbkdf2"
+	"crypto/sha512"
 	"encoding/base64"
 	"os"
 	"os/exec"
@@ -9,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -168,52 +174,144 @@ func brokerConfig(t *testing.T, s stack) map[string]string {
 }
 
 // formatted runs the kafka service's start script as the container would,
-// with its environment and secrets of the test's, on an Apache Kafka whose
-// tools record their arguments, and checks that it formats the storage
-// once with the cluster id and a SCRAM-SHA-512 user per SCRAM_USERS with
-// the password of its secret, then runs the node on the configuration it
-// formatted with.
+// with its environment and secrets of the test's, on the jars of the
+// local cluster's Apache Kafka, its configuration beside it with the log
+// directory moved into the test's: the storage is formatted for real.
+// It checks that the storage has the cluster id and a SCRAM-SHA-512 user
+// per SCRAM_USERS whose stored key is its secret's password's, that no
+// password was on the command line of any process the script ran (ps
+// shows command lines to every user of the host; the tool reads them from
+// an argument file, removed once it ran), then that the node runs on the
+// configuration it formatted with.
 func formatted(t *testing.T, s stack, start, conf string) {
 	t.Helper()
 	env := s.Services["kafka"].Environment
 	if id, err := base64.RawURLEncoding.DecodeString(env["CLUSTER_ID"]); err != nil || len(id) != 16 {
 		t.Errorf("kafka: CLUSTER_ID %q, want a KRaft cluster id (16 bytes, base64url without padding): %v", env["CLUSTER_ID"], err)
 	}
+	lib, err := kafkacluster.Fetch(context.Background(), "")
+	if err != nil {
+		t.Fatalf("Apache Kafka's jars: %v", err)
+	}
+	java, err := exec.LookPath("java")
+	if err != nil {
+		t.Fatalf("no java: %v", err)
+	}
 	dir := t.TempDir()
-	bin, secrets, log := filepath.Join(dir, "bin"), filepath.Join(dir, "secrets"), filepath.Join(dir, "calls")
-	for _, d := range []string{bin, secrets} {
-		if err := os.Mkdir(d, 0o755); err != nil {
+	home, bin, secrets, node, data := filepath.Join(dir, "kafka-home"), filepath.Join(dir, "bin"), filepath.Join(dir, "secrets"), filepath.Join(dir, "onceflow", "kafka"), filepath.Join(dir, "data")
+	for _, d := range []string{filepath.Join(home, "bin"), bin, secrets, node} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, tool := range []string{"kafka-storage.sh", "kafka-server-start.sh"} {
-		script := "#!/bin/sh\nprintf '%s' " + tool + " >> \"" + log + "\"\nfor a; do printf '\\t%s' \"$a\"; done >> \"" + log + "\"\necho >> \"" + log + "\"\n"
-		if err := os.WriteFile(filepath.Join(bin, tool), []byte(script), 0o755); err != nil { // #nosec G306 -- an executable script
+	if err := os.Symlink(lib, filepath.Join(home, "libs")); err != nil {
+		t.Fatal(err)
+	}
+	// The script and its configuration, as mounted, the log directory the
+	// test's.
+	script, err := os.ReadFile(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	props, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	props = regexp.MustCompile(`(?m)^log\.dirs=.*$`).ReplaceAll(props, []byte("log.dirs="+data))
+	for path, b := range map[string][]byte{filepath.Join(node, "start.sh"): script, filepath.Join(node, "server.properties"): props} {
+		if err := os.WriteFile(path, b, 0o755); err != nil { // #nosec G306 -- the script must run
+			t.Fatal(err)
+		}
+	}
+	// java and kafka-server-start.sh record their arguments, and java runs.
+	calls := filepath.Join(dir, "calls")
+	record := func(name, then string) string {
+		return "#!/bin/sh\nprintf '%s' " + name + " >> \"" + calls + "\"\nfor a; do printf '\\t%s' \"$a\"; done >> \"" + calls + "\"\necho >> \"" + calls + "\"\n" + then
+	}
+	for path, body := range map[string]string{filepath.Join(bin, "java"): record("java", "exec "+java+" \"$@\"\n"),
+		filepath.Join(home, "bin", "kafka-server-start.sh"): record("kafka-server-start.sh", "")} {
+		if err := os.WriteFile(path, []byte(body), 0o755); err != nil { // #nosec G306 -- an executable script
 			t.Fatal(err)
 		}
 	}
 	users := strings.Fields(env["SCRAM_USERS"])
-	var want []string
+	passwords := map[string]string{}
 	for _, u := range users {
-		if err := os.WriteFile(filepath.Join(secrets, "kafka_"+u), []byte("pw-of-"+u+"\n"), 0o600); err != nil {
+		passwords[u] = "pw-" + u + "-" + strings.Repeat("7f", 12)
+		if err := os.WriteFile(filepath.Join(secrets, "kafka_"+u), []byte(passwords[u]+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		want = append(want, "--add-scram", kafkacluster.SCRAMMechanism+"=[name="+u+",password=pw-of-"+u+"]")
 	}
-	cmd := exec.Command("/bin/sh", start) // #nosec G204 -- the compose stack's script
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "CLUSTER_ID=" + env["CLUSTER_ID"], "SCRAM_USERS=" + env["SCRAM_USERS"],
-		"KAFKA_HOME=" + dir, "SECRETS_DIR=" + secrets}
-	if out, err := cmd.CombinedOutput(); err != nil {
+	cmd := exec.Command("/bin/sh", filepath.Join(node, "start.sh")) // #nosec G204 -- the compose stack's script
+	cmd.Env = []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "CLUSTER_ID=" + env["CLUSTER_ID"], "SCRAM_USERS=" + env["SCRAM_USERS"],
+		"KAFKA_HOME=" + home, "SECRETS_DIR=" + secrets}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
 		t.Fatalf("%s: %v\n%s", start, err, out)
 	}
-	b, err := os.ReadFile(log)
+	b, err := os.ReadFile(calls)
 	if err != nil {
 		t.Fatal(err)
 	}
-	calls := strings.Split(strings.TrimSpace(string(b)), "\n")
-	format := append([]string{"kafka-storage.sh", "format", "--ignore-formatted", "--cluster-id", env["CLUSTER_ID"], "--config", conf}, want...)
-	if len(calls) != 2 || !slices.Equal(strings.Split(calls[0], "\t"), format) || calls[1] != "kafka-server-start.sh\t"+conf {
-		t.Errorf("%s ran\n%s\nwant\n%s\nkafka-server-start.sh %s", start, strings.Join(calls, "\n"), strings.Join(format, " "), conf)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "java\t") || lines[1] != "kafka-server-start.sh\t"+filepath.Join(node, "server.properties") {
+		t.Fatalf("%s ran\n%s\nwant java, then kafka-server-start.sh on its configuration", start, b)
+	}
+	for u, pw := range passwords {
+		if strings.Contains(string(b), pw) {
+			t.Errorf("%s put %s's password on a command line:\n%s", start, u, b)
+		}
+	}
+	for _, a := range strings.Split(lines[0], "\t") {
+		if f, ok := strings.CutPrefix(a, "@"); ok {
+			if _, err := os.Stat(f); err == nil {
+				t.Errorf("the argument file %s, with the passwords, is left behind", f)
+			}
+		}
+	}
+	meta, err := os.ReadFile(filepath.Join(data, "meta.properties"))
+	if err != nil || !strings.Contains(string(meta), "cluster.id="+env["CLUSTER_ID"]) {
+		t.Errorf("the formatted storage's meta.properties: %v\n%s", err, meta)
+	}
+	scramUsersMatch(t, string(out), passwords)
+}
+
+// scramUsersMatch checks the SCRAM-SHA-512 credentials the storage tool
+// printed (its bootstrap metadata) against the passwords: each user's
+// stored key is H(HMAC(PBKDF2(password, salt, iterations), "Client Key")).
+func scramUsersMatch(t *testing.T, out string, passwords map[string]string) {
+	t.Helper()
+	re := regexp.MustCompile(`UserScramCredentialRecord\(name='([^']+)', mechanism=2, salt=\[([^\]]*)\], storedKey=\[([^\]]*)\], serverKey=\[[^\]]*\], iterations=(\d+)\)`)
+	bytesOf := func(list string) []byte {
+		var b []byte
+		for _, f := range strings.Split(list, ", ") {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				t.Fatalf("%q in %q: %v", f, list, err)
+			}
+			b = append(b, byte(int8(n)))
+		}
+		return b
+	}
+	seen := map[string]bool{}
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
+		user, salt, stored := m[1], bytesOf(m[2]), bytesOf(m[3])
+		iterations, _ := strconv.Atoi(m[4])
+		salted, err := pbkdf2.Key(sha512.New, passwords[user], salt, iterations, sha512.Size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mac := hmac.New(sha512.New, salted)
+		mac.Write([]byte("Client Key"))
+		if want := sha512.Sum512(mac.Sum(nil)); !bytes.Equal(stored, want[:]) {
+			t.Errorf("SCRAM user %s: the stored key is not its password's", user)
+		}
+		seen[user] = true
+	}
+	for u := range passwords {
+		if !seen[u] {
+			t.Errorf("SCRAM user %s was not created:\n%s", u, out)
+		}
 	}
 }
 

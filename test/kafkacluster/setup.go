@@ -138,10 +138,18 @@ func (c *Cluster) format(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			// A short-lived JVM: the first compiler tier starts it faster.
-			args := append(c.jvmArgs(n.Dir), "-XX:TieredStopAtLevel=1",
-				"kafka.tools.StorageTool", "format", "-t", c.id, "-c", n.Props())
-			args = append(args, c.scramArgs()...)
-			cmd := exec.CommandContext(ctx, c.java, args...)
+			// The main class and its arguments, the users' passwords among
+			// them, go in an argument file the java launcher reads, not on
+			// the command line, which ps shows to every user of the machine
+			// (compose/kafka/start.sh does the same).
+			tool := append([]string{"kafka.tools.StorageTool", "format", "-t", c.id, "-c", n.Props()}, c.scramArgs()...)
+			argfile := filepath.Join(n.Dir, "format.args")
+			if err := WriteArgFile(argfile, tool); err != nil {
+				errs[i] = err
+				return
+			}
+			defer os.Remove(argfile)
+			cmd := exec.CommandContext(ctx, c.java, append(c.jvmArgs(n.Dir), "-XX:TieredStopAtLevel=1", "@"+argfile)...)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				errs[i] = fmt.Errorf("format node %d: %w\n%s", n.ID, err, out)
 			}
@@ -243,3 +251,16 @@ func ports(base, n int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// WriteArgFile writes args to path as a java launcher's argument file
+// (java @path), one quoted argument a line, readable by its owner only:
+// what a command line would show to every user of the machine stays in
+// the file.
+func WriteArgFile(path string, args []string) error {
+	var b strings.Builder
+	for _, a := range args {
+		b.WriteString(`"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(a) + "\"\n")
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o600)
+}
+
