@@ -263,4 +263,3 @@ func WriteArgFile(path string, args []string) error {
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o600)
 }
-
