@@ -40,7 +40,9 @@ const (
 // resettable are the reasons an operator answers with `onceflow
 // projections reset`, not unpark or skip: the stored offset itself is
 // what is wrong.
-func resettable(reason string) bool { return reason == reasonTopicChanged || reason == reasonOutOfRange }
+func resettable(reason string) bool {
+	return reason == reasonTopicChanged || reason == reasonOutOfRange
+}
 
 // storedOffset is a partition's row of consumer_offsets.
 type storedOffset struct {
