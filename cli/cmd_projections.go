@@ -124,7 +124,7 @@ func runProjectionsUnpark(ctx context.Context, domains []*onceflow.Domain, args 
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("no parked partition of %s on %s matched", consumer, d.EventsTopic())
+		return fmt.Errorf("no parked partition of %s on %s matched (one parked for its stored offset, topic-changed or offset-out-of-range, is answered by onceflow projections reset)", consumer, d.EventsTopic())
 	}
 	fmt.Fprintf(stdout, "unparked %d partition(s) of %s; the projector that owns them tries their record again within seconds (it parks again if the cause is still there)\n", n, consumer)
 	return nil

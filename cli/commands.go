@@ -49,6 +49,8 @@ func init() {
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsUnpark})
 	register(&command{name: "projections skip", summary: "skip, on purpose and recorded, the record a projector's partition is parked on: projections skip -note WHY PARTITION OFFSET", args: "PARTITION OFFSET",
 		settings: use([]*setting{databaseURL, topicPrefix}), run: runProjectionsSkip})
+	register(&command{name: "projections reset", summary: "choose, recorded, where a projector's partitions parked for their stored offset (topic-changed, offset-out-of-range) read from: projections reset -from start|OFFSET -note WHY all|PARTITION...", args: "all | PARTITION...",
+		settings: use(kafkaSettings, []*setting{databaseURL, topicPrefix}), run: runProjectionsReset})
 	register(&command{name: "commands skip-batch", summary: "skip, on purpose and recorded in the DLQ, a commands batch too large to decompress that a processor is blocked at: commands skip-batch -note WHY PARTITION OFFSET", args: "PARTITION OFFSET",
 		more: "Asks the processor at -admin-addr (ADMIN_ADDR), with ONCEFLOW_ADMIN_TOKEN, to move the partition past the batch:\n" +
 			"its DLQ record (reason batch-too-large) keeps the batch's offsets, who and why. `onceflow lag` shows batch-too-large@OFFSET.",

@@ -13,7 +13,9 @@ import (
 )
 
 // The embedded broker with a data directory keeps its topics, records and
-// committed group offsets across a restart on the same port.
+// committed group offsets across a restart on the same port, and the
+// identity of its topics (cluster id, topic id): a projector's offsets
+// stored against them still fit after a plain restart of `onceflow dev`.
 func TestBrokerDataDirSurvivesRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -31,6 +33,10 @@ func TestBrokerDataDirSurvivesRestart(t *testing.T) {
 	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topics.Events(), Key: []byte("a/1"), Value: []byte("v1")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
+	before, _, err := kafka.DescribeTopic(ctx, cl, topics.Events())
+	if err != nil {
+		t.Fatal(err)
+	}
 	cl.Close()
 	b.Close()
 
@@ -42,6 +48,16 @@ func TestBrokerDataDirSurvivesRestart(t *testing.T) {
 	cl2 := pipelinetest.Client(t, b2.Addrs(), kgo.ConsumeTopics(topics.Events()))
 	if err := kafka.Check(ctx, kadm.NewClient(cl2), topics); err != nil {
 		t.Fatalf("topics after restart: %v", err)
+	}
+	after, logs, err := kafka.DescribeTopic(ctx, cl2, topics.Events())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before || before.TopicID == [16]byte{} || before.ClusterID == "" {
+		t.Errorf("identity after restart %v, want %v (and a cluster id and topic id)", after, before)
+	}
+	if len(logs) != 2 {
+		t.Errorf("logs of %d partitions, want 2: %v", len(logs), logs)
 	}
 	fs := cl2.PollRecords(ctx, 1)
 	if err := fs.Err0(); err != nil {

@@ -33,6 +33,11 @@ type LagSource struct {
 	// Offsets returns the consumer's next offsets by topic and partition.
 	// Nil reads the group's offsets committed to Kafka.
 	Offsets func(ctx context.Context) (map[string]map[int32]int64, error)
+	// Elsewhere, if set, returns the partitions whose offsets (from
+	// Offsets) were stored against another log than the topic's now
+	// (another cluster, or the topic deleted and created again): they are
+	// no position on this log (PartitionLag.Foreign).
+	Elsewhere func(ctx context.Context) (map[string]map[int32]bool, error)
 }
 
 func (s LagSource) offsetsIn() string {
@@ -61,9 +66,13 @@ type PartitionLag struct {
 	LogEnd     int64 `json:"log_end_offset"`
 	LastStable int64 `json:"last_stable_offset"`
 	// Lag is LastStable minus Committed (or minus LogStart with no
-	// committed offset), never negative; 0 when all that is left below
-	// LastStable is transaction markers and aborted records.
+	// committed offset, or a Foreign one), never negative; 0 when all that
+	// is left below LastStable is transaction markers and aborted records.
 	Lag int64 `json:"lag"`
+	// Foreign: the committed offset is no position on this log — past its
+	// end, or stored against another log (LagSource.Elsewhere) — so the
+	// consumer has read none of it: its lag counts the whole log.
+	Foreign bool `json:"foreign,omitempty"`
 	// LagSeconds is how long ago the oldest record the consumer has not
 	// read yet was written (its record timestamp), 0 without lag, -1 when
 	// it could not be read.
@@ -184,6 +193,14 @@ func (m *LagMeter) Lag(ctx context.Context, sources []LagSource) ([]PartitionLag
 	if err != nil {
 		return nil, err
 	}
+	elsewhere := make([]map[string]map[int32]bool, len(sources))
+	for i, s := range sources {
+		if s.Elsewhere != nil {
+			if elsewhere[i], err = s.Elsewhere(ctx); err != nil {
+				return nil, fmt.Errorf("offsets of %s: %w", s.Group, err)
+			}
+		}
+	}
 	var out []PartitionLag
 	for i, s := range sources {
 		for _, t := range sortedKeys(want[i]) {
@@ -196,6 +213,7 @@ func (m *LagMeter) Lag(ctx context.Context, sources []LagSource) ([]PartitionLag
 				ls, _ := offs.stables.Lookup(t, p)
 				st, _ := offs.starts.Lookup(t, p)
 				row.LogEnd, row.LastStable, row.LogStart = e.Offset, ls.Offset, st.Offset
+				row.Foreign = row.Committed > row.LogEnd || elsewhere[i][t][p]
 				row.Lag = max(row.LastStable-row.from(), 0)
 				if mem, ok := owners[s.Group][t][p]; ok {
 					row.MemberID, row.Host, row.ClientID = mem.MemberID, mem.ClientHost, mem.ClientID
@@ -374,9 +392,15 @@ func (o listedOffsets) partitions(topic string, parts map[int32]bool) []int32 {
 	return out
 }
 
-// from is where the consumer reads next: its committed offset, or the log
-// start when it has none or retention deleted what it had not read.
-func (r PartitionLag) from() int64 { return max(r.Committed, r.LogStart) }
+// from is where the consumer has read this log up to: its committed
+// offset, or the log start when it has none, retention deleted what it had
+// not read, or the offset is not a position on this log (Foreign).
+func (r PartitionLag) from() int64 {
+	if r.Foreign {
+		return r.LogStart
+	}
+	return max(r.Committed, r.LogStart)
+}
 
 // skipGroup reports whether a group's offsets error means the group has no
 // rows rather than that the measurement failed: it is gone, or this client

@@ -34,7 +34,7 @@ type event struct {
 type park struct {
 	partition int32
 	offset    int64
-	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge
+	reason    string // reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge, reasonTopicChanged, reasonOutOfRange
 	detail    string
 	// skipTo, if set, is where an operator's skip moves the partition
 	// (reasonBatchTooLarge: past the whole batch); else past the record.
@@ -58,7 +58,8 @@ const (
 
 // parkReasons are every reason a partition parks for (the reason label of
 // onceflow_projector_parked_partitions).
-var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge}
+var parkReasons = []string{reasonGap, reasonUndecodable, reasonRefused, reasonDataError, reasonProjectionError, reasonBatchTooLarge,
+	reasonTopicChanged, reasonOutOfRange}
 
 // result is what a committed batch did.
 type result struct {
@@ -100,6 +101,9 @@ type applier struct {
 	// fails with a rewindError, and the projector reads the partition
 	// again from the stored offset.
 	remembered *offsetMemory
+	// identity is the topic's the consumer's offsets count (identity.go):
+	// the offset rows a transaction creates record it.
+	identity identityHolder
 }
 
 // offsetMemory is a consumer's last known stored offset per partition,
@@ -153,13 +157,14 @@ func (e *rewindError) Error() string {
 
 const (
 	// lockOffsetsSQL takes the row lock on each partition's offset (creating
-	// the row at 0 if there is none) and returns the stored offset. Every
+	// the row at 0 if there is none, with the identity of the topic it
+	// counts: $4, $5) and returns the stored offset. Every
 	// transaction that writes a partition's events takes this lock first,
 	// in partition order, so writers of one partition are serialized: a
 	// zombie member of the group waits, then finds the offset moved past its
 	// records and skips them.
-	lockOffsetsSQL = `INSERT INTO consumer_offsets AS o (consumer, topic, partition, next_offset)
-		SELECT $1, $2, p, 0 FROM unnest($3::int[]) AS p
+	lockOffsetsSQL = `INSERT INTO consumer_offsets AS o (consumer, topic, partition, next_offset, cluster_id, topic_id)
+		SELECT $1, $2, p, 0, $4::text, $5::uuid FROM unnest($3::int[]) AS p
 		ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = o.next_offset
 		RETURNING partition, next_offset`
 	// inboxSQL inserts the ids not yet in the inbox and returns them. The

@@ -107,6 +107,21 @@
 // on from there as after an unpark.
 // The row disappears once the partition moves past the record.
 //
+// # A topic that changed
+//
+// A stored offset counts one log: consumer_offsets records beside it the
+// cluster id and topic id it was stored against (identity.go). At every
+// assignment the projector describes the topic and judges each stored
+// offset: another identity parks the partition (topic-changed), an
+// offset outside the partition's log parks it (offset-out-of-range), an
+// offset that recorded no identity and lies within the log adopts the
+// topic's. The consumer has no reset policy, so a fetch out of range is
+// an error, answered by judging the offset again (recheck); a topic
+// recreated under the consumer (unknown topic id) makes Run join again
+// with a new client, which judges every offset. Such parks are answered
+// by Reset (`onceflow projections reset`), audited in projector_resets;
+// Unpark leaves them and Skip refuses them.
+//
 // # Inbox retention and uniqueness
 //
 // The inbox is partitioned by received_at, one partition per UTC day

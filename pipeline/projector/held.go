@@ -123,16 +123,42 @@ func (p *Projector) isParked(part int32) bool {
 // applied. Its stored offset and its projector_parked row (both written in
 // the batch's transaction) point at that record.
 func (p *Projector) park(cl *kgo.Client, pk park) {
+	p.markParked(pk)
+	cl.PauseFetchPartitions(map[string][]int32{p.cfg.Topic: {pk.partition}})
+}
+
+// markParked counts and logs a park; the partition's records are dropped
+// from every poll from now on, and the poll loop pauses its fetching
+// (pauseUnpaused) unless park did.
+func (p *Projector) markParked(pk park) {
 	p.mu.Lock()
 	p.parked[pk.partition] = pk
+	p.unpaused = true
 	p.setParkedGauge()
 	p.mu.Unlock()
-	cl.PauseFetchPartitions(map[string][]int32{p.cfg.Topic: {pk.partition}})
 	if pk.reason == reasonGap {
 		p.metrics.gaps.Inc()
 	}
 	p.logger.Error("partition parked; an operator must look at it (onceflow lag, onceflow projections unpark)",
 		"partition", pk.partition, "offset", pk.offset, "reason", pk.reason, "detail", pk.detail)
+}
+
+// pauseUnpaused pauses the fetching of the partitions parked where the
+// client could not be reached (loadOffsets, inside the client's own
+// assignment).
+func (p *Projector) pauseUnpaused(cl *kgo.Client) {
+	p.mu.Lock()
+	if !p.unpaused {
+		p.mu.Unlock()
+		return
+	}
+	p.unpaused = false
+	parts := make([]int32, 0, len(p.parked))
+	for part := range p.parked {
+		parts = append(parts, part)
+	}
+	p.mu.Unlock()
+	cl.PauseFetchPartitions(map[string][]int32{p.cfg.Topic: parts})
 }
 
 // forget drops parked partitions this member no longer owns: the next

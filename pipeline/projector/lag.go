@@ -21,7 +21,33 @@ func LagSource(pool *pgxpool.Pool, consumer, topic string) kafka.LagSource {
 		Offsets: func(ctx context.Context) (map[string]map[int32]int64, error) {
 			return StoredOffsets(ctx, pool, consumer)
 		},
+		Elsewhere: func(ctx context.Context) (map[string]map[int32]bool, error) {
+			return foreignOffsets(ctx, pool, consumer)
+		},
 	}
+}
+
+// foreignOffsets are the partitions of a consumer parked because their
+// stored offset counts another log (topic-changed).
+func foreignOffsets(ctx context.Context, pool *pgxpool.Pool, consumer string) (map[string]map[int32]bool, error) {
+	rows, err := pool.Query(ctx, `SELECT topic, partition FROM projector_parked WHERE consumer = $1 AND reason = $2`, consumer, reasonTopicChanged)
+	if err != nil {
+		return nil, fmt.Errorf("read parked partitions: %w", err)
+	}
+	out := map[string]map[int32]bool{}
+	var topic string
+	var part int32
+	_, err = pgx.ForEachRow(rows, []any{&topic, &part}, func() error {
+		if out[topic] == nil {
+			out[topic] = map[int32]bool{}
+		}
+		out[topic][part] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read parked partitions: %w", err)
+	}
+	return out, nil
 }
 
 // StoredOffsets returns a consumer's offsets by topic and partition.
@@ -126,13 +152,16 @@ func list[T any](ctx context.Context, pool *pgxpool.Pool, what, query string, fi
 // Unpark removes a consumer's parked-partition rows (all of its partitions
 // when partitions is empty) and returns how many it removed. The projector
 // that owns a partition notices within ParkCheckInterval and tries its
-// record again.
+// record again. A partition parked for its stored offset (topic-changed,
+// offset-out-of-range) stays parked: trying again would read that offset
+// of another log; Reset is the answer.
 func Unpark(ctx context.Context, pool *pgxpool.Pool, consumer, topic string, partitions []int32) (int64, error) {
 	if partitions == nil {
 		partitions = []int32{} // NULL would match nothing
 	}
 	tag, err := pool.Exec(ctx, `DELETE FROM projector_parked WHERE consumer = $1 AND topic = $2
-		AND (cardinality($3::int[]) = 0 OR partition = ANY ($3::int[]))`, consumer, topic, partitions)
+		AND (cardinality($3::int[]) = 0 OR partition = ANY ($3::int[]))
+		AND reason NOT IN ('topic-changed', 'offset-out-of-range')`, consumer, topic, partitions)
 	if err != nil {
 		return 0, fmt.Errorf("unpark: %w", err)
 	}

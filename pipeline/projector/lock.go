@@ -55,7 +55,8 @@ func (a *applier) queueLock(b *pgx.Batch, parts []int32) map[int32]int64 {
 	if a.asyncCommit {
 		b.Queue(asyncCommitSQL)
 	}
-	b.Queue(lockOffsetsSQL, a.consumer, a.topic, parts).Query(func(rows pgx.Rows) error {
+	cluster, topicID := a.identity.args()
+	b.Queue(lockOffsetsSQL, a.consumer, a.topic, parts, cluster, topicID).Query(func(rows pgx.Rows) error {
 		var part int32
 		var off int64
 		_, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { stored[part] = off; return nil })

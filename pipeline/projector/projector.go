@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -119,6 +120,7 @@ type Projector struct {
 	cfg     Config
 	kafka   kafka.Config
 	pool    *pgxpool.Pool
+	admin   *kgo.Client // describes the topic (identity.go); set by Run
 	dec     Decoder
 	app     *applier
 	logger  *slog.Logger
@@ -127,6 +129,9 @@ type Projector struct {
 	mu       sync.Mutex
 	parked   map[int32]park     // partition -> the record it stopped on, and why
 	retrying map[int32]retrying // partition -> the transient error its batch is retried on
+	// unpaused: partitions were parked where the client could not be
+	// paused (at assignment); the poll loop pauses them.
+	unpaused bool
 
 	lastParkCheck   time.Time
 	lastStoredCheck time.Time
@@ -229,11 +234,30 @@ func (p *Projector) Run(ctx context.Context) error {
 	if err := p.ensurePartitions(ctx); err != nil {
 		return nil // ctx ended
 	}
+	admin, err := p.kafka.NewClient()
+	if err != nil {
+		return fmt.Errorf("projector client: %w", err)
+	}
+	defer admin.Close()
+	p.admin = admin
+	for {
+		if err := p.consume(ctx); !errors.Is(err, errTopicChanged) {
+			return err
+		}
+	}
+}
+
+// consume is a member of the group until ctx ends, or until the topic
+// changes under it (errTopicChanged: Run joins again with a new client).
+func (p *Projector) consume(ctx context.Context) error {
 	cl, err := p.kafka.NewClient(append(kafka.GroupMember(p.cfg.Consumer, p.cfg.Topic, p.cfg.SessionTimeout),
 		// Smaller per-partition fetches, so a poll batch holds several
 		// partitions for its Parallelism transactions to share.
 		kgo.FetchMaxPartitionBytes(FetchMaxPartitionBytes),
 		kgo.DisableAutoCommit(),
+		// A fetch out of the log's range is an error to look at (recheck),
+		// never a silent move to the log's start or end.
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.AdjustFetchOffsetsFn(p.loadOffsets),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, added map[string][]int32) {
 			if len(added[p.cfg.Topic]) == 0 {
@@ -266,8 +290,16 @@ func (p *Projector) Run(ctx context.Context) error {
 			cl.AllowRebalance()
 			return nil
 		}
+		p.pauseUnpaused(cl)
 		var tooLarge []park
+		var suspect []int32 // partitions whose log is not what their offset expects
 		fetches.EachError(func(topic string, part int32, err error) {
+			if topic == p.cfg.Topic && (errors.Is(err, kerr.OffsetOutOfRange) || errors.Is(err, kerr.UnknownTopicID)) {
+				if !p.isParked(part) {
+					suspect = append(suspect, part)
+				}
+				return
+			}
 			if tl, ok := kafka.BatchTooLarge(err); ok && topic == p.cfg.Topic {
 				tooLarge = append(tooLarge, park{partition: part, offset: tl.Offset, reason: reasonBatchTooLarge, skipTo: tl.NextOffset,
 					detail: fmt.Sprintf("the batch at offsets %d to %d decompresses beyond KAFKA_MAX_DECOMPRESS_BATCH_BYTES: raise it if the batch is legitimate, or skip it (onceflow projections skip)",
@@ -289,6 +321,12 @@ func (p *Projector) Run(ctx context.Context) error {
 		}
 		if len(tooLarge) > 0 {
 			p.parkTooLarge(ctx, cl, tooLarge)
+		}
+		if len(suspect) > 0 {
+			if err := p.recheck(ctx, cl, suspect); err != nil {
+				cl.AllowRebalance()
+				return err
+			}
 		}
 		p.checkUnparked(ctx, cl)
 		if p.app.asyncCommit {
@@ -564,18 +602,16 @@ func partitionsOf(records []*kgo.Record) []int32 {
 const loadOffsetsSQL = `SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`
 
 // loadOffsets replaces the group's fetched offsets with those stored in
-// Postgres; partitions without a stored offset start at the beginning.
+// Postgres; partitions without a stored offset start at the beginning. A
+// stored offset that does not fit the topic as it is now (another
+// cluster's or topic's, or out of its log) parks its partition instead
+// (checkAssigned).
 func (p *Projector) loadOffsets(ctx context.Context, fetched map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	var stored map[int32]int64
+	var stored map[int32]storedOffset
 	wait := 50 * time.Millisecond
 	for {
-		rows, err := p.pool.Query(ctx, loadOffsetsSQL, p.cfg.Consumer, p.cfg.Topic)
-		if err == nil {
-			stored = make(map[int32]int64)
-			var part int32
-			var off int64
-			_, err = pgx.ForEachRow(rows, []any{&part, &off}, func() error { stored[part] = off; return nil })
-		}
+		var err error
+		stored, err = loadStored(ctx, p.pool, p.cfg.Consumer, p.cfg.Topic)
 		if err == nil {
 			break
 		}
@@ -590,13 +626,26 @@ func (p *Projector) loadOffsets(ctx context.Context, fetched map[string]map[int3
 		}
 		wait = backoff(wait, p.cfg.MaxBackoff)
 	}
+	var parts []int32
+	for part := range fetched[p.cfg.Topic] {
+		parts = append(parts, part)
+	}
+	parks, err := p.checkAssigned(ctx, stored, parts)
+	if err != nil {
+		return nil, fmt.Errorf("check stored offsets: %w", err)
+	}
+	for _, pk := range parks {
+		p.markParked(pk)
+	}
 	out := make(map[string]map[int32]kgo.Offset, len(fetched))
 	for topic, parts := range fetched {
 		out[topic] = make(map[int32]kgo.Offset, len(parts))
 		for part := range parts {
-			if off, ok := stored[part]; ok && topic == p.cfg.Topic {
-				out[topic][part] = kgo.NewOffset().At(off).WithEpoch(-1)
-				p.app.remembered.set(part, off)
+			if s, ok := stored[part]; ok && topic == p.cfg.Topic {
+				out[topic][part] = kgo.NewOffset().At(s.offset).WithEpoch(-1)
+				if !p.isParked(part) {
+					p.app.remembered.set(part, s.offset)
+				}
 			} else {
 				out[topic][part] = kgo.NewOffset().AtStart()
 				if topic == p.cfg.Topic {
@@ -605,7 +654,7 @@ func (p *Projector) loadOffsets(ctx context.Context, fetched map[string]map[int3
 			}
 		}
 	}
-	p.logger.Info("partitions assigned", "offsets", len(stored))
+	p.logger.Info("partitions assigned", "offsets", len(stored), "parked", len(parks))
 	p.markReady()
 	return out, nil
 }

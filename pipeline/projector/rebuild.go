@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/pipeline"
@@ -345,19 +344,18 @@ func (b *builder) run(ctx context.Context, res *RebuildResult) error {
 	if err != nil {
 		return err
 	}
-	details, err := kadm.NewClient(meta).ListTopics(ctx, b.cfg.Topic)
+	cur, logs, err := kafka.DescribeTopic(ctx, meta, b.cfg.Topic)
 	meta.Close()
 	if err != nil {
-		return fmt.Errorf("metadata of %s: %w", b.cfg.Topic, err)
+		return err
 	}
-	td, ok := details[b.cfg.Topic]
-	if !ok || td.Err != nil {
-		return fmt.Errorf("topic %s: %v", b.cfg.Topic, td.Err)
-	}
-	for p := range td.Partitions {
+	for p := range logs {
 		b.parts = append(b.parts, p)
 	}
 	slices.Sort(b.parts)
+	if err := b.checkIdentity(ctx, cur, logs); err != nil {
+		return err
+	}
 
 	stored, err := StoredOffsets(ctx, b.Rebuild.live, b.st.shadowConsumer)
 	if err != nil {
@@ -379,6 +377,7 @@ func (b *builder) run(ctx context.Context, res *RebuildResult) error {
 	b.cl, err = b.kafka.NewClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{b.cfg.Topic: start}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()), // an offset out of its log never moves silently
 	)
 	if err != nil {
 		return err

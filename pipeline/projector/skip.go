@@ -72,6 +72,8 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, s Skipping) (Skipped, error) 
 			return fmt.Errorf("%w: partition %d of %s is not parked", ErrNotParked, s.Partition, s.Consumer)
 		case err != nil:
 			return fmt.Errorf("read the park: %w", err)
+		case resettable(out.Reason):
+			return fmt.Errorf("%w: partition %d of %s is parked for its stored offset (%s): onceflow projections reset", ErrNotParked, s.Partition, s.Consumer, out.Reason)
 		case parkedAt != s.Offset || stored != s.Offset:
 			return fmt.Errorf("%w: partition %d of %s is parked at %d (stored offset %d), not %d", ErrNotParked, s.Partition, s.Consumer, parkedAt, stored, s.Offset)
 		}

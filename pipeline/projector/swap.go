@@ -77,7 +77,8 @@ func (b *builder) lockLive(ctx context.Context, tx pgx.Tx) (map[int32]int64, err
 		return nil, err
 	}
 	live := map[int32]int64{}
-	rows, err := tx.Query(ctx, liveOffsetsForUpdateSQL, b.cfg.Consumer, b.cfg.Topic, b.parts)
+	cluster, topicID := b.app.identity.args()
+	rows, err := tx.Query(ctx, liveOffsetsForUpdateSQL, b.cfg.Consumer, b.cfg.Topic, b.parts, cluster, topicID)
 	if err != nil {
 		return nil, err
 	}

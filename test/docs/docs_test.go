@@ -47,6 +47,7 @@ var skips = []struct {
 	{regexp.MustCompile(`https://example\.com`), "a subscription to example.com: dev's worker would deliver there, and this check reaches only loopback"},
 	{regexp.MustCompile(`/status/skip-batch|commands skip-batch `), "skips a batch a processor of the reader's is blocked at; TestDecompressionBombBlocksItsPartitionUntilSkipped, cli's TestCommandsSkipBatch and the e2e TestDecompressionBomb block one and skip it"},
 	{regexp.MustCompile(`events tail -(from 10m|key)`), "follows the events topic until interrupted; cli's TestEventsTail follows it"},
+	{regexp.MustCompile(`projections reset `), "resets partitions of the reader's parked for their stored offset; pipeline/projector's TestOffsetsOfAnotherBrokerPark and TestTopicRecreatedUnderRunningProjector park them and reset them"},
 	{regexp.MustCompile(`projections skip `), "skips the record a partition of the reader's is parked on; TestUnknownErrorParksAfterTriesAndCanBeSkipped and the e2e TestProjectorParksAnEventOfNoKnownErrorAndSkipsIt park one and skip it"},
 }
 
