@@ -138,10 +138,11 @@ func BenchmarkOutcomeRead(b *testing.B) {
 		var tenant, status string
 		batch.Queue(ingest.ScopeSQL, sum[:]).QueryRow(func(row pgx.Row) error { return row.Scan(&tenant) })
 		batch.Queue(ingest.GetCommandSQL, id, "bench", nil).QueryRow(func(row pgx.Row) error {
-			var aggregate, commandType string
+			var depth int
+			var cmdID, aggregate, commandType, cause, causeAggregate string
 			var reason, detail *string
 			var events []string
-			return row.Scan(&aggregate, &status, &commandType, &reason, &detail, &events)
+			return row.Scan(&depth, &cmdID, &aggregate, &status, &commandType, &reason, &detail, &events, &cause, &causeAggregate)
 		})
 		if explicit {
 			batch.Queue("COMMIT")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,46 +16,118 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 )
 
-// commandStatus is the body of GET /v1/commands/{id}.
+// commandStatus is the body of GET /v1/commands/{id}: the command's own
+// status (status, reason, detail, event_ids: what its decision was), the
+// outcome of the command with every command it led to, and those commands
+// (docs/ingest.md#outcome).
 type commandStatus struct {
-	CommandID   string   `json:"command_id"`
-	Status      string   `json:"status"`
-	CommandType string   `json:"command_type"`
-	AggregateID string   `json:"aggregate_id"`
-	Reason      *string  `json:"reason,omitempty"`
-	Detail      *string  `json:"detail,omitempty"`
-	EventIDs    []string `json:"event_ids"`
+	CommandID   string           `json:"command_id"`
+	Status      string           `json:"status"`
+	CommandType string           `json:"command_type"`
+	AggregateID string           `json:"aggregate_id"`
+	Reason      *string          `json:"reason,omitempty"`
+	Detail      *string          `json:"detail,omitempty"`
+	EventIDs    []string         `json:"event_ids"`
+	Outcome     commandOutcome   `json:"outcome"`
+	Derived     []derivedCommand `json:"derived"`
 }
 
-// getCommandSQL reads a command of the caller's tenant. A command id is
+// commandOutcome is pipeline.Outcome in the body.
+type commandOutcome struct {
+	Status      string `json:"status"`
+	Reason      string `json:"reason,omitempty"`
+	Detail      string `json:"detail,omitempty"`
+	CommandID   string `json:"command_id,omitempty"`
+	AggregateID string `json:"aggregate_id,omitempty"`
+	CommandType string `json:"command_type,omitempty"`
+}
+
+// derivedCommand is a command the command led to, with its own status
+// and the command that sent it.
+type derivedCommand struct {
+	CommandID        string   `json:"command_id"`
+	Status           string   `json:"status"`
+	CommandType      string   `json:"command_type"`
+	AggregateID      string   `json:"aggregate_id"`
+	Reason           *string  `json:"reason,omitempty"`
+	Detail           *string  `json:"detail,omitempty"`
+	EventIDs         []string `json:"event_ids"`
+	CauseCommandID   string   `json:"cause_command_id"`
+	CauseAggregateID string   `json:"cause_aggregate_id"`
+}
+
+// Bounds of the commands an answer lists under a command: MaxDerived in
+// all, MaxDerivedDepth commands deep (a cause, what it sent, what that
+// sent, ...); getCommandSQL spells them (8, and 101 rows with the
+// command's own). A saga beyond them is answered with what is within.
+const (
+	MaxDerived      = 100
+	MaxDerivedDepth = 8
+)
+
+// getCommandSQL reads a command of the caller's tenant (depth 0) and the
+// commands it led to, from its root down through their causes
+// (sql/00047's index), a cause before what it sent. A command id is
 // unique only within its aggregate: a tenant's direct Kafka producers may
 // have used one id on several aggregates (or reused an id ingest minted),
 // and each is its own command. With ?aggregate_id= ($3) the caller names
 // which; without, the answer is the command ingest accepted under that id
 // (the one its 202's Location names), else the earliest
 // (docs/decisions.md).
-const getCommandSQL = `SELECT aggregate_id, status, command_type, reason, detail, event_ids::text[]
-	FROM command_status
-	WHERE command_id = $1 AND tenant = $2 AND ($3::text IS NULL OR aggregate_id = $3)
-	ORDER BY ingested DESC, created_at, aggregate_id
-	LIMIT 1`
+const getCommandSQL = `WITH RECURSIVE root AS (
+		SELECT command_id, aggregate_id, status, command_type, reason, detail, event_ids, created_at
+		FROM command_status
+		WHERE command_id = $1 AND tenant = $2 AND ($3::text IS NULL OR aggregate_id = $3)
+		ORDER BY ingested DESC, created_at, aggregate_id
+		LIMIT 1
+	), derived AS (
+		SELECT c.command_id, c.aggregate_id, c.status, c.command_type, c.reason, c.detail, c.event_ids, c.created_at,
+			c.cause_command_id, c.cause_aggregate_id, 1 AS depth
+		FROM root JOIN command_status AS c
+			ON c.cause_command_id = root.command_id AND c.tenant = $2 AND c.cause_aggregate_id = root.aggregate_id
+		UNION ALL
+		SELECT c.command_id, c.aggregate_id, c.status, c.command_type, c.reason, c.detail, c.event_ids, c.created_at,
+			c.cause_command_id, c.cause_aggregate_id, d.depth + 1
+		FROM derived AS d JOIN command_status AS c
+			ON c.cause_command_id = d.command_id AND c.tenant = $2 AND c.cause_aggregate_id = d.aggregate_id
+		WHERE d.depth < 8
+	)
+	SELECT depth, command_id::text, aggregate_id, status, command_type, reason, detail, event_ids::text[],
+		coalesce(cause_command_id::text, ''), coalesce(cause_aggregate_id, '')
+	FROM (SELECT 0 AS depth, root.*, NULL::uuid AS cause_command_id, NULL::text AS cause_aggregate_id FROM root
+		UNION ALL
+		SELECT depth, command_id, aggregate_id, status, command_type, reason, detail, event_ids, created_at,
+			cause_command_id, cause_aggregate_id FROM derived) AS saga
+	ORDER BY depth, created_at, command_id
+	LIMIT 101`
 
-// getCommand answers a command's status. With ?wait=D (a Go duration such
-// as 5s, or seconds) it long-polls: it answers as soon as the status is
-// terminal (accepted, rejected or failed), or with the pending status after
-// D (capped at MaxWait). The projector notifies the outcomes it commits
-// (wakeups), so the row is read again when its command's outcome may be in
-// it, and at least every WaitPoll besides, for a notification the
-// listening connection missed: a waiting client costs a goroutine and a
-// few cheap reads. At most MaxWaits clients wait at once, MaxWaitsPerTenant
-// of one tenant, so one tenant's waiters cannot take the database's time
-// from everyone's; a wait beyond them answers at once, as a wait that ran
-// out would, with Retry-After: 1 when the command is still pending.
+// getCommand answers a command's status and its outcome. With ?wait=D (a
+// Go duration such as 5s, or seconds) it long-polls: it answers as soon
+// as the status is terminal (accepted, rejected or failed), or, with
+// ?for=outcome, as soon as the outcome is (completed, rejected, failed or
+// compensated: no command it led to is pending), or after D (capped at
+// MaxWait). The projector notifies the outcomes it commits (wakeups), so
+// the rows are read again when an outcome of the command, or, with
+// ?for=outcome, of a command it led to that was pending, may be in them,
+// and at least every WaitPoll besides, for a notification the listening
+// connection missed: a waiting client costs a goroutine and a few cheap
+// reads. At most MaxWaits clients wait at once, MaxWaitsPerTenant of one
+// tenant, so one tenant's waiters cannot take the database's time from
+// everyone's; a wait beyond them answers at once, as a wait that ran out
+// would, with Retry-After: 1 when what it waits for is still pending.
 // ?aggregate_id= chooses among commands of the same id (getCommandSQL).
 func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller caller) *Problem {
 	wait, p := parseWait(r.URL.Query().Get("wait"), s.cfg.MaxWait)
 	if p != nil {
 		return p
+	}
+	forOutcome := false
+	switch r.URL.Query().Get("for") {
+	case "", "status":
+	case "outcome":
+		forOutcome = true
+	default:
+		return invalid(FieldError{"for", "must be status (the command's own decision, the default) or outcome (the command with every command it led to)"})
 	}
 	var aggregate *string
 	if q := r.URL.Query(); q.Has("aggregate_id") {
@@ -99,11 +172,23 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 			return nil // the client is gone
 		}
 	}
+	done := func(c commandStatus) bool {
+		if forOutcome {
+			return c.Outcome.Status != pipeline.OutcomePending
+		}
+		return c.Status != "pending"
+	}
+	// The commands whose outcome ends or advances the wait: the command,
+	// and with ?for=outcome those it led to that are pending. A command
+	// first seen pending in a read was not registered before it: the rows
+	// are read again with it registered, so its outcome, committed in
+	// between, is not missed.
+	watched := []pipeline.ID{id}
 	for {
-		woken, forget := s.wake.wait(id)
+		woken, forget := s.wake.wait(watched...)
 		c, err := s.loadCommand(r.Context(), id, caller, aggregate)
 		left := time.Until(deadline)
-		if err != nil || c.Status != "pending" || left <= 0 {
+		if err != nil || done(c) || left <= 0 {
 			// Every answer forgets its registration: one left behind by a
 			// 404 cost memory for as long as the process ran, and anyone
 			// with a key could ask for any number of ids.
@@ -120,12 +205,19 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 		if err != nil {
 			return s.internal(r, err)
 		}
-		if c.Status != "pending" || left <= 0 {
-			if refused && c.Status == "pending" {
+		if done(c) || left <= 0 {
+			if refused && !done(c) {
 				w.Header().Set("Retry-After", "1")
 			}
 			writeJSON(w, http.StatusOK, c)
 			return nil
+		}
+		if forOutcome {
+			if more := c.pendingDerived(watched); len(more) > 0 {
+				forget()
+				watched = append(watched, more...)
+				continue
+			}
 		}
 		if !s.awaitWakeup(r.Context(), woken, forget, left) {
 			return nil // the client is gone
@@ -133,9 +225,26 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 	}
 }
 
-// loadCommand reads a command of the caller's in a transaction scoped to
-// its tenant (scope.go), in one round trip: errRevoked if the key is no
-// longer active, pgx.ErrNoRows if there is no such command.
+// pendingDerived are the commands c led to that are pending and not
+// among watched.
+func (c commandStatus) pendingDerived(watched []pipeline.ID) []pipeline.ID {
+	var more []pipeline.ID
+	for _, d := range c.Derived {
+		if d.Status != "pending" {
+			continue
+		}
+		id, err := pipeline.ParseID(d.CommandID)
+		if err == nil && !slices.Contains(watched, id) && !slices.Contains(more, id) {
+			more = append(more, id)
+		}
+	}
+	return more
+}
+
+// loadCommand reads a command of the caller's, with the commands it led
+// to, in a transaction scoped to its tenant (scope.go), in one round
+// trip: errRevoked if the key is no longer active, pgx.ErrNoRows if there
+// is no such command.
 //
 // The two statements are one batch without BEGIN and COMMIT: Postgres runs
 // what a pipeline sends before its Sync (pgx sends one, after the last
@@ -152,16 +261,27 @@ func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller,
 	}
 	defer conn.Release()
 	s.metrics.commandReads.Inc()
-	c := commandStatus{CommandID: id.String()}
+	c := commandStatus{CommandID: id.String(), Derived: []derivedCommand{}}
 	var tenant string
 	found := false
 	b := &pgx.Batch{}
 	b.Queue(scopeSQL, caller.keyHash).QueryRow(func(row pgx.Row) error { return row.Scan(&tenant) })
 	b.Queue(getCommandSQL, id.String(), caller.tenant, aggregate).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
-			found = true
-			if err := rows.Scan(&c.AggregateID, &c.Status, &c.CommandType, &c.Reason, &c.Detail, &c.EventIDs); err != nil {
+			var depth int
+			var d derivedCommand
+			if err := rows.Scan(&depth, &d.CommandID, &d.AggregateID, &d.Status, &d.CommandType, &d.Reason, &d.Detail, &d.EventIDs,
+				&d.CauseCommandID, &d.CauseAggregateID); err != nil {
 				return err
+			}
+			if d.EventIDs == nil {
+				d.EventIDs = []string{}
+			}
+			if depth == 0 {
+				found = true
+				c.AggregateID, c.Status, c.CommandType, c.Reason, c.Detail, c.EventIDs = d.AggregateID, d.Status, d.CommandType, d.Reason, d.Detail, d.EventIDs
+			} else if len(c.Derived) < MaxDerived {
+				c.Derived = append(c.Derived, d)
 			}
 		}
 		return rows.Err()
@@ -175,10 +295,29 @@ func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller,
 	case !found:
 		return commandStatus{}, pgx.ErrNoRows
 	}
-	if c.EventIDs == nil {
-		c.EventIDs = []string{}
-	}
+	c.Outcome = c.outcome()
 	return c, nil
+}
+
+// outcome is pipeline.OutcomeOf c and the commands it led to.
+func (c commandStatus) outcome() commandOutcome {
+	state := func(id, aggregate, cmdType, status string, reason, detail *string) pipeline.CommandState {
+		cs := pipeline.CommandState{CommandID: id, AggregateID: aggregate, CommandType: cmdType, Status: status}
+		if reason != nil {
+			cs.Reason = *reason
+		}
+		if detail != nil {
+			cs.Detail = *detail
+		}
+		return cs
+	}
+	derived := make([]pipeline.CommandState, len(c.Derived))
+	for i, d := range c.Derived {
+		derived[i] = state(d.CommandID, d.AggregateID, d.CommandType, d.Status, d.Reason, d.Detail)
+		derived[i].CauseID, derived[i].CauseAggregateID = d.CauseCommandID, d.CauseAggregateID
+	}
+	o := pipeline.OutcomeOf(state(c.CommandID, c.AggregateID, c.CommandType, c.Status, c.Reason, c.Detail), derived)
+	return commandOutcome{Status: o.Status, Reason: o.Reason, Detail: o.Detail, CommandID: o.CommandID, AggregateID: o.AggregateID, CommandType: o.CommandType}
 }
 
 // awaitWakeup waits for woken, a command's outcome notification, at most
