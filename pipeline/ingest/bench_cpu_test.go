@@ -109,8 +109,9 @@ func backendsCPU(b *testing.B, pool *pgxpool.Pool) map[int]time.Duration {
 }
 
 // BenchmarkOutcomeRead prices the statements of one outcome read
-// (loadCommand: the key's check and scope, then the read) on one
-// connection, without HTTP: as ingest sends them, two statements in one
+// (loadCommand: the key's check and scope, then the read, of a command
+// that led to no other) on one connection, without HTTP: as ingest sends
+// them, two statements in one
 // pipeline, which Postgres runs as one implicit transaction (implicit),
 // and the baseline of the same two between BEGIN READ ONLY and COMMIT
 // (explicit, what ingest sent before). The two alternate in blocks of 2,000 reads
@@ -138,11 +139,11 @@ func BenchmarkOutcomeRead(b *testing.B) {
 		var tenant, status string
 		batch.Queue(ingest.ScopeSQL, sum[:]).QueryRow(func(row pgx.Row) error { return row.Scan(&tenant) })
 		batch.Queue(ingest.GetCommandSQL, id, "bench", nil).QueryRow(func(row pgx.Row) error {
-			var depth int
-			var cmdID, aggregate, commandType, cause, causeAggregate string
+			var aggregate, commandType string
 			var reason, detail *string
 			var events []string
-			return row.Scan(&depth, &cmdID, &aggregate, &status, &commandType, &reason, &detail, &events, &cause, &causeAggregate)
+			var led bool
+			return row.Scan(&aggregate, &status, &commandType, &reason, &detail, &events, &led)
 		})
 		if explicit {
 			batch.Queue("COMMIT")

@@ -58,33 +58,44 @@ type derivedCommand struct {
 
 // Bounds of the commands an answer lists under a command: MaxDerived in
 // all, MaxDerivedDepth commands deep (a cause, what it sent, what that
-// sent, ...); getCommandSQL spells them (8, and 101 rows with the
-// command's own). A saga beyond them is answered with what is within.
+// sent, ...); getDerivedSQL spells the depth. A saga beyond them is
+// answered with what is within.
 const (
 	MaxDerived      = 100
 	MaxDerivedDepth = 8
 )
 
-// getCommandSQL reads a command of the caller's tenant (depth 0) and the
-// commands it led to, from its root down through their causes
-// (sql/00047's index), a cause before what it sent. A command id is
+// getCommandSQL reads a command of the caller's tenant. A command id is
 // unique only within its aggregate: a tenant's direct Kafka producers may
 // have used one id on several aggregates (or reused an id ingest minted),
 // and each is its own command. With ?aggregate_id= ($3) the caller names
 // which; without, the answer is the command ingest accepted under that id
 // (the one its 202's Location names), else the earliest
 // (docs/decisions.md).
-const getCommandSQL = `WITH RECURSIVE root AS (
-		SELECT command_id, aggregate_id, status, command_type, reason, detail, event_ids, created_at
+//
+// led says whether the command led to other commands: whether any row
+// names it as its cause (sql/00047).
+const getCommandSQL = `SELECT aggregate_id, status, command_type, reason, detail, event_ids::text[],
+		EXISTS (SELECT 1 FROM command_status AS d
+			WHERE d.cause_command_id = $1 AND d.tenant = $2 AND d.cause_aggregate_id = c.aggregate_id)
+	FROM command_status AS c
+	WHERE command_id = $1 AND tenant = $2 AND ($3::text IS NULL OR aggregate_id = $3)
+	ORDER BY ingested DESC, created_at, aggregate_id
+	LIMIT 1`
+
+// getDerivedSQL reads the commands that commands of id $1 in tenant $2
+// led to, down the causes (sql/00047's index), a cause before what it
+// sent: MaxDerivedDepth deep, and twice MaxDerived rows, of which
+// derivedOf keeps those under the command getCommandSQL found (another
+// command of the same id, on another aggregate, may have led to some). It
+// names no aggregate, so that its parameters give a plan made for their
+// values nothing to gain: Postgres keeps the generic plan of the prepared
+// statement instead of planning the recursion again at each read.
+const getDerivedSQL = `WITH RECURSIVE derived AS (
+		SELECT command_id, aggregate_id, status, command_type, reason, detail, event_ids, created_at,
+			cause_command_id, cause_aggregate_id, 1 AS depth
 		FROM command_status
-		WHERE command_id = $1 AND tenant = $2 AND ($3::text IS NULL OR aggregate_id = $3)
-		ORDER BY ingested DESC, created_at, aggregate_id
-		LIMIT 1
-	), derived AS (
-		SELECT c.command_id, c.aggregate_id, c.status, c.command_type, c.reason, c.detail, c.event_ids, c.created_at,
-			c.cause_command_id, c.cause_aggregate_id, 1 AS depth
-		FROM root JOIN command_status AS c
-			ON c.cause_command_id = root.command_id AND c.tenant = $2 AND c.cause_aggregate_id = root.aggregate_id
+		WHERE cause_command_id = $1 AND tenant = $2
 		UNION ALL
 		SELECT c.command_id, c.aggregate_id, c.status, c.command_type, c.reason, c.detail, c.event_ids, c.created_at,
 			c.cause_command_id, c.cause_aggregate_id, d.depth + 1
@@ -92,14 +103,11 @@ const getCommandSQL = `WITH RECURSIVE root AS (
 			ON c.cause_command_id = d.command_id AND c.tenant = $2 AND c.cause_aggregate_id = d.aggregate_id
 		WHERE d.depth < 8
 	)
-	SELECT depth, command_id::text, aggregate_id, status, command_type, reason, detail, event_ids::text[],
-		coalesce(cause_command_id::text, ''), coalesce(cause_aggregate_id, '')
-	FROM (SELECT 0 AS depth, root.*, NULL::uuid AS cause_command_id, NULL::text AS cause_aggregate_id FROM root
-		UNION ALL
-		SELECT depth, command_id, aggregate_id, status, command_type, reason, detail, event_ids, created_at,
-			cause_command_id, cause_aggregate_id FROM derived) AS saga
+	SELECT command_id::text, aggregate_id, status, command_type, reason, detail, event_ids::text[],
+		cause_command_id::text, cause_aggregate_id
+	FROM derived
 	ORDER BY depth, created_at, command_id
-	LIMIT 101`
+	LIMIT 200`
 
 // getCommand answers a command's status and its outcome. With ?wait=D (a
 // Go duration such as 5s, or seconds) it long-polls: it answers as soon
@@ -241,17 +249,22 @@ func (c commandStatus) pendingDerived(watched []pipeline.ID) []pipeline.ID {
 	return more
 }
 
-// loadCommand reads a command of the caller's, with the commands it led
-// to, in a transaction scoped to its tenant (scope.go), in one round
-// trip: errRevoked if the key is no longer active, pgx.ErrNoRows if there
-// is no such command.
+// loadCommand reads a command of the caller's, and the commands it led
+// to, in transactions scoped to its tenant (scope.go): errRevoked if the
+// key is no longer active, pgx.ErrNoRows if there is no such command.
 //
-// The two statements are one batch without BEGIN and COMMIT: Postgres runs
-// what a pipeline sends before its Sync (pgx sends one, after the last
-// statement) as one implicit transaction, so the scope holds for the read
-// and ends with it. Its own statements write nothing, so a read-only
-// transaction (a Query's, readScoped) would add two statements per
-// outcome read and guard nothing.
+// The scope and the command's read are one batch without BEGIN and
+// COMMIT: Postgres runs what a pipeline sends before its Sync (pgx sends
+// one, after the last statement) as one implicit transaction, so the
+// scope holds for the read and ends with it. Its own statements write
+// nothing, so a read-only transaction (a Query's, readScoped) would add
+// two statements per outcome read and guard nothing. The read says
+// whether the command led to any other (getCommandSQL's led, a probe of
+// sql/00047's index); only then does a second round trip, scoped again,
+// read them (getDerivedSQL): most commands lead to none, and a read of
+// one costs what it did. The second read comes after the first, so a
+// command read as decided has in it every command its decision sent (the
+// projector records them in the same transaction).
 func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller, aggregate *string) (commandStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
@@ -263,25 +276,14 @@ func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller,
 	s.metrics.commandReads.Inc()
 	c := commandStatus{CommandID: id.String(), Derived: []derivedCommand{}}
 	var tenant string
-	found := false
+	found, led := false, false
 	b := &pgx.Batch{}
 	b.Queue(scopeSQL, caller.keyHash).QueryRow(func(row pgx.Row) error { return row.Scan(&tenant) })
 	b.Queue(getCommandSQL, id.String(), caller.tenant, aggregate).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
-			var depth int
-			var d derivedCommand
-			if err := rows.Scan(&depth, &d.CommandID, &d.AggregateID, &d.Status, &d.CommandType, &d.Reason, &d.Detail, &d.EventIDs,
-				&d.CauseCommandID, &d.CauseAggregateID); err != nil {
+			found = true
+			if err := rows.Scan(&c.AggregateID, &c.Status, &c.CommandType, &c.Reason, &c.Detail, &c.EventIDs, &led); err != nil {
 				return err
-			}
-			if d.EventIDs == nil {
-				d.EventIDs = []string{}
-			}
-			if depth == 0 {
-				found = true
-				c.AggregateID, c.Status, c.CommandType, c.Reason, c.Detail, c.EventIDs = d.AggregateID, d.Status, d.CommandType, d.Reason, d.Detail, d.EventIDs
-			} else if len(c.Derived) < MaxDerived {
-				c.Derived = append(c.Derived, d)
 			}
 		}
 		return rows.Err()
@@ -295,8 +297,55 @@ func (s *Server) loadCommand(ctx context.Context, id pipeline.ID, caller caller,
 	case !found:
 		return commandStatus{}, pgx.ErrNoRows
 	}
+	if c.EventIDs == nil {
+		c.EventIDs = []string{}
+	}
+	if led {
+		var derived []derivedCommand
+		b := &pgx.Batch{}
+		b.Queue(scopeSQL, caller.keyHash).QueryRow(func(row pgx.Row) error { return row.Scan(&tenant) })
+		b.Queue(getDerivedSQL, id.String(), caller.tenant).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var d derivedCommand
+				if err := rows.Scan(&d.CommandID, &d.AggregateID, &d.Status, &d.CommandType, &d.Reason, &d.Detail, &d.EventIDs,
+					&d.CauseCommandID, &d.CauseAggregateID); err != nil {
+					return err
+				}
+				if d.EventIDs == nil {
+					d.EventIDs = []string{}
+				}
+				derived = append(derived, d)
+			}
+			return rows.Err()
+		})
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			return commandStatus{}, err
+		}
+		if tenant != caller.tenant {
+			return commandStatus{}, errRevoked
+		}
+		c.Derived = derivedOf(c.CommandID, c.AggregateID, derived)
+	}
 	c.Outcome = c.outcome()
 	return c, nil
+}
+
+// derivedOf are the commands of rows (a cause before what it sent) under
+// the command id of aggregate, at most MaxDerived.
+func derivedOf(id, aggregate string, rows []derivedCommand) []derivedCommand {
+	type key struct{ id, aggregate string }
+	under := map[key]bool{{id, aggregate}: true}
+	out := []derivedCommand{}
+	for _, d := range rows {
+		if len(out) == MaxDerived {
+			break
+		}
+		if under[key{d.CauseCommandID, d.CauseAggregateID}] {
+			under[key{d.CommandID, d.AggregateID}] = true
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // outcome is pipeline.OutcomeOf c and the commands it led to.
