@@ -492,4 +492,3 @@ func TestDevListensOnLoopback(t *testing.T) {
 		}
 	}
 }
-
