@@ -426,14 +426,7 @@ func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S],
 	state, version := agg.snap.State, agg.snap.Version
 	d, err := b.p.decider.Decide(state, cmd)
 	base := pipeline.Event{CommandID: cmd.ID, CommandType: cmd.Type(), Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
-	// Every event of the decision names the commands it sends, so a
-	// reader of any one of them knows what the command led to
-	// (command_status follows a transfer to its credit and refund).
-	for _, ef := range d.Commands {
-		if ef.Payload != nil {
-			base.Derived = append(base.Derived, pipeline.CommandRef{ID: ef.CommandID, AggregateID: ef.AggregateID, Type: ef.Payload.MessageType()})
-		}
-	}
+	base.Derived = d.Sent() // on every event of the decision, a rejection's too
 	out = outcome[S]{effects: d.Commands, state: state, version: version}
 	if rej, ok := pipeline.AsRejection(err); ok {
 		ev := base
