@@ -74,7 +74,7 @@ const (
 // (docs/decisions.md).
 //
 // led says whether the command led to other commands: whether any row
-// names it as its cause (sql/00047).
+// names it as its cause (sql/00048).
 const getCommandSQL = `SELECT aggregate_id, status, command_type, reason, detail, event_ids::text[],
 		EXISTS (SELECT 1 FROM command_status AS d
 			WHERE d.cause_command_id = $1 AND d.tenant = $2 AND d.cause_aggregate_id = c.aggregate_id)
@@ -84,7 +84,7 @@ const getCommandSQL = `SELECT aggregate_id, status, command_type, reason, detail
 	LIMIT 1`
 
 // getDerivedSQL reads the commands that commands of id $1 in tenant $2
-// led to, down the causes (sql/00047's index), a cause before what it
+// led to, down the causes (sql/00048's index), a cause before what it
 // sent: MaxDerivedDepth deep, and twice MaxDerived rows, of which
 // derivedOf keeps those under the command getCommandSQL found (another
 // command of the same id, on another aggregate, may have led to some). It
@@ -260,7 +260,7 @@ func (c commandStatus) pendingDerived(watched []pipeline.ID) []pipeline.ID {
 // nothing, so a read-only transaction (a Query's, readScoped) would add
 // two statements per outcome read and guard nothing. The read says
 // whether the command led to any other (getCommandSQL's led, a probe of
-// sql/00047's index); only then does a second round trip, scoped again,
+// sql/00048's index); only then does a second round trip, scoped again,
 // read them (getDerivedSQL): most commands lead to none, and a read of
 // one costs what it did. The second read comes after the first, so a
 // command read as decided has in it every command its decision sent (the

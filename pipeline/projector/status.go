@@ -76,7 +76,7 @@ const upsertCommandStatusSQL = `INSERT INTO command_status AS c
 // earlier in this batch: the upsert runs before), only its cause. A
 // command keeps the first cause recorded. GET /v1/commands/{id} and
 // onceflow trace follow the causes from a command down to every command
-// it led to (sql/00047).
+// it led to (sql/00048).
 const recordDerivedSQL = `INSERT INTO command_status AS c
 		(command_id, tenant, aggregate_id, command_type, status, created_at, updated_at, cause_command_id, cause_aggregate_id)
 	SELECT v.command_id, v.tenant, v.aggregate_id, v.command_type, 'pending', v.at, v.at, v.cause_id, v.cause_aggregate

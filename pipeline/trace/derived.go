@@ -33,7 +33,7 @@ type Outcome struct {
 }
 
 // derivedSQL reads the commands command $1 of aggregate $3 (tenant $2) led
-// to, down the causes command_status records (sql/00047), a cause before
+// to, down the causes command_status records (sql/00048), a cause before
 // what it sent, as GET /v1/commands/{id} does.
 const derivedSQL = `WITH RECURSIVE derived AS (
 		SELECT c.*, 1 AS depth FROM command_status AS c
