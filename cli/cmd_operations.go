@@ -173,7 +173,8 @@ func runTrace(ctx context.Context, domains []*onceflow.Domain, args []string, ge
 	return nil
 }
 
-// locate finds where the command and its events are on Kafka: the
+// locate finds where the command, its events and those of the commands
+// it led to are on Kafka: the
 // outbox row is gone once shipped, so the topics are read from the
 // command's time on. Then which consumers of the events topic have read
 // past each event: the consumers `onceflow lag` shows (every group of the
@@ -195,17 +196,27 @@ func locate(ctx context.Context, cfg onceflow.Config, dep *onceflow.Deployment, 
 			t.Notes = append(t.Notes, "the command is not on "+commands+" from its time on (retention, or not shipped)")
 		}
 	}
-	ids := make([]string, len(t.Events))
-	for i, e := range t.Events {
-		ids[i] = e.EventID
+	// The events of the commands it led to are on the same events topic
+	// (a domain has one), dated with their cause's time or later.
+	all := []*[]trace.Event{&t.Events}
+	for i := range t.Derived {
+		all = append(all, &t.Derived[i].Events)
+	}
+	var ids []string
+	for _, evs := range all {
+		for _, e := range *evs {
+			ids = append(ids, e.EventID)
+		}
 	}
 	found, err := trace.Locate(ctx, cl, events, t.Command.CreatedAt, pipeline.HeaderEventID, ids)
 	if err != nil {
 		return err
 	}
-	for i := range t.Events {
-		if p, ok := found[t.Events[i].EventID]; ok {
-			t.Events[i].Position = &p
+	for _, evs := range all {
+		for i := range *evs {
+			if p, ok := found[(*evs)[i].EventID]; ok {
+				(*evs)[i].Position = &p
+			}
 		}
 	}
 	if len(found) == 0 {

@@ -43,3 +43,17 @@ type Effect struct {
 	CommandID   ID
 	Payload     Message
 }
+
+// Sent names the commands the decision sends, as every event of the
+// decision carries them (Event.Derived, the derived-command headers): a
+// reader of any one of its events knows what the command led to
+// (command_status follows a transfer to its credit and refund).
+func (d Decision) Sent() []CommandRef {
+	var refs []CommandRef
+	for _, ef := range d.Commands {
+		if ef.Payload != nil {
+			refs = append(refs, CommandRef{ID: ef.CommandID, AggregateID: ef.AggregateID, Type: ef.Payload.MessageType()})
+		}
+	}
+	return refs
+}

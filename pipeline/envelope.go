@@ -9,7 +9,8 @@ import (
 
 // Kafka header names (docs/architecture.md#topics-keys-and-headers). Commands
 // carry command-id, tenant and command-type; events carry event-id, event-type,
-// command-id (causation), aggregate-version and tenant; DLQ records add the
+// command-id (causation), aggregate-version and tenant, and one
+// derived-command for each command their decision sent; DLQ records add the
 // dlq-* headers.
 const (
 	HeaderCommandID          = "command-id"
@@ -19,6 +20,7 @@ const (
 	HeaderEventType          = "event-type"
 	HeaderAggregateVersion   = "aggregate-version"
 	HeaderTraceparent        = "traceparent"
+	HeaderDerivedCommand     = "derived-command"
 	HeaderDLQReason          = "dlq-reason"
 	HeaderDLQSourceTopic     = "dlq-source-topic"
 	HeaderDLQSourcePartition = "dlq-source-partition"
@@ -61,7 +63,42 @@ type Event struct {
 	Version     int64
 	Time        time.Time
 	Traceparent string
-	Payload     Message
+	// Derived are the commands the decision the event is part of sent to
+	// other aggregates (Decision.Commands), each in a derived-command
+	// header of every event of the decision: what a reader needs to follow
+	// a command to the commands it led to (a transfer's credit, a refund)
+	// and to know which of them it still waits for.
+	Derived []CommandRef
+	Payload Message
+}
+
+// CommandRef names a command: its id within its aggregate, and its type.
+type CommandRef struct {
+	ID          ID
+	AggregateID string
+	Type        string
+}
+
+// String is the value of a derived-command header: the command id, its
+// type and its aggregate id, separated by spaces (an id and a type have
+// none; the aggregate id is the rest).
+func (r CommandRef) String() string { return r.ID.String() + " " + r.Type + " " + r.AggregateID }
+
+// ParseCommandRef reads a derived-command header's value (CommandRef.String).
+func ParseCommandRef(s string) (CommandRef, error) {
+	id, rest, ok1 := strings.Cut(s, " ")
+	typ, agg, ok2 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 || typ == "" {
+		return CommandRef{}, fmt.Errorf("%q: want command-id, command type and aggregate id separated by spaces", s)
+	}
+	parsed, err := ParseID(id)
+	if err != nil {
+		return CommandRef{}, fmt.Errorf("%q: %w", s, err)
+	}
+	if _, _, err := SplitAggregateID(agg); err != nil {
+		return CommandRef{}, fmt.Errorf("%q: %w", s, err)
+	}
+	return CommandRef{ID: parsed, AggregateID: agg, Type: typ}, nil
 }
 
 // Type returns the event type (the event-type header).

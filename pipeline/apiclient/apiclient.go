@@ -1,6 +1,7 @@
 // Package apiclient is a small Go client of onceflow's HTTP API
-// (docs/ingest.md): any command route (Post), a command's outcome
-// (Command, WaitCommand), any other route (Do). The demo, the end-to-end
+// (docs/ingest.md): any command route (Post), a command's status and the
+// outcome of all it led to (Command, WaitCommand, WaitOutcome), any other
+// route (Do). The demo, the end-to-end
 // tests and the chaos harness use it; a domain adds its own routes'
 // helpers on top (the ledger's are in examples/ledger/ledgerapp).
 //
@@ -79,15 +80,47 @@ func (c *Client) Get(ctx context.Context, path string, v any) error {
 	return Decode(resp, http.StatusOK, v)
 }
 
-// Command is GET /v1/commands/{id}.
+// Command is GET /v1/commands/{id}: the command's own status (Status,
+// Reason, Detail, EventIDs), the Outcome of the command with every
+// command it led to, and those commands (docs/ingest.md#outcome).
 type Command struct {
-	CommandID   string   `json:"command_id"`
-	Status      string   `json:"status"`
-	CommandType string   `json:"command_type"`
-	AggregateID string   `json:"aggregate_id"`
-	Reason      string   `json:"reason"`
-	Detail      string   `json:"detail"`
-	EventIDs    []string `json:"event_ids"`
+	CommandID   string    `json:"command_id"`
+	Status      string    `json:"status"`
+	CommandType string    `json:"command_type"`
+	AggregateID string    `json:"aggregate_id"`
+	Reason      string    `json:"reason"`
+	Detail      string    `json:"detail"`
+	EventIDs    []string  `json:"event_ids"`
+	Outcome     Outcome   `json:"outcome"`
+	Derived     []Derived `json:"derived"`
+}
+
+// Outcome is the outcome of a command with every command it led to:
+// Status is pending, completed, rejected, failed or compensated; a
+// rejected, failed or compensated outcome names the refusal that decided
+// it (the command's own, or the first command it led to that was
+// refused: a transfer's credit its target refused).
+type Outcome struct {
+	Status      string `json:"status"`
+	Reason      string `json:"reason"`
+	Detail      string `json:"detail"`
+	CommandID   string `json:"command_id"`
+	AggregateID string `json:"aggregate_id"`
+	CommandType string `json:"command_type"`
+}
+
+// Derived is a command another command's decision sent, with its own
+// status and that command (its cause).
+type Derived struct {
+	CommandID        string   `json:"command_id"`
+	Status           string   `json:"status"`
+	CommandType      string   `json:"command_type"`
+	AggregateID      string   `json:"aggregate_id"`
+	Reason           string   `json:"reason"`
+	Detail           string   `json:"detail"`
+	EventIDs         []string `json:"event_ids"`
+	CauseCommandID   string   `json:"cause_command_id"`
+	CauseAggregateID string   `json:"cause_aggregate_id"`
 }
 
 func (c *Client) http() *http.Client {
@@ -154,10 +187,24 @@ func (c *Client) Command(ctx context.Context, id string) (Command, error) {
 // as the command's outcome is known, or with its pending status after
 // wait (at most 30s; keep it below the HTTP client's timeout).
 func (c *Client) CommandWait(ctx context.Context, id string, wait time.Duration) (Command, error) {
+	return c.commandWait(ctx, id, wait, false)
+}
+
+// OutcomeWait is GET /v1/commands/{id}?wait=&for=outcome: the server
+// answers as soon as the outcome of the command with every command it led
+// to is known, or with it pending after wait (at most 30s).
+func (c *Client) OutcomeWait(ctx context.Context, id string, wait time.Duration) (Command, error) {
+	return c.commandWait(ctx, id, wait, true)
+}
+
+func (c *Client) commandWait(ctx context.Context, id string, wait time.Duration, outcome bool) (Command, error) {
 	var cmd Command
 	path := "/v1/commands/" + url.PathEscape(id)
 	if wait > 0 {
 		path += "?wait=" + url.QueryEscape(wait.String())
+		if outcome {
+			path += "&for=outcome"
+		}
 	}
 	err := c.Get(ctx, path, &cmd)
 	return cmd, err
@@ -171,10 +218,26 @@ func (c *Client) CommandWait(ctx context.Context, id string, wait time.Duration)
 // outcome by asking again. When ctx ends first, the error says what the
 // last answer was.
 func (c *Client) WaitCommand(ctx context.Context, id string) (Command, error) {
+	return c.waitCommand(ctx, id, false)
+}
+
+// WaitOutcome is WaitCommand until the outcome of the command with every
+// command it led to is known (Command.Outcome: completed, rejected,
+// failed or compensated): a transfer until its credit, or its refund, is
+// applied; an order until its reservation's answer is.
+func (c *Client) WaitOutcome(ctx context.Context, id string) (Command, error) {
+	return c.waitCommand(ctx, id, true)
+}
+
+func (c *Client) waitCommand(ctx context.Context, id string, outcome bool) (Command, error) {
 	var last error // the last answer that was not ctx ending
 	for {
-		cmd, err := c.CommandWait(ctx, id, 5*time.Second)
-		if err == nil && cmd.Status != "pending" {
+		cmd, err := c.commandWait(ctx, id, 5*time.Second, outcome)
+		status := cmd.Status
+		if outcome {
+			status = cmd.Outcome.Status
+		}
+		if err == nil && status != "pending" {
 			return cmd, nil
 		}
 		var e *Error
@@ -184,6 +247,8 @@ func (c *Client) WaitCommand(ctx context.Context, id string) (Command, error) {
 			return cmd, err
 		}
 		switch {
+		case err == nil && outcome:
+			last = fmt.Errorf("command %s: its outcome still pending", id)
 		case err == nil:
 			last = fmt.Errorf("command %s still %s", id, cmd.Status)
 		case ctx.Err() == nil:

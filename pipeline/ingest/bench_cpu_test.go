@@ -109,8 +109,9 @@ func backendsCPU(b *testing.B, pool *pgxpool.Pool) map[int]time.Duration {
 }
 
 // BenchmarkOutcomeRead prices the statements of one outcome read
-// (loadCommand: the key's check and scope, then the read) on one
-// connection, without HTTP: as ingest sends them, two statements in one
+// (loadCommand: the key's check and scope, then the read, of a command
+// that led to no other) on one connection, without HTTP: as ingest sends
+// them, two statements in one
 // pipeline, which Postgres runs as one implicit transaction (implicit),
 // and the baseline of the same two between BEGIN READ ONLY and COMMIT
 // (explicit, what ingest sent before). The two alternate in blocks of 2,000 reads
@@ -141,7 +142,8 @@ func BenchmarkOutcomeRead(b *testing.B) {
 			var aggregate, commandType string
 			var reason, detail *string
 			var events []string
-			return row.Scan(&aggregate, &status, &commandType, &reason, &detail, &events)
+			var led bool
+			return row.Scan(&aggregate, &status, &commandType, &reason, &detail, &events, &led)
 		})
 		if explicit {
 			batch.Queue("COMMIT")

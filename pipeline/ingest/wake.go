@@ -199,31 +199,42 @@ func (w *wakeups) takeFresh(id pipeline.ID, tenant string, aggregate *string) bo
 	return c.tenant == tenant && (aggregate == nil || *aggregate == c.aggregate) && time.Since(c.at) <= w.freshFor
 }
 
+// wakeAll closes the channels of chs that are still open: a waiter's
+// channel is registered under each of the commands it waits for, and
+// the first of them to be named closes it.
 func wakeAll(chs map[chan struct{}]struct{}) {
 	for ch := range chs {
-		close(ch)
+		select {
+		case <-ch:
+		default:
+			close(ch)
+		}
 	}
 }
 
-// wait returns a channel closed when an outcome of id may have been
-// committed, and a function that forgets the waiter. Register before
-// reading the command's row, so an outcome committed between the read and
+// wait returns a channel closed when an outcome of one of ids may have
+// been committed, and a function that forgets the waiter. Register before
+// reading the commands' rows, so an outcome committed between the read and
 // the wait is not missed.
-func (w *wakeups) wait(id pipeline.ID) (<-chan struct{}, func()) {
+func (w *wakeups) wait(ids ...pipeline.ID) (<-chan struct{}, func()) {
 	ch := make(chan struct{})
 	w.mu.Lock()
-	if w.waiters[id] == nil {
-		w.waiters[id] = map[chan struct{}]struct{}{}
+	for _, id := range ids {
+		if w.waiters[id] == nil {
+			w.waiters[id] = map[chan struct{}]struct{}{}
+		}
+		w.waiters[id][ch] = struct{}{}
 	}
-	w.waiters[id][ch] = struct{}{}
 	w.mu.Unlock()
 	return ch, func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if chs, ok := w.waiters[id]; ok {
-			delete(chs, ch)
-			if len(chs) == 0 {
-				delete(w.waiters, id)
+		for _, id := range ids {
+			if chs, ok := w.waiters[id]; ok {
+				delete(chs, ch)
+				if len(chs) == 0 {
+					delete(w.waiters, id)
+				}
 			}
 		}
 	}

@@ -81,7 +81,8 @@ func CommandFieldsOf(r *kgo.Record) CommandFields {
 // EventRecord returns ev as it goes to an events topic, its payload
 // already encoded as value: keyed by the aggregate id, timestamped with
 // the event's time, with the headers event-id, event-type, command-id,
-// aggregate-version, tenant and, when set, command-type and traceparent.
+// aggregate-version, tenant and, when set, command-type, traceparent and a
+// derived-command for each command of ev.Derived.
 func EventRecord(topic string, ev pipeline.Event, value []byte) *kgo.Record {
 	rec := &kgo.Record{
 		Topic: topic, Key: []byte(ev.AggregateID), Value: value, Timestamp: ev.Time,
@@ -98,6 +99,9 @@ func EventRecord(topic string, ev pipeline.Event, value []byte) *kgo.Record {
 	}
 	if ev.Traceparent != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderTraceparent, Value: []byte(ev.Traceparent)})
+	}
+	for _, d := range ev.Derived {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: pipeline.HeaderDerivedCommand, Value: []byte(d.String())})
 	}
 	return rec
 }
@@ -122,6 +126,11 @@ func EventOf(r *kgo.Record) (pipeline.Event, error) {
 			e.CommandType = string(h.Value)
 		case pipeline.HeaderTraceparent:
 			e.Traceparent = string(h.Value)
+		case pipeline.HeaderDerivedCommand:
+			var d pipeline.CommandRef
+			if d, err = pipeline.ParseCommandRef(string(h.Value)); err == nil {
+				e.Derived = append(e.Derived, d)
+			}
 		}
 		if err != nil {
 			return e, fmt.Errorf("%s: %v", h.Key, err)

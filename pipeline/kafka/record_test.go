@@ -1,6 +1,7 @@
 package kafka_test
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -20,14 +21,15 @@ func (deposited) MessageType() string { return "Deposited" }
 func TestEventRecordRoundTrip(t *testing.T) {
 	ev := pipeline.Event{ID: pipeline.NewCommandID(), CommandID: pipeline.NewCommandID(), CommandType: "Deposit",
 		Tenant: "acme", AggregateID: "acme/acc-1", Version: 7, Time: time.UnixMilli(1_700_000_000_123), Traceparent: "00-" + strings.Repeat("a", 32) + "-" + strings.Repeat("b", 16) + "-01",
-		Payload: deposited{}}
+		Payload: deposited{},
+		Derived: []pipeline.CommandRef{{ID: pipeline.NewCommandID(), AggregateID: "acme/acc-2", Type: "CreditTransfer"}, {ID: pipeline.NewCommandID(), AggregateID: "acme/a b", Type: "Refund"}}}
 	r := kafka.EventRecord("ledger.events", ev, []byte("value"))
 	got, err := kafka.EventOf(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got.Payload = ev.Payload
-	if got != ev || string(r.Value) != "value" || r.Topic != "ledger.events" {
+	if !reflect.DeepEqual(got, ev) || string(r.Value) != "value" || r.Topic != "ledger.events" {
 		t.Errorf("EventOf(EventRecord(ev)) = %+v, want %+v", got, ev)
 	}
 	for _, tc := range []struct {
@@ -36,6 +38,8 @@ func TestEventRecordRoundTrip(t *testing.T) {
 		{pipeline.HeaderEventID, "42", pipeline.HeaderEventID},
 		{pipeline.HeaderCommandID, "x", pipeline.HeaderCommandID},
 		{pipeline.HeaderAggregateVersion, "seven", pipeline.HeaderAggregateVersion},
+		{pipeline.HeaderDerivedCommand, "x CreditTransfer acme/acc-2", pipeline.HeaderDerivedCommand},
+		{pipeline.HeaderDerivedCommand, pipeline.NewCommandID().String() + " CreditTransfer", pipeline.HeaderDerivedCommand},
 	} {
 		bad := *r
 		bad.Headers = append([]kgo.RecordHeader(nil), r.Headers...)

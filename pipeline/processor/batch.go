@@ -426,6 +426,7 @@ func (b *batch[S]) decide(agg *staged[S], cmd pipeline.Command) (out outcome[S],
 	state, version := agg.snap.State, agg.snap.Version
 	d, err := b.p.decider.Decide(state, cmd)
 	base := pipeline.Event{CommandID: cmd.ID, CommandType: cmd.Type(), Tenant: cmd.Tenant, AggregateID: cmd.AggregateID, Time: cmd.Time, Traceparent: cmd.Traceparent}
+	base.Derived = d.Sent() // on every event of the decision, a rejection's too
 	out = outcome[S]{effects: d.Commands, state: state, version: version}
 	if rej, ok := pipeline.AsRejection(err); ok {
 		ev := base

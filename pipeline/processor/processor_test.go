@@ -7,6 +7,7 @@ import (
 
 	"github.com/onceflow/onceflow/examples/ledger"
 	"github.com/onceflow/onceflow/pipeline"
+	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/processor"
 )
@@ -109,6 +110,34 @@ func TestLedgerCommands(t *testing.T) {
 		if len(got) != 1 || desc != want {
 			t.Errorf("follow-up %s: got %d events, first %s; want %s", id, len(got), desc, want)
 		}
+	}
+	// Each decision's events name the commands it sent, a rejection's too
+	// (the credit refused sends the refund); a decision that sent none
+	// names none.
+	derived := map[pipeline.ID]pipeline.CommandRef{
+		steps[7].c.id: {ID: followUps[0], AggregateID: b, Type: "CreditTransfer"},
+		steps[8].c.id: {ID: followUps[1], AggregateID: "acme/nobody", Type: "CreditTransfer"},
+		followUps[1]:  {ID: followUps[3], AggregateID: a, Type: "RefundTransfer"},
+		followUps[2]:  {ID: followUps[4], AggregateID: a, Type: "RefundTransfer"},
+	}
+	envelope := func(id pipeline.ID) pipeline.Event {
+		got := byCmd[id]
+		if len(got) != 1 {
+			t.Fatalf("command %s: %d events, want 1", id, len(got))
+		}
+		ev, err := kafka.EventOf(got[0].raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	for cause, want := range derived {
+		if ev := envelope(cause); len(ev.Derived) != 1 || ev.Derived[0] != want {
+			t.Errorf("command %s: event names the derived commands %v, want %v", cause, ev.Derived, want)
+		}
+	}
+	if ev := envelope(steps[3].c.id); ev.Derived != nil {
+		t.Errorf("the deposit's event names derived commands %v", ev.Derived)
 	}
 	balances := checkEventLog(t, evs)
 	want := map[string]int64{a: 60, b: 30, usd: 0}

@@ -14,7 +14,9 @@ import (
 // CommandStatus projects each command's outcome onto command_status:
 // accepted with the ids of the events it produced, rejected with the
 // reason, or failed (a CommandFailed event: the command went to the DLQ)
-// with the DLQ reason. Ingest inserts the pending row; a command produced
+// with the DLQ reason; and the commands each decision sent to other
+// aggregates (pipeline.Event.Derived), pending until their own outcome,
+// with the command that sent them (recordDerivedSQL). Ingest inserts the pending row; a command produced
 // straight to Kafka gets its row here. A command is its id within its
 // aggregate and tenant, the table's key: the same id on two aggregates, or
 // in two tenants, is two rows that never mix.
@@ -66,6 +68,23 @@ const upsertCommandStatusSQL = `INSERT INTO command_status AS c
 			ELSE c.event_ids || ARRAY(SELECT e FROM unnest(EXCLUDED.event_ids) e WHERE e <> ALL (c.event_ids)) END,
 		updated_at = EXCLUDED.updated_at
 	WHERE EXCLUDED.status <> 'failed' OR c.status IN ('pending', 'failed')`
+
+// recordDerivedSQL records the commands the batch's decisions sent to
+// other aggregates (pipeline.Event.Derived), each with the command that
+// sent it: pending, until its own outcome comes, or, when its row is
+// already there (its outcome came first, from another partition, or
+// earlier in this batch: the upsert runs before), only its cause. A
+// command keeps the first cause recorded. GET /v1/commands/{id} and
+// onceflow trace follow the causes from a command down to every command
+// it led to (sql/00048).
+const recordDerivedSQL = `INSERT INTO command_status AS c
+		(command_id, tenant, aggregate_id, command_type, status, created_at, updated_at, cause_command_id, cause_aggregate_id)
+	SELECT v.command_id, v.tenant, v.aggregate_id, v.command_type, 'pending', v.at, v.at, v.cause_id, v.cause_aggregate
+	FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::uuid[], $7::text[])
+		AS v(command_id, tenant, aggregate_id, command_type, at, cause_id, cause_aggregate)
+	ON CONFLICT (command_id, tenant, aggregate_id) DO UPDATE SET
+		cause_command_id = EXCLUDED.cause_command_id, cause_aggregate_id = EXCLUDED.cause_aggregate_id
+	WHERE c.cause_command_id IS NULL`
 
 // Apply implements pipeline.Projection.
 func (c CommandStatus) Apply(ctx context.Context, tx pgx.Tx, ev pipeline.Event) error {
@@ -126,14 +145,56 @@ func (c CommandStatus) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []pipeline
 	if _, err := tx.Exec(ctx, upsertCommandStatusSQL, c.args(evs)...); err != nil {
 		return nil, fmt.Errorf("record command outcomes: %w", err)
 	}
+	if args := derivedArgs(evs); args != nil {
+		if _, err := tx.Exec(ctx, recordDerivedSQL, args...); err != nil {
+			return nil, fmt.Errorf("record derived commands: %w", err)
+		}
+	}
 	return make([]error, len(evs)), nil
 }
 
-// queue implements queuedProjection: the upsert goes in the batch's last
+// queue implements queuedProjection: the upsert, and the derived
+// commands when the batch's decisions sent any, go in the batch's last
 // round trip. Every event's outcome is nil.
 func (c CommandStatus) queue(b *pgx.Batch, evs []pipeline.Event) ([]error, bool) {
 	b.Queue(upsertCommandStatusSQL, c.args(evs)...)
+	if args := derivedArgs(evs); args != nil {
+		b.Queue(recordDerivedSQL, args...)
+	}
 	return make([]error, len(evs)), true
+}
+
+// derivedArgs are recordDerivedSQL's arguments for the commands evs name
+// as derived (each once: every event of a decision names them), nil when
+// they name none. A derived command's row is in its own tenant, the one
+// its aggregate id names.
+func derivedArgs(evs []pipeline.Event) []any {
+	var seen map[commandKey]bool
+	var ids, causes [][16]byte
+	var tenants, aggs, types, causeAggs []string
+	var ats []time.Time
+	for _, ev := range evs {
+		for _, d := range ev.Derived {
+			tenant, _, err := pipeline.SplitAggregateID(d.AggregateID)
+			if err != nil {
+				continue // kafka.EventOf refuses it: not from a record
+			}
+			k := commandKey{d.ID, tenant, d.AggregateID}
+			if seen[k] {
+				continue
+			}
+			if seen == nil {
+				seen = map[commandKey]bool{}
+			}
+			seen[k] = true
+			ids, tenants, aggs, types = append(ids, [16]byte(d.ID)), append(tenants, tenant), append(aggs, d.AggregateID), append(types, d.Type)
+			ats, causes, causeAggs = append(ats, ev.Time), append(causes, [16]byte(ev.CommandID)), append(causeAggs, ev.AggregateID)
+		}
+	}
+	if seen == nil {
+		return nil
+	}
+	return []any{ids, tenants, aggs, types, ats, causes, causeAggs}
 }
 
 // args are the upsert's arguments for evs, folded by command.

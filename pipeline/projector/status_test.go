@@ -310,3 +310,63 @@ func TestCommandStatusFailureWithoutType(t *testing.T) {
 		}
 	})
 }
+
+// The commands a decision sent are recorded pending with their cause,
+// and keep it whatever comes first: here the refused credit's outcome
+// (from another partition) comes before the debit that sent it, and the
+// debit's second transfer and that credit's outcome share a batch. A
+// derived command's own outcome replaces pending and keeps the cause; a
+// decision named again (the inbox forgot it) changes nothing.
+func TestCommandStatusDerived(t *testing.T) {
+	t.Parallel()
+	inTx(t, func(ctx context.Context, tx pgx.Tx) {
+		cs := projector.CommandStatus{CommandTypeOf: ledger.CommandTypeOf}
+		debit, debit2 := pipeline.NewCommandID(), pipeline.NewCommandID()
+		credit := ledger.CreditCommandID("acme/a", debit, "t1")
+		credit2 := ledger.CreditCommandID("acme/a", debit2, "t2")
+		refund := ledger.RefundCommandID(credit)
+		ref := func(id pipeline.ID, agg, typ string) []pipeline.CommandRef {
+			return []pipeline.CommandRef{{ID: id, AggregateID: agg, Type: typ}}
+		}
+		rejected := projEvent("acme/nobody", 0, credit, 0, pipeline.CommandRejected{CommandType: "CreditTransfer", Reason: ledger.ReasonUnknownAccount})
+		rejected.Derived = ref(refund, "acme/a", "RefundTransfer")
+		debited := projEvent("acme/a", 3, debit, 0, ledger.TransferDebited{TransferID: "t1", To: "nobody", Amount: 5})
+		debited.Derived = ref(credit, "acme/nobody", "CreditTransfer")
+		debited2 := projEvent("acme/a", 4, debit2, 0, ledger.TransferDebited{TransferID: "t2", To: "b", Amount: 1})
+		debited2.Derived = ref(credit2, "acme/b", "CreditTransfer")
+		credited := projEvent("acme/b", 2, credit2, 0, ledger.TransferCredited{TransferID: "t2", From: "a", Amount: 1})
+		refunded := projEvent("acme/a", 5, refund, 0, ledger.TransferRefunded{TransferID: "t1", To: "nobody", Amount: 5})
+		for _, batch := range [][]pipeline.Event{{rejected}, {debited, debited2, credited}, {debited}} {
+			if _, err := cs.ApplyBatch(ctx, tx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		type row struct{ status, cmdType, cause, causeAggregate string }
+		read := func(id pipeline.ID) row {
+			t.Helper()
+			var r row
+			if err := tx.QueryRow(ctx, `SELECT status, command_type, coalesce(cause_command_id::text, ''), coalesce(cause_aggregate_id, '')
+				FROM command_status WHERE command_id = $1`, id.String()).Scan(&r.status, &r.cmdType, &r.cause, &r.causeAggregate); err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			return r
+		}
+		want := map[pipeline.ID]row{
+			debit:   {"accepted", "RequestTransfer", "", ""},
+			credit:  {"rejected", "CreditTransfer", debit.String(), "acme/a"},
+			refund:  {"pending", "RefundTransfer", credit.String(), "acme/nobody"},
+			credit2: {"accepted", "CreditTransfer", debit2.String(), "acme/a"},
+		}
+		for id, w := range want {
+			if got := read(id); got != w {
+				t.Errorf("%s: %+v, want %+v", id, got, w)
+			}
+		}
+		if _, err := cs.ApplyBatch(ctx, tx, []pipeline.Event{refunded}); err != nil {
+			t.Fatal(err)
+		}
+		if got, w := read(refund), (row{"accepted", "RefundTransfer", credit.String(), "acme/nobody"}); got != w {
+			t.Errorf("refund: %+v, want %+v", got, w)
+		}
+	})
+}

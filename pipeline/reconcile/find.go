@@ -18,11 +18,15 @@ const maxPerKind = 1000
 
 const (
 	// findPendingSQL: commands pending past the age, other than inbound
-	// events' (those are inbound findings) and those corrected.
+	// events' (those are inbound findings), those corrected, and those a
+	// decision sent (a cause: a transfer's credit, a refund): those have
+	// no key and no request to send again; they were committed to their
+	// commands topic with their cause's decision, and a processor that
+	// does not decide them shows in its lag.
 	findPendingSQL = `SELECT c.command_id::text, c.tenant, c.aggregate_id, c.command_type, c.created_at,
 			EXISTS (SELECT 1 FROM outbox AS o WHERE o.headers->>'command-id' = c.command_id::text)
 		FROM command_status AS c
-		WHERE c.status = 'pending' AND c.created_at < now() - make_interval(secs => $1)
+		WHERE c.status = 'pending' AND c.created_at < now() - make_interval(secs => $1) AND c.cause_command_id IS NULL
 			AND NOT EXISTS (SELECT 1 FROM inbound_events AS e WHERE e.command_id = c.command_id)
 			AND NOT EXISTS (SELECT 1 FROM reconcile_corrections AS r WHERE r.kind = 'pending' AND r.subject = c.command_id::text)
 		ORDER BY c.created_at

@@ -5,8 +5,10 @@
 // offset), its status, its events and where they are on the events
 // topic, which consumers of that topic have read past each event
 // (Consumers), the projectors' inbox rows, the jobs and webhook
-// deliveries the events caused, and any reconciliation of it, with their
-// times.
+// deliveries the events caused, the commands its decision sent to other
+// aggregates and those theirs sent (a transfer's credit and refund), each
+// with its status and events, the outcome of the whole, and any
+// reconciliation of it, with their times.
 //
 // What the database still holds is read in one read-only transaction;
 // where a command and its events are on Kafka is found by reading the
@@ -36,16 +38,21 @@ import (
 
 // Trace is one command's path.
 type Trace struct {
-	Query       string        `json:"query"`
-	QueryKind   string        `json:"query_kind"` // idempotency-key, provider-event, command-id, event-id
-	Key         *KeyRecord    `json:"key,omitempty"`
-	Inbound     *InboundEvent `json:"inbound,omitempty"`
-	Command     *Command      `json:"command"`
-	Outbox      *OutboxRow    `json:"outbox,omitempty"`      // still waiting for a relay
-	Dead        *DeadRow      `json:"outbox_dead,omitempty"` // refused by the broker for good
-	Shipped     *Position     `json:"shipped,omitempty"`     // where it is on the commands topic
-	Events      []Event       `json:"events"`
-	Corrections []Correction  `json:"corrections,omitempty"`
+	Query     string        `json:"query"`
+	QueryKind string        `json:"query_kind"` // idempotency-key, provider-event, command-id, event-id
+	Key       *KeyRecord    `json:"key,omitempty"`
+	Inbound   *InboundEvent `json:"inbound,omitempty"`
+	Command   *Command      `json:"command"`
+	Outbox    *OutboxRow    `json:"outbox,omitempty"`      // still waiting for a relay
+	Dead      *DeadRow      `json:"outbox_dead,omitempty"` // refused by the broker for good
+	Shipped   *Position     `json:"shipped,omitempty"`     // where it is on the commands topic
+	Events    []Event       `json:"events"`
+	// Derived are the commands it led to (its decision sent them, and
+	// theirs sent more), a cause before what it sent; Outcome is the
+	// outcome of the whole (docs/ingest.md#outcome).
+	Derived     []Derived    `json:"derived"`
+	Outcome     Outcome      `json:"outcome"`
+	Corrections []Correction `json:"corrections,omitempty"`
 	// ConsumersAt is when the consumers' offsets were read (Consumers),
 	// nil when they were not.
 	ConsumersAt *time.Time `json:"consumers_at,omitempty"`
@@ -238,7 +245,7 @@ const (
 // Idempotency-Key (of tenant, when several tenants used it), a provider
 // event (provider/event-id), a command id or an event id.
 func Find(ctx context.Context, pool *pgxpool.Pool, q, tenant string) (*Trace, error) {
-	t := &Trace{Query: q, Events: []Event{}}
+	t := &Trace{Query: q, Events: []Event{}, Derived: []Derived{}}
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
@@ -294,52 +301,24 @@ func Find(ctx context.Context, pool *pgxpool.Pool, q, tenant string) (*Trace, er
 	case !errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("read outbox_dead: %w", err)
 	}
-	rows, err := tx.Query(ctx, eventsSQL, c.CommandID, c.AggregateID)
-	if err != nil {
-		return nil, fmt.Errorf("read the events: %w", err)
-	}
-	for rows.Next() {
-		var e Event
-		if err := rows.Scan(&e.EventID, &e.EventType, &e.Version, &e.OccurredAt); err != nil {
-			return nil, err
-		}
-		e.Inbox, e.Deliveries, e.Jobs = []Inbox{}, []Delivery{}, []Job{}
-		t.Events = append(t.Events, e)
-	}
-	if err := rows.Err(); err != nil {
+	if t.Events, err = readEvents(ctx, tx, c.CommandID, c.AggregateID); err != nil {
 		return nil, err
 	}
 	ids := make([]string, len(t.Events))
 	for i, e := range t.Events {
 		ids[i] = e.EventID
 	}
-	rows, err = tx.Query(ctx, inboxSQL, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read the inbox: %w", err)
-	}
-	for rows.Next() {
-		var id string
-		var in Inbox
-		if err := rows.Scan(&id, &in.Consumer, &in.ReceivedAt); err != nil {
-			return nil, err
-		}
-		for i := range t.Events {
-			if t.Events[i].EventID == id {
-				t.Events[i].Inbox = append(t.Events[i].Inbox, in)
-			}
-		}
-	}
-	if err := rows.Err(); err != nil {
+	if err := readEffects(ctx, tx, t, ids); err != nil {
 		return nil, err
 	}
-	if err := readEffects(ctx, tx, t, ids); err != nil {
+	if err := readDerived(ctx, tx, t); err != nil {
 		return nil, err
 	}
 	subject := ""
 	if t.Inbound != nil {
 		subject = t.Inbound.Provider + "/" + t.Inbound.EventID
 	}
-	rows, err = tx.Query(ctx, correctionsSQL, c.CommandID, c.AggregateID, subject)
+	rows, err := tx.Query(ctx, correctionsSQL, c.CommandID, c.AggregateID, subject)
 	if err != nil {
 		return nil, fmt.Errorf("read the corrections: %w", err)
 	}
@@ -579,7 +558,8 @@ type Step struct {
 
 // Timeline is the trace as steps in the order of the path (key, provider
 // event, command, outbox, shipped, events with their consumers, inbox rows, jobs and
-// webhook deliveries, status, corrections), each with its time. Not sorted by time: the stages of one
+// webhook deliveries, status, the commands it led to with their events
+// and statuses and the outcome of the whole, corrections), each with its time. Not sorted by time: the stages of one
 // command often share a millisecond, and records carry the command's time.
 func (t *Trace) Timeline() []Step {
 	var s []Step
@@ -606,11 +586,7 @@ func (t *Trace) Timeline() []Step {
 		add(p.Time, "shipped", "on %s partition %d offset %d", p.Topic, p.Partition, p.Offset)
 	}
 	for _, e := range t.Events {
-		where := "not found on the events topic"
-		if p := e.Position; p != nil {
-			where = fmt.Sprintf("on %s partition %d offset %d", p.Topic, p.Partition, p.Offset)
-		}
-		add(e.OccurredAt, "event", "%s %s version %d, %s", e.EventType, e.EventID, e.Version, where)
+		add(e.OccurredAt, "event", "%s %s version %d, %s", e.EventType, e.EventID, e.Version, where(e.Position))
 		if e.Consumers != nil && t.ConsumersAt != nil {
 			add(*t.ConsumersAt, "consumers", "%s", consumersLine(e.Consumers))
 		}
@@ -639,11 +615,8 @@ func (t *Trace) Timeline() []Step {
 			add(at, "webhook", "%s", what)
 		}
 	}
-	outcome := c.Status
-	if c.Reason != "" {
-		outcome += " (" + c.Reason + ")"
-	}
-	add(c.UpdatedAt, "status", "%s", outcome)
+	add(c.UpdatedAt, "status", "%s", statusText(c.Status, c.Reason))
+	t.derivedSteps(add)
 	for _, k := range t.Corrections {
 		add(k.CorrectedAt, "reconcile", "%s %s: %s as %s (%s)", k.Kind, k.Subject, k.Action, k.CommandID, k.Reason)
 	}
