@@ -31,7 +31,9 @@ type lagRow struct {
 
 func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var groups, output, serve string
+	var wide bool
 	c, _, err := parse("lag", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
+		fs.BoolVar(&wide, "wide", false, "add each partition's consumer and client ids to the table")
 		fs.StringVar(&groups, "group", "", "only these groups or consumers, comma separated (default: every group on the cluster and every consumer with offsets in Postgres)")
 		fs.StringVar(&output, "o", "table", "table or json")
 		fs.StringVar(&serve, "serve", "", "serve the lag of every consumer as Prometheus metrics on this address (/metrics, /healthz) until stopped, in place of Kafka Lag Exporter, instead of printing it")
@@ -140,7 +142,7 @@ func runLag(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 		}
 		return enc.Encode(out)
 	}
-	printLag(stdout, rows, parked, retrying)
+	printLag(stdout, rows, parked, retrying, wide)
 	if noDatabase != nil {
 		fmt.Fprintf(stdout, "\nthe projectors' offsets, parked and retrying partitions are not shown: %v\n", noDatabase)
 	}
@@ -178,16 +180,23 @@ func serveLag(ctx context.Context, cfg onceflow.Config, databaseURL, addr string
 	return err
 }
 
-func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, retrying []projector.RetryingPartition) {
+func printLag(w io.Writer, rows []lagRow, parked []projector.ParkedPartition, retrying []projector.RetryingPartition, wide bool) {
+	// The member and client ids (a group member's id is some 60
+	// characters) take a table past 200 columns: -wide adds them.
+	ids := func(string, string) string { return "" }
+	if wide {
+		ids = func(member, client string) string {
+			return "\t" + dashIf(member == "", member) + "\t" + dashIf(client == "", client)
+		}
+	}
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "no consumer groups")
 	} else {
-		tw := table(w, "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tOFFSETS-IN\tLOG-END-OFFSET\tLAST-STABLE-OFFSET\tLAG\tLAG-SECONDS\tCONSUMER-ID\tHOST\tCLIENT-ID\tPARKED\tRETRYING")
+		tw := table(w, "GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tOFFSETS-IN\tLOG-END\tLAST-STABLE\tLAG\tLAG-SECONDS\tHOST"+ids("CONSUMER-ID", "CLIENT-ID")+"\tPARKED\tRETRYING")
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s%s\t%s\t%s\n",
 				r.Group, r.Topic, r.Partition, dashIf(r.Committed < 0, strconv.FormatInt(r.Committed, 10)), r.OffsetsIn,
-				r.LogEnd, r.LastStable, r.Lag, lagSecondsText(r.LagSeconds),
-				dashIf(r.MemberID == "", r.MemberID), dashIf(r.Host == "", r.Host), dashIf(r.ClientID == "", r.ClientID),
+				r.LogEnd, r.LastStable, r.Lag, lagSecondsText(r.LagSeconds), dashIf(r.Host == "", r.Host), ids(r.MemberID, r.ClientID),
 				dashIf(r.Parked == "", r.Parked), dashIf(r.Retrying == "", r.Retrying))
 		}
 		tw.Flush()
@@ -294,4 +303,3 @@ func printStreams(w io.Writer, streams []natsStream) {
 		}
 	}
 }
-

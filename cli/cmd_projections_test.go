@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -132,11 +133,22 @@ func TestLagCommand(t *testing.T) {
 	if l := find(projector.DefaultConsumer, c.topics.Events(), "0"); !projFieldsEqual(lastTwo(l), []string{"-", "connection"}) {
 		t.Errorf("retrying partition not marked: %q", l)
 	}
-	for _, want := range []string{"GROUP", "LAST-STABLE-OFFSET", "OFFSETS-IN", "CLIENT-ID", "RETRYING", "parked partitions", "accounts: version gap on acme/a",
+	for _, want := range []string{"GROUP", "LAST-STABLE", "OFFSETS-IN", "RETRYING", "parked partitions", "accounts: version gap on acme/a",
 		"retrying partitions", "commit: unexpected EOF"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+	// A newcomer's terminal: the table's rows fit in 150 columns; -wide
+	// adds the member and client ids (a row was some 230 columns).
+	table, _, _ := strings.Cut(out, "\n\n") // the tables of parks and retries below have their details
+	for _, l := range strings.Split(table, "\n") {
+		if n := utf8.RuneCountInString(strings.TrimRight(l, " ")); n > 150 {
+			t.Errorf("a lag row of %d columns:\n%s", n, l)
+		}
+	}
+	if wide, err := c.run("lag", "-wide"); err != nil || !strings.Contains(wide, "CONSUMER-ID") || !strings.Contains(wide, "CLIENT-ID") {
+		t.Errorf("lag -wide: %v\n%s", err, wide)
 	}
 
 	out, err = c.run("lag", "-o", "json", "-group", projector.DefaultConsumer)
