@@ -61,7 +61,7 @@ func TestLagShowsForeignGroups(t *testing.T) {
 	c := newProjCLI(t)
 	oldest := foreignGroup(t, c.brokers, "billing", "orders")
 
-	out, err := c.run("lag")
+	out, err := c.run("lag", "-wide") // with the member's client id
 	if err != nil {
 		t.Fatalf("lag: %v\n%s", err, out)
 	}
