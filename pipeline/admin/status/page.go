@@ -121,8 +121,16 @@ func (p *Page) Register(s *admin.Server) {
 	p.acts = s.ActsEnabled
 	assets, _ := fs.Sub(web, "web")
 	s.Handle("GET /{$}", http.RedirectHandler("/status", http.StatusFound))
-	s.Handle("GET /status", page(assets, "index.html"))
+	first, err := p.servePage(assets)
+	if err != nil {
+		panic(err) // the embedded index.html is not a template: a build that cannot run
+	}
+	s.Handle("GET /status", first)
 	s.Handle("GET /status/{asset}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("asset") == "index.html" { // a template: /status draws it
+			http.NotFound(w, r)
+			return
+		}
 		page(assets, r.PathValue("asset")).ServeHTTP(w, r)
 	}))
 	s.Handle("GET /status.json", http.HandlerFunc(p.serveJSON))

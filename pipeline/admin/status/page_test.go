@@ -355,3 +355,39 @@ func TestNATSinkStage(t *testing.T) {
 		t.Errorf("the sink's facts: %+v, want its stream with its storage and replicas", sink.Facts)
 	}
 }
+
+// /status is drawn on the server first: curl (or a browser without
+// JavaScript, or a screenshot before the script ran) sees the figures —
+// a stage's counter, the parked partition without its detail — and the
+// page still loads nothing but what the admin server serves.
+func TestFirstPaintFromTheServer(t *testing.T) {
+	t.Parallel()
+	srv, page, reg, _ := server(t, "")
+	applied := prometheus.NewCounter(prometheus.CounterOpts{Name: "onceflow_projector_events_applied_total"})
+	reg.MustRegister(applied)
+	applied.Add(1234)
+	page.Sample()
+	resp, err := http.Get(srv.URL + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	html := string(b)
+	for _, want := range []string{`data-stage="projector"`, ">1234<", "ledger.events", "version-gap", "components: projector", `src="/status/app.js"`} {
+		if !strings.Contains(html, want) {
+			t.Errorf("/status drawn on the server lacks %q:\n%s", want, html)
+		}
+	}
+	for _, not := range []string{"{{", "SECRET-DETAIL", "loading /status.json"} {
+		if strings.Contains(html, not) {
+			t.Errorf("/status has %q", not)
+		}
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") || resp.Header.Get("Content-Security-Policy") == "" {
+		t.Errorf("/status: Content-Type %q, CSP %q", ct, resp.Header.Get("Content-Security-Policy"))
+	}
+	if r, err := http.Get(srv.URL + "/status/index.html"); err != nil || r.StatusCode != http.StatusNotFound {
+		t.Errorf("the template itself is served: %v %v", r.StatusCode, err)
+	}
+}
