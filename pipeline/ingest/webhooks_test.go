@@ -1,10 +1,12 @@
 package ingest_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/onceflow/onceflow/pipeline/ingest"
@@ -173,4 +175,45 @@ func containsStr(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// The cap of subscriptions per tenant holds against creates at once: with
+// 96 subscriptions, 20 creates sent together make 4 and refuse 16 (each
+// counted 99 or less before its insert, and a tenant went past the cap).
+func TestSubscriptionCapHoldsUnderConcurrentCreates(t *testing.T) {
+	t.Parallel()
+	pool, _ := ledgerPool(t)
+	s := startServer(t, pool, ingest.Config{})
+	key := tenant(t, pool, "acme")
+	body := `{"url":"https://hooks.example.com/onceflow"}`
+	for i := range webhooks.MaxSubscriptions - 4 {
+		if r := s.do(t, req{method: "POST", path: "/v1/webhooks", apiKey: key, idemKey: "before-" + strconv.Itoa(i), body: body}); r.Status != 201 {
+			t.Fatalf("subscription %d: got %s", i, r)
+		}
+	}
+	codes := make(chan int, 20)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			codes <- s.do(t, req{method: "POST", path: "/v1/webhooks", apiKey: key, idemKey: "race-" + strconv.Itoa(i), body: body}).Status
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(codes)
+	count := map[int]int{}
+	for c := range codes {
+		count[c]++
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_subscriptions WHERE tenant = 'acme'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if count[201] != 4 || count[409] != 16 || n != webhooks.MaxSubscriptions {
+		t.Errorf("20 creates at once with 4 places left: %v by status, %d subscriptions; want 4 made, 16 refused, %d", count, n, webhooks.MaxSubscriptions)
+	}
 }

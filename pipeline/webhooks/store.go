@@ -100,6 +100,13 @@ func SubscriptionID(tenant, key string) pipeline.ID {
 
 const subscriptionColumns = `id, url, event_types, status, disabled_reason, cardinality(secrets) > 1, created_at, secrets[1]`
 
+// lockTenantSQL serializes a tenant's creates for the rest of the
+// transaction, so that the count createSQL checks against the cap is the
+// one its insert adds to: two creates at once both counted 99 and both
+// inserted. The lock comes in a statement of its own, since a statement
+// reads the snapshot it started with even after a lock it waited for.
+const lockTenantSQL = `SELECT pg_advisory_xact_lock(hashtextextended('onceflow_webhook_subscriptions/' || $1, 0))`
+
 const createSQL = `INSERT INTO webhook_subscriptions (tenant, id, url, event_types, secrets)
 	SELECT $1, $2, $3, $4, ARRAY[$5]
 	WHERE (SELECT count(*) FROM webhook_subscriptions WHERE tenant = $1) < $6
@@ -125,10 +132,14 @@ func scan(row pgx.Row) (Subscription, error) {
 // subscription without its secret (created false): a secret is shown once,
 // and a replay after a rotation must not hand out the new one to whoever
 // holds the creating request. It returns ErrConflict if the key made a
-// subscription for another url or types.
+// subscription for another url or types. db must be a transaction for
+// MaxSubscriptions to hold against concurrent creates (ingest's is).
 func Create(ctx context.Context, db DB, tenant, key, rawURL string, types []string) (s Subscription, created bool, err error) {
 	id := SubscriptionID(tenant, key)
 	types = normalize(types)
+	if _, err := db.Exec(ctx, lockTenantSQL, tenant); err != nil {
+		return Subscription{}, false, fmt.Errorf("lock the tenant's subscriptions: %w", err)
+	}
 	s, err = scan(db.QueryRow(ctx, createSQL, tenant, [16]byte(id), rawURL, types, NewSecret(), MaxSubscriptions))
 	if err == nil {
 		return s, true, nil
