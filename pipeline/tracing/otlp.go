@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -36,9 +37,11 @@ func TracesURL(base, traces string) string {
 // OTLP over HTTP to tracesURL (TracesURL). The SDK reads the other standard
 // variables itself: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
 // (default service name: service), OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT,
-// _COMPRESSION, _CERTIFICATE and their _TRACES_ forms, OTEL_TRACES_SAMPLER
-// (default parentbased_always_on) and OTEL_BSP_*. Its Shutdown exports
-// what is left.
+// _COMPRESSION, _CERTIFICATE and their _TRACES_ forms and OTEL_BSP_*;
+// OTEL_TRACES_SAMPLER (default parentbased_always_on) is read here, for a
+// server span is sampled on its own whatever its caller's traceparent
+// says, and a client span's URL keeps its scheme and host only (guard.go).
+// Its Shutdown exports what is left.
 func OTLP(ctx context.Context, tracesURL, service string) (*sdktrace.TracerProvider, error) {
 	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(tracesURL))
 	if err != nil {
@@ -48,5 +51,6 @@ func OTLP(ctx context.Context, tracesURL, service string) (*sdktrace.TracerProvi
 	if err != nil {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
-	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+	opts := append(guarded(os.Getenv), sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	return sdktrace.NewTracerProvider(opts...), nil
 }
