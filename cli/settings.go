@@ -304,7 +304,7 @@ var (
 			return err
 		}}
 	processorMaxCommandAge = &setting{flag: "processor-max-command-age", env: "ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE", kind: "duration", section: processorSection,
-		help: "how far behind the processor's clock a command's record time may be; an earlier one (or one before 1970) goes to the DLQ (past-timestamp); empty: the commands topic's retention and a day",
+		help: "how far behind the processor's clock a producer's command record time may be; an earlier one (or one before 1970) goes to the DLQ (past-timestamp), not one the relay or a decision sent (accepted-by); empty: the commands topic's retention and a day",
 		set: func(c *config, v string) error {
 			if v == "" {
 				return nil

@@ -312,7 +312,11 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
 		return cmd, poisoned(ReasonFutureTimestamp, "record time %s is %s ahead of the processor's clock (the limit is %s)",
 			r.Timestamp.UTC().Format(time.RFC3339Nano), time.Duration(skew)*time.Millisecond, b.p.cfg.MaxClockSkew), nil
 	}
-	if b.tooOld(r.Timestamp) {
+	// A command the pipeline accepted (accepted-by: an outbox row ingest
+	// took, a decision's command) is dated when it was accepted: it is
+	// never failed for the time the relay or the processor took since.
+	// Before the Unix epoch is refused whoever sent it.
+	if r.Timestamp.UnixMilli() < 0 || !acceptedByPipeline(f.AcceptedBy) && b.tooOld(r.Timestamp) {
 		return cmd, poisoned(ReasonPastTimestamp, "record time %s is before the Unix epoch or more than %s behind the processor's clock (the commands topic's retention and a day, or ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE)",
 			r.Timestamp.UTC().Format(time.RFC3339Nano), b.p.maxCommandAge), nil
 	}
@@ -343,6 +347,16 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
 	}
 	return cmd, nil, nil
 }
+
+// acceptedByPipeline says whether an accepted-by header names a part of
+// the pipeline that accepts commands (pipeline.HeaderAcceptedBy).
+func acceptedByPipeline(v []byte) bool {
+	return string(v) == pipeline.AcceptedByRelay || string(v) == pipeline.AcceptedByProcessor
+}
+
+// acceptedHeader marks the commands a decision sends: the processor
+// accepted them with their cause, and they carry the cause's time.
+var acceptedHeader = kgo.RecordHeader{Key: pipeline.HeaderAcceptedBy, Value: []byte(pipeline.AcceptedByProcessor)}
 
 // quote prints bytes from a record for a DLQ detail or a log: Go-quoted
 // (invalid UTF-8 and control characters escaped) and cut at 200 bytes.
@@ -467,7 +481,12 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	return kafka.CommandRecord(topic, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	rec, err := kafka.CommandRecord(topic, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	if err != nil {
+		return nil, err
+	}
+	rec.Headers = append(rec.Headers, acceptedHeader)
+	return rec, nil
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
