@@ -239,6 +239,16 @@ var (
 	trustedProxies = &setting{flag: "trusted-proxies", env: "ONCEFLOW_TRUSTED_PROXIES", kind: "string", section: ingestSection,
 		help: "addresses (CIDR, comma separated) of the load balancers in front of ingest, never a network clients come from: from them X-Forwarded-For names the client whose failed authentications are limited",
 		set:  func(c *config, v string) (err error) { c.Ingest.TrustedProxies, err = networks(v); return err }}
+	ingestWriteTimeout = &setting{flag: "ingest-write-timeout", env: "ONCEFLOW_INGEST_WRITE_TIMEOUT", def: ingest.DefaultWriteTimeout.String(), kind: "duration", section: ingestSection,
+		help: "how long an ingest request may take from its headers to the end of its answer, a ?wait= besides: a client that does not read its answer holds its connection this long; longer than the 10s a request waits for the database",
+		set: func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return errors.New("want a positive duration like 30s")
+			}
+			c.Ingest.WriteTimeout = d
+			return nil
+		}}
 	inboundConfig = &setting{flag: "inbound-config", env: "ONCEFLOW_INBOUND_CONFIG", section: ingestSection,
 		help: "JSON `file` of the webhook providers ingest accepts at POST /v1/inbound/{provider} (docs/inbound.md); secrets may stay in the environment (secrets_env)",
 		set: func(c *config, v string) error {
@@ -482,7 +492,7 @@ var (
 	poolSettings   = []*setting{databaseURL, databaseMigrationURL, databaseMaxConns}
 	topicsSettings = []*setting{topicPrefix, partitions, dedupWindow}
 	outboxSettings = []*setting{outboxShards, idempotencyRetention}
-	ingestSettings = []*setting{httpAddr, tenantRateLimit, trustedProxies, inboundConfig, inboundRetention}
+	ingestSettings = []*setting{httpAddr, tenantRateLimit, trustedProxies, ingestWriteTimeout, inboundConfig, inboundRetention}
 	relaySettings  = []*setting{instanceID, relayLease, relayBatchSize, reconcileInterval}
 	// The processor's instance id names its transactional producer.
 	processorSettings = []*setting{instanceID, processorSessionTimeout, processorMaxClockSkew, processorMaxCommandAge, processorMaxCommandBytes}

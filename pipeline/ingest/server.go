@@ -201,6 +201,10 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
+// Unwrap lets http.ResponseController reach the connection (a wait's
+// write deadline).
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
 // traceparentRe is the W3C Trace Context header (version 00 and later):
 // anything else is dropped rather than carried into Kafka headers.
 var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
@@ -361,6 +365,10 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 	}
 	deadline := time.Now().Add(wait)
 	if wait > 0 {
+		// The write timeout bounds what a request takes besides its wait.
+		if err := http.NewResponseController(w).SetWriteDeadline(deadline.Add(s.cfg.WriteTimeout)); err != nil {
+			s.logger.Warn("cannot extend a wait's write deadline; the wait may be cut at the write timeout", "err", err)
+		}
 		// A command this process accepted moments ago, whose outcome no
 		// notification has named since, is pending: its first wait need
 		// not read the row, the notification that ends it wakes the wait
@@ -517,6 +525,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      s.cfg.WriteTimeout,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
