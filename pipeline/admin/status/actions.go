@@ -46,6 +46,7 @@ func (p *Page) unpark(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	n, err := projector.Unpark(ctx, p.cfg.Pool, req.Consumer, req.Topic, []int32{*req.Partition})
+	p.parked.forget()
 	if err != nil {
 		p.cfg.Logger.Error("status page: unpark", "consumer", req.Consumer, "topic", req.Topic, "partition", *req.Partition, "err", err)
 		fail(w, http.StatusInternalServerError, "action-failed", "unpark failed; the process's log says why")
