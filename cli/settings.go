@@ -157,7 +157,7 @@ var (
 // This process: where it listens, who may act on it, how it is known.
 var (
 	adminAddr = &setting{flag: "admin-addr", env: "ADMIN_ADDR", kind: "string", section: processSection,
-		help: "metrics and health address; empty is :9090, or 127.0.0.1:9090 in onceflow dev",
+		help: "metrics, health and status page address, answering without credentials; empty is 127.0.0.1:9090 (loopback only): name an interface Prometheus and probes reach, like :9090 or a private address",
 		set:  func(c *config, v string) error { c.AdminAddr = v; return nil }}
 	adminToken = &setting{flag: "admin-token", env: "ONCEFLOW_ADMIN_TOKEN", secret: true, section: processSection,
 		help: "bearer `token` the admin routes that act require; unset, they are disabled",

@@ -56,10 +56,16 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// New returns a server for addr (ADMIN_ADDR, default ":9090").
+// DefaultAddr is the admin address when none is given: loopback only.
+// /metrics, /readyz and the status page answer without credentials, so
+// reaching them from elsewhere is a choice (ADMIN_ADDR=:9090, or a private
+// interface), not a default (docs/security.md).
+const DefaultAddr = "127.0.0.1:9090"
+
+// New returns a server for addr (ADMIN_ADDR, default DefaultAddr).
 func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Server {
 	if addr == "" {
-		addr = ":9090"
+		addr = DefaultAddr
 	}
 	s := &Server{addr: addr, registry: registry, logger: logger, checks: map[string]Check{}, mux: http.NewServeMux()}
 	s.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -86,6 +92,10 @@ func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Serve
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	return s
 }
+
+// Addr is the address Run listens on: the one New was given, or
+// DefaultAddr.
+func (s *Server) Addr() string { return s.addr }
 
 // AddCheck adds a named readiness check. A component adds one per
 // dependency (postgres, kafka) and one that passes once it has started.
