@@ -208,6 +208,11 @@ const (
 	keyRecordSQL = `SELECT route, command_id, response_body FROM idempotency_keys
 		WHERE tenant = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3) AND created_at < now() + interval '1 day'
 		ORDER BY created_at DESC LIMIT 1`
+	// countReplaySQL counts a replay on the key's record, as accepts count
+	// theirs (`onceflow idempotency-check`). A conflict's 409 rolls the
+	// transaction back, so a rotate's conflicts are not counted.
+	countReplaySQL = `UPDATE idempotency_keys SET replays = replays + 1, last_seen_at = now()
+		WHERE tenant = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3) AND created_at < now() + interval '1 day'`
 	// rememberRotateSQL records a rotation's answer under its key.
 	rememberRotateSQL = `INSERT INTO idempotency_keys (tenant, key, route, request_hash, command_id, response_status, response_headers, response_body)
 		VALUES ($1, $2, $3, $4, $5, 200, '{}', $6)`
@@ -240,11 +245,15 @@ func (s *Server) rotateWebhook(w http.ResponseWriter, r *http.Request, c caller)
 		var route string
 		var made [16]byte
 		var answer []byte
-		err := db.QueryRow(ctx, keyRecordSQL, tenant, key, s.cfg.IdempotencyRetention.Seconds()).Scan(&route, &made, &answer)
+		retention := s.cfg.IdempotencyRetention.Seconds()
+		err := db.QueryRow(ctx, keyRecordSQL, tenant, key, retention).Scan(&route, &made, &answer)
 		switch {
 		case err == nil && (route != webhookRotatePattern || pipeline.ID(made) != id):
 			return nil, 0, errKeyReused
 		case err == nil:
+			if _, err := db.Exec(ctx, countReplaySQL, tenant, key, retention); err != nil {
+				return nil, 0, fmt.Errorf("count the replay: %w", err)
+			}
 			w.Header().Set("Idempotent-Replayed", "true")
 			return json.RawMessage(answer), http.StatusOK, nil
 		case !errors.Is(err, pgx.ErrNoRows):
