@@ -10,5 +10,8 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/...
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
 USER nonroot
+# The admin address binds loopback unless ADMIN_ADDR names an interface:
+# set ADMIN_ADDR=:9090 for Prometheus and probes outside the container
+# (compose/docker-compose.yml does).
 EXPOSE 8080 9090
 ENTRYPOINT []

@@ -72,10 +72,11 @@ type RunConfig struct {
 	Components Components
 	// HTTPAddr is ingest's address (HTTP_ADDR). Default ":8080".
 	HTTPAddr string
-	// AdminAddr serves /metrics, /healthz, /readyz (ADMIN_ADDR). Default
-	// ":9090", every interface, so that Prometheus and probes on other
-	// machines reach it; bind it to loopback or a private interface where
-	// they can (docs/security.md). `onceflow dev` defaults to loopback.
+	// AdminAddr serves /metrics, /healthz, /readyz and the status page
+	// (ADMIN_ADDR). Default admin.DefaultAddr, loopback only: they answer
+	// without credentials, so Prometheus and probes on other machines
+	// reach them once it names an interface they can reach (":9090", a
+	// private address; docs/security.md).
 	AdminAddr string
 	// AdminToken is the bearer token the admin routes that act require
 	// (ONCEFLOW_ADMIN_TOKEN); empty disables them.
@@ -273,7 +274,7 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 		}
 	}
 	// Listeners are bound before anything runs, so Started can report them.
-	if p.adminLn, err = net.Listen("tcp", orDefault(rc.AdminAddr, ":9090")); err != nil {
+	if p.adminLn, err = net.Listen("tcp", p.adm.Addr()); err != nil {
 		return nil, fmt.Errorf("admin listen: %w", err)
 	}
 	p.closers = append(p.closers, func() { p.adminLn.Close() })

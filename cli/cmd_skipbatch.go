@@ -18,19 +18,21 @@ import (
 
 // runCommandsSkipBatch is `onceflow commands skip-batch`: the admin
 // route POST /status/skip-batch of the processor blocked at a batch too
-// large to decompress (processor.SkipBatch), with the operator's name from
-// -operator or $USER, as `onceflow projections skip` is for a projector.
+// large to decompress (processor.SkipBatch), as `onceflow projections
+// skip` is for a projector. The DLQ record says who skipped: the admin
+// token's identity, with the name from -operator or $USER as what the
+// operator says (admin.Who).
 func runCommandsSkipBatch(ctx context.Context, domains []*onceflow.Domain, args []string, getenv func(string) string, stdout io.Writer) error {
 	var aggregate, note, operator string
 	c, fs, err := parse("commands skip-batch", domains, args, getenv, stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&aggregate, "aggregate-type", "", "the aggregate type whose commands topic is blocked, DOMAIN/TYPE (default: the only one)")
 		fs.StringVar(&note, "note", "", "why the batch is skipped (required; kept in its DLQ record)")
-		fs.StringVar(&operator, "operator", getenv("USER"), "who skips it (kept in its DLQ record)")
+		fs.StringVar(&operator, "operator", getenv("USER"), "your name, kept in its DLQ record as what you say next to who the admin token proves (admin-token)")
 	})
 	if err != nil {
 		return err
 	}
-	if fs.NArg() != 2 || note == "" || operator == "" {
+	if fs.NArg() != 2 || note == "" {
 		return fmt.Errorf("usage: onceflow commands skip-batch -note WHY [-operator NAME] [-admin-addr HOST:PORT] PARTITION OFFSET (the batch's offset: onceflow lag shows batch-too-large@OFFSET)")
 	}
 	part, off, err := partitionOffset(fs)
@@ -89,7 +91,7 @@ func runCommandsSkipBatch(ctx context.Context, domains []*onceflow.Domain, args 
 	if err := json.Unmarshal(b, &res); err != nil || res.Message == "" {
 		return fmt.Errorf("the processor's answer is not a skip's: %s", plain(string(b)))
 	}
-	fmt.Fprintf(stdout, "%s; skipped by %s: %s\n", res.Message, operator, note)
+	fmt.Fprintf(stdout, "%s: %s\n", res.Message, note)
 	return nil
 }
 

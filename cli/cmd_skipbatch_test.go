@@ -126,13 +126,13 @@ func TestCommandsSkipBatch(t *testing.T) {
 	}
 
 	out, err = e.run("commands", "skip-batch", "-note", "8 MiB of zeros from a test producer", "-operator", "alice", fmt.Sprint(part), at)
-	if want := fmt.Sprintf("skipped %s partition %d from %d to %d", e.topics.Commands(), got.Partition, got.Offset, got.Offset+1); err != nil || !strings.Contains(out, want) {
+	if want := fmt.Sprintf("skipped %s partition %d from %d to %d; the DLQ has its record (reason batch-too-large), skipped by admin-token (operator says \"alice\"): 8 MiB of zeros", e.topics.Commands(), got.Partition, got.Offset, got.Offset+1); err != nil || !strings.Contains(out, want) {
 		t.Fatalf("skip-batch: %v, want %q in:\n%s", err, want, out)
 	}
 	pipelinetest.Eventually(t, 60*time.Second, func() error { return blocked(0) })
 	pipelinetest.Eventually(t, 60*time.Second, func() error {
 		out, err := e.run("dlq", "list", "-reason", processor.ReasonBatchTooLarge)
-		if err != nil || !strings.Contains(out, "\n1 record\n") || !strings.Contains(out, "alice: 8 MiB of zeros from a test producer") ||
+		if err != nil || !strings.Contains(out, "\n1 record\n") || !strings.Contains(out, `skipped by admin-token (operator says \"alice\"): 8 MiB of zeros from a test producer`) ||
 			!strings.Contains(out, fmt.Sprintf("%s/%d@%d", e.topics.Commands(), got.Partition, got.Offset)) {
 			return fmt.Errorf("dlq list (%v):\n%s", err, out)
 		}

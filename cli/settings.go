@@ -161,7 +161,7 @@ var (
 // This process: where it listens, who may act on it, how it is known.
 var (
 	adminAddr = &setting{flag: "admin-addr", env: "ADMIN_ADDR", kind: "string", section: processSection,
-		help: "metrics and health address; empty is :9090, or 127.0.0.1:9090 in onceflow dev",
+		help: "metrics, health and status page address, answering without credentials; empty is 127.0.0.1:9090 (loopback only): name an interface Prometheus and probes reach, like :9090 or a private address",
 		set:  func(c *config, v string) error { c.AdminAddr = v; return nil }}
 	adminToken = &setting{flag: "admin-token", env: "ONCEFLOW_ADMIN_TOKEN", secret: true, section: processSection,
 		help: "bearer `token` the admin routes that act require; unset, they are disabled",
@@ -237,6 +237,16 @@ var (
 	trustedProxies = &setting{flag: "trusted-proxies", env: "ONCEFLOW_TRUSTED_PROXIES", kind: "string", section: ingestSection,
 		help: "addresses (CIDR, comma separated) of the load balancers in front of ingest, never a network clients come from: from them X-Forwarded-For names the client whose failed authentications are limited",
 		set:  func(c *config, v string) (err error) { c.Ingest.TrustedProxies, err = networks(v); return err }}
+	ingestWriteTimeout = &setting{flag: "ingest-write-timeout", env: "ONCEFLOW_INGEST_WRITE_TIMEOUT", def: ingest.DefaultWriteTimeout.String(), kind: "duration", section: ingestSection,
+		help: "how long an ingest request may take from its headers to the end of its answer, a ?wait= besides: a client that does not read its answer holds its connection this long; longer than the 10s a request waits for the database",
+		set: func(c *config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return errors.New("want a positive duration like 30s")
+			}
+			c.Ingest.WriteTimeout = d
+			return nil
+		}}
 	inboundConfig = &setting{flag: "inbound-config", env: "ONCEFLOW_INBOUND_CONFIG", section: ingestSection,
 		help: "JSON `file` of the webhook providers ingest accepts at POST /v1/inbound/{provider} (docs/inbound.md); secrets may stay in the environment (secrets_env)",
 		set: func(c *config, v string) error {
@@ -302,7 +312,7 @@ var (
 			return err
 		}}
 	processorMaxCommandAge = &setting{flag: "processor-max-command-age", env: "ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE", kind: "duration", section: processorSection,
-		help: "how far behind the processor's clock a command's record time may be; an earlier one (or one before 1970) goes to the DLQ (past-timestamp); empty: the commands topic's retention and a day",
+		help: "how far behind the processor's clock a producer's command record time may be; an earlier one (or one before 1970) goes to the DLQ (past-timestamp), not one the relay or a decision sent (accepted-by); empty: the commands topic's retention and a day",
 		set: func(c *config, v string) error {
 			if v == "" {
 				return nil
@@ -483,7 +493,7 @@ var (
 	poolSettings   = []*setting{databaseURL, databaseMigrationURL, databaseMaxConns}
 	topicsSettings = []*setting{topicPrefix, partitions, dedupWindow}
 	outboxSettings = []*setting{outboxShards, idempotencyRetention}
-	ingestSettings = []*setting{httpAddr, tenantRateLimit, trustedProxies, inboundConfig, inboundRetention}
+	ingestSettings = []*setting{httpAddr, tenantRateLimit, trustedProxies, ingestWriteTimeout, inboundConfig, inboundRetention}
 	relaySettings  = []*setting{instanceID, relayLease, relayBatchSize, reconcileInterval}
 	// The processor's instance id names its transactional producer.
 	processorSettings = []*setting{instanceID, processorSessionTimeout, processorMaxClockSkew, processorMaxCommandAge, processorMaxCommandBytes}

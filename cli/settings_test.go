@@ -113,6 +113,7 @@ func samples(t *testing.T) map[string]sample {
 		"-trusted-proxies":       {value: "10.0.0.0/8", got: func(d onceflow.DevConfig) any { return fmt.Sprint(d.Ingest.TrustedProxies) }, want: "[10.0.0.0/8]"},
 		"-inbound-config": {value: providers, env: map[string]string{"PAYMENTS_SECRETS": secret},
 			got: func(d onceflow.DevConfig) any { return len(d.Ingest.Providers) }, want: 1},
+		"-ingest-write-timeout":         {value: "45s", got: func(d onceflow.DevConfig) any { return d.Ingest.WriteTimeout }, want: 45 * time.Second},
 		"-inbound-retention":            {value: "2h", got: func(d onceflow.DevConfig) any { return d.Ingest.InboundRetention }, want: 2 * time.Hour},
 		"-relay-lease":                  {value: "3s", got: func(d onceflow.DevConfig) any { return d.Relay.LeaseDuration }, want: 3 * time.Second},
 		"-relay-batch-size":             {value: "7", got: func(d onceflow.DevConfig) any { return d.Relay.BatchSize }, want: 7},

@@ -8,10 +8,10 @@ import (
 )
 
 // Kafka header names (docs/architecture.md#topics-keys-and-headers). Commands
-// carry command-id, tenant and command-type; events carry event-id, event-type,
-// command-id (causation), aggregate-version and tenant, and one
-// derived-command for each command their decision sent; DLQ records add the
-// dlq-* headers.
+// carry command-id, tenant and command-type, and accepted-by when the pipeline
+// accepted them; events carry event-id, event-type, command-id (causation),
+// aggregate-version and tenant, and one derived-command for each command
+// their decision sent; DLQ records add the dlq-* headers.
 const (
 	HeaderCommandID          = "command-id"
 	HeaderTenant             = "tenant"
@@ -25,6 +25,21 @@ const (
 	HeaderDLQSourceTopic     = "dlq-source-topic"
 	HeaderDLQSourcePartition = "dlq-source-partition"
 	HeaderDLQSourceOffset    = "dlq-source-offset"
+	// HeaderAcceptedBy marks a command the pipeline itself accepted
+	// before it reached the commands topic: "relay" on an outbox row
+	// ingest accepted, "processor" on a command a decision sent. Its
+	// record time is when it was accepted, however long the pipeline then
+	// took to ship and decide it, so the processor holds it to the Unix
+	// epoch only and not to the age bound a producer's record meets.
+	// Anyone who may write the commands topic can set it too: what that
+	// buys is an old date, never one before 1970 (docs/security.md).
+	HeaderAcceptedBy = "accepted-by"
+)
+
+// The values of the accepted-by header (HeaderAcceptedBy).
+const (
+	AcceptedByRelay     = "relay"
+	AcceptedByProcessor = "processor"
 )
 
 // Message is a typed command or event payload. Its type name is the

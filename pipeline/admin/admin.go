@@ -20,9 +20,11 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -56,10 +58,16 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// New returns a server for addr (ADMIN_ADDR, default ":9090").
+// DefaultAddr is the admin address when none is given: loopback only.
+// /metrics, /readyz and the status page answer without credentials, so
+// reaching them from elsewhere is a choice (ADMIN_ADDR=:9090, or a private
+// interface), not a default (docs/security.md).
+const DefaultAddr = "127.0.0.1:9090"
+
+// New returns a server for addr (ADMIN_ADDR, default DefaultAddr).
 func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Server {
 	if addr == "" {
-		addr = ":9090"
+		addr = DefaultAddr
 	}
 	s := &Server{addr: addr, registry: registry, logger: logger, checks: map[string]Check{}, mux: http.NewServeMux()}
 	s.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -86,6 +94,10 @@ func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Serve
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	return s
 }
+
+// Addr is the address Run listens on: the one New was given, or
+// DefaultAddr.
+func (s *Server) Addr() string { return s.addr }
 
 // AddCheck adds a named readiness check. A component adds one per
 // dependency (postgres, kafka) and one that passes once it has started.
@@ -161,8 +173,48 @@ func requireToken(token string, denied *prometheus.CounterVec, h http.Handler) h
 			deny(w, http.StatusUnauthorized, "unauthorized", "unauthorized: send Authorization: Bearer <ONCEFLOW_ADMIN_TOKEN>")
 			return
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, TokenIdentity)))
 	})
+}
+
+// TokenIdentity is who an action done with the operator token is recorded
+// as. One token is shared by every operator it is given to, so all it
+// proves is that the caller holds it: every holder is this one identity.
+// A name the caller sends (an operator field) is its claim, recorded as
+// such next to it (Who), never as who acted. Neither the token nor a hash
+// of it is recorded: a hash of a weak token would let whoever reads the
+// audit try guesses offline.
+const TokenIdentity = "admin-token"
+
+type identityKey struct{}
+
+// Identity is who r was authenticated as by a route added with Act
+// (TokenIdentity), or "" for a route that reads.
+func Identity(r *http.Request) string {
+	id, _ := r.Context().Value(identityKey{}).(string)
+	return id
+}
+
+// maxClaimBytes bounds the name a caller claims in Who.
+const maxClaimBytes = 64
+
+// Who is what the audit of an action records as who did it: r's
+// Identity, and the name the caller claims, quoted and cut to 64 bytes,
+// when it sent one: `admin-token (operator says "alice")`.
+func Who(r *http.Request, claimed string) string {
+	who := Identity(r)
+	if claimed == "" {
+		return who
+	}
+	claimed = strings.ToValidUTF8(claimed, "\ufffd")
+	if len(claimed) > maxClaimBytes {
+		n := maxClaimBytes
+		for n > 0 && !utf8.RuneStart(claimed[n]) {
+			n--
+		}
+		claimed = claimed[:n]
+	}
+	return fmt.Sprintf("%s (operator says %s)", who, strconv.Quote(claimed))
 }
 
 // Handler returns the server's routes, for tests.

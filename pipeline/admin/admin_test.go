@@ -34,6 +34,21 @@ func get(t *testing.T, h http.Handler, method, path, auth string) (int, string) 
 	return rec.Code, string(body)
 }
 
+// The admin address answers without credentials (/metrics, /readyz, the
+// status page): unless told otherwise it listens on loopback only, and
+// the components listen where it says (RunConfig.AdminAddr empty).
+func TestAdminListensOnLoopbackByDefault(t *testing.T) {
+	t.Parallel()
+	addr := admin.New("", prometheus.NewRegistry(), slog.New(slog.DiscardHandler)).Addr()
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		t.Errorf("the admin address by default is %q, want a loopback address", addr)
+	}
+}
+
 // /readyz names the failing check without its error's text (which can
 // carry host names, users, a database's words); the text goes to the log,
 // once per failure rather than once per probe, and the recovery too.

@@ -165,6 +165,10 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, caller calle
 	}
 	deadline := time.Now().Add(wait)
 	if wait > 0 {
+		// The write timeout bounds what a request takes besides its wait.
+		if err := http.NewResponseController(w).SetWriteDeadline(deadline.Add(s.cfg.WriteTimeout)); err != nil {
+			s.logger.Warn("cannot extend a wait's write deadline; the wait may be cut at the write timeout", "err", err)
+		}
 		// A command this process accepted moments ago, whose outcome no
 		// notification has named since, is pending: its first wait need
 		// not read the row, the notification that ends it wakes the wait

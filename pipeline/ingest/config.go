@@ -3,6 +3,7 @@ package ingest
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -53,6 +54,14 @@ type Config struct {
 	// RequestTimeout bounds how long a request waits for the database
 	// before it is answered 503 with Retry-After. Default 10s.
 	RequestTimeout time.Duration
+	// WriteTimeout bounds how long a request may take from its headers to
+	// the last byte of its answer (ONCEFLOW_INGEST_WRITE_TIMEOUT; the HTTP
+	// server's WriteTimeout): a client that does not read its answer holds
+	// its connection and the handler that writes it for this long, then
+	// the connection is closed. A ?wait= adds its wait to it, so a long
+	// poll is never cut. Default 30s; longer than RequestTimeout, so the
+	// 503 of a request that waited for the database is still written.
+	WriteTimeout time.Duration
 	// MaxWait caps the ?wait= of GET /v1/commands/{id}. Default 30s.
 	MaxWait time.Duration
 	// WaitPoll is how often a ?wait= reads its command again when no
@@ -131,6 +140,9 @@ type Config struct {
 // DefaultRateLimit is each tenant's default rate, requests per second.
 const DefaultRateLimit = 1000
 
+// DefaultWriteTimeout is Config.WriteTimeout's default.
+const DefaultWriteTimeout = 30 * time.Second
+
 func (c *Config) setDefaults() {
 	c.Addr = cmp.Or(c.Addr, ":8080")
 	c.Shards = cmp.Or(c.Shards, pipeline.DefaultOutboxShards)
@@ -142,6 +154,7 @@ func (c *Config) setDefaults() {
 	c.MaxBatch = cmp.Or(c.MaxBatch, 128)
 	c.MaxPending = cmp.Or(c.MaxPending, 8192)
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, 10*time.Second)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
 	c.MaxWait = cmp.Or(c.MaxWait, 30*time.Second)
 	c.WaitPoll = cmp.Or(c.WaitPoll, 500*time.Millisecond)
 	c.MaxWaits = cmp.Or(c.MaxWaits, 512)
@@ -173,6 +186,9 @@ func (c *Config) validate() error {
 	}
 	if c.RequestTimeout < 0 || c.MaxWait < 0 {
 		errs = append(errs, errors.New("ingest: RequestTimeout and MaxWait must not be negative"))
+	}
+	if c.WriteTimeout <= c.RequestTimeout {
+		errs = append(errs, fmt.Errorf("ingest: WriteTimeout %s must be longer than RequestTimeout (%s): a request that waited for the database could not be answered", c.WriteTimeout, c.RequestTimeout))
 	}
 	if c.MaxWaits < 1 || c.MaxWaitsPerTenant < 1 || c.BadKeyCacheSize < 1 || c.BadKeyTTL < 0 || c.AuthFailureBurst < 1 || c.MaxKeyLookups < 1 {
 		errs = append(errs, errors.New("ingest: MaxWaits, MaxWaitsPerTenant, BadKeyCacheSize, AuthFailureBurst and MaxKeyLookups must be positive, BadKeyTTL not negative"))

@@ -78,6 +78,16 @@ type server struct {
 // ledger's routes and queries and extra queries.
 func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config, extra ...ingest.Query) *server {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startServerOn(t, ln, pool, cfg, extra...)
+}
+
+// startServerOn is startServer on ln.
+func startServerOn(t testing.TB, ln net.Listener, pool *pgxpool.Pool, cfg ingest.Config, extra ...ingest.Query) *server {
+	t.Helper()
 	if cfg.RateLimit == 0 {
 		cfg.RateLimit = -1 // tests of the limit set their own
 	}
@@ -87,10 +97,6 @@ func startServer(t testing.TB, pool *pgxpool.Pool, cfg ingest.Config, extra ...i
 	reg := prometheus.NewRegistry()
 	serde := commandSerde(t)
 	srv, err := ingest.New(cfg, ledgerRoutes(serde), append(ingesttest.LedgerQueries(), extra...), pool, slog.New(slog.DiscardHandler), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

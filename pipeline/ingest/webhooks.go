@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,10 +47,7 @@ func (s *Server) webhookRoutes() {
 	s.route(webhookDeletePattern, s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
 		return nil, http.StatusNoContent, webhooks.Delete(ctx, db, tenant, id)
 	}))
-	s.route(webhookRotatePattern, s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
-		sub, err := webhooks.Rotate(ctx, db, tenant, id)
-		return sub, http.StatusOK, err
-	}))
+	s.route(webhookRotatePattern, s.rotateWebhook)
 	s.route(webhookPreviousPattern, s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
 		sub, err := webhooks.DropPrevious(ctx, db, tenant, id)
 		return sub, http.StatusOK, err
@@ -199,4 +197,80 @@ func (s *Server) writeScoped(ctx context.Context, c caller, write func(ctx conte
 		}
 		return write(ctx, tx)
 	})
+}
+
+const (
+	// keyLockSQL is the advisory lock of a (tenant, Idempotency-Key), the
+	// one accepts take (lockKeysSQL), so a rotate and a command with the
+	// same key wait for each other.
+	keyLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))`
+	// keyRecordSQL is the key's record inside the retention, if any.
+	keyRecordSQL = `SELECT route, command_id, response_body FROM idempotency_keys
+		WHERE tenant = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3) AND created_at < now() + interval '1 day'
+		ORDER BY created_at DESC LIMIT 1`
+	// countReplaySQL counts a replay on the key's record, as accepts count
+	// theirs (`onceflow idempotency-check`). A conflict's 409 rolls the
+	// transaction back, so a rotate's conflicts are not counted.
+	countReplaySQL = `UPDATE idempotency_keys SET replays = replays + 1, last_seen_at = now()
+		WHERE tenant = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3) AND created_at < now() + interval '1 day'`
+	// rememberRotateSQL records a rotation's answer under its key.
+	rememberRotateSQL = `INSERT INTO idempotency_keys (tenant, key, route, request_hash, command_id, response_status, response_headers, response_body)
+		VALUES ($1, $2, $3, $4, $5, 200, '{}', $6)`
+)
+
+// rotateWebhook is POST /v1/webhooks/{id}/rotate: a new secret, the
+// previous one signing too. With an Idempotency-Key, the rotation and its
+// answer are remembered under the key for the idempotency retention, as a
+// command's are: the same key again answers the same rotation, its secret
+// included (Idempotent-Replayed: true), and rotates nothing. Rotating
+// twice would drop the secret the receiver still verifies with, for a
+// client that only lost the first answer. The same key on another route or
+// subscription is a 409. Without a key each call rotates.
+func (s *Server) rotateWebhook(w http.ResponseWriter, r *http.Request, c caller) *Problem {
+	key := ""
+	if len(r.Header.Values("Idempotency-Key")) > 0 {
+		var p *Problem
+		if key, p = idempotencyKey(r); p != nil {
+			return p
+		}
+	}
+	return s.withID(true, func(ctx context.Context, db DB, tenant string, id pipeline.ID, _ *http.Request) (any, int, error) {
+		if key == "" {
+			sub, err := webhooks.Rotate(ctx, db, tenant, id)
+			return sub, http.StatusOK, err
+		}
+		if _, err := db.Exec(ctx, keyLockSQL, tenant, key); err != nil {
+			return nil, 0, fmt.Errorf("lock the Idempotency-Key: %w", err)
+		}
+		var route string
+		var made [16]byte
+		var answer []byte
+		retention := s.cfg.IdempotencyRetention.Seconds()
+		err := db.QueryRow(ctx, keyRecordSQL, tenant, key, retention).Scan(&route, &made, &answer)
+		switch {
+		case err == nil && (route != webhookRotatePattern || pipeline.ID(made) != id):
+			return nil, 0, errKeyReused
+		case err == nil:
+			if _, err := db.Exec(ctx, countReplaySQL, tenant, key, retention); err != nil {
+				return nil, 0, fmt.Errorf("count the replay: %w", err)
+			}
+			w.Header().Set("Idempotent-Replayed", "true")
+			return json.RawMessage(answer), http.StatusOK, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return nil, 0, fmt.Errorf("read the Idempotency-Key: %w", err)
+		}
+		sub, err := webhooks.Rotate(ctx, db, tenant, id)
+		if err != nil {
+			return nil, 0, err
+		}
+		answer, err = json.Marshal(sub) // #nosec G117 -- the answer that shows the new secret, kept under its key so that a retry answers it again (docs/decisions.md)
+		if err != nil {
+			return nil, 0, err
+		}
+		hash := sha256.Sum256([]byte(webhookRotatePattern + " " + id.String()))
+		if _, err := db.Exec(ctx, rememberRotateSQL, tenant, key, webhookRotatePattern, hash[:], [16]byte(id), answer); err != nil {
+			return nil, 0, fmt.Errorf("remember the rotation: %w", err)
+		}
+		return json.RawMessage(answer), http.StatusOK, nil
+	})(w, r, c)
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/ingest"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
@@ -215,5 +216,64 @@ func TestSubscriptionCapHoldsUnderConcurrentCreates(t *testing.T) {
 	}
 	if count[201] != 4 || count[409] != 16 || n != webhooks.MaxSubscriptions {
 		t.Errorf("20 creates at once with 4 places left: %v by status, %d subscriptions; want 4 made, 16 refused, %d", count, n, webhooks.MaxSubscriptions)
+	}
+}
+
+// A rotate retried with its Idempotency-Key (its first answer lost) rotates
+// once: the retry answers the same rotation, its secret included, and the
+// subscription still signs with the secret before it, which the receiver
+// may not have replaced yet. The key on another subscription, or on a
+// command, is a 409; a new key rotates again.
+func TestRotateRetriedWithItsKeyRotatesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := ledgerPool(t)
+	s := startServer(t, pool, ingest.Config{})
+	key := tenant(t, pool, "acme")
+	subscribe := func(idem string) webhooks.Subscription {
+		t.Helper()
+		var sub webhooks.Subscription
+		r := s.do(t, req{path: "/v1/webhooks", apiKey: key, idemKey: idem, body: `{"url":"https://example.com/hooks"}`})
+		if err := json.Unmarshal(r.Body, &sub); err != nil || r.Status != http.StatusCreated {
+			t.Fatalf("create: %s (%v)", r, err)
+		}
+		return sub
+	}
+	sub, other := subscribe("w1"), subscribe("w2")
+	rotate := func(id pipeline.ID, idem string) (response, webhooks.Subscription) {
+		t.Helper()
+		r := s.do(t, req{path: "/v1/webhooks/" + id.String() + "/rotate", apiKey: key, idemKey: idem})
+		var got webhooks.Subscription
+		json.Unmarshal(r.Body, &got)
+		return r, got
+	}
+	secrets := func(id pipeline.ID) []string {
+		t.Helper()
+		var s []string
+		if err := pool.QueryRow(ctx, `SELECT secrets FROM webhook_subscriptions WHERE id = $1`, [16]byte(id)).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	r1, first := rotate(sub.ID, "rot-1")
+	if r1.Status != http.StatusOK || first.Secret == "" || first.Secret == sub.Secret || r1.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("rotate: %s, want 200 with a new secret", r1)
+	}
+	r2, again := rotate(sub.ID, "rot-1")
+	if r2.Status != http.StatusOK || again.Secret != first.Secret || r2.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("rotate retried with its key: %s, want 200 replayed with the secret the rotation made (%s)", r2, first.Secret)
+	}
+	if got := secrets(sub.ID); len(got) != 2 || got[0] != first.Secret || got[1] != sub.Secret {
+		t.Errorf("after a rotate and its retry the subscription signs with %d secrets, want the new one and the one before it (rotated once)", len(got))
+	}
+	if r, _ := rotate(other.ID, "rot-1"); r.Status != http.StatusConflict {
+		t.Errorf("the key again on another subscription: %s, want 409", r)
+	}
+	if r := s.do(t, req{path: "/v1/accounts", apiKey: key, idemKey: "rot-1", body: `{"account_id":"a","currency":"EUR"}`}); r.Status != http.StatusConflict {
+		t.Errorf("the key again on a command: %s, want 409", r)
+	}
+	if r, next := rotate(sub.ID, "rot-2"); r.Status != http.StatusOK || next.Secret == first.Secret {
+		t.Errorf("rotate with a new key: %s, want a new secret", r)
 	}
 }

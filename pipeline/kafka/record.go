@@ -58,6 +58,9 @@ func CommandRecord(topic, aggregateID string, id pipeline.ID, commandType string
 type CommandFields struct {
 	CommandID, Tenant, CommandType, Traceparent []byte
 	HasCommandID, HasTenant                     bool
+	// AcceptedBy is the accepted-by header: who in the pipeline accepted
+	// the command before it reached the topic (pipeline.HeaderAcceptedBy).
+	AcceptedBy []byte
 }
 
 // CommandFieldsOf reads r's command headers.
@@ -73,6 +76,8 @@ func CommandFieldsOf(r *kgo.Record) CommandFields {
 			f.CommandType = h.Value
 		case pipeline.HeaderTraceparent:
 			f.Traceparent = h.Value
+		case pipeline.HeaderAcceptedBy:
+			f.AcceptedBy = h.Value
 		}
 	}
 	return f

@@ -312,7 +312,11 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
 		return cmd, poisoned(ReasonFutureTimestamp, "record time %s is %s ahead of the processor's clock (the limit is %s)",
 			r.Timestamp.UTC().Format(time.RFC3339Nano), time.Duration(skew)*time.Millisecond, b.p.cfg.MaxClockSkew), nil
 	}
-	if b.tooOld(r.Timestamp) {
+	// A command the pipeline accepted (accepted-by: an outbox row ingest
+	// took, a decision's command) is dated when it was accepted: it is
+	// never failed for the time the relay or the processor took since.
+	// Before the Unix epoch is refused whoever sent it.
+	if r.Timestamp.UnixMilli() < 0 || !acceptedByPipeline(f.AcceptedBy) && b.tooOld(r.Timestamp) {
 		return cmd, poisoned(ReasonPastTimestamp, "record time %s is before the Unix epoch or more than %s behind the processor's clock (the commands topic's retention and a day, or ONCEFLOW_PROCESSOR_MAX_COMMAND_AGE)",
 			r.Timestamp.UTC().Format(time.RFC3339Nano), b.p.maxCommandAge), nil
 	}
@@ -343,6 +347,16 @@ func (b *batch[S]) parse(r *kgo.Record) (pipeline.Command, *poison, error) {
 	}
 	return cmd, nil, nil
 }
+
+// acceptedByPipeline says whether an accepted-by header names a part of
+// the pipeline that accepts commands (pipeline.HeaderAcceptedBy).
+func acceptedByPipeline(v []byte) bool {
+	return string(v) == pipeline.AcceptedByRelay || string(v) == pipeline.AcceptedByProcessor
+}
+
+// acceptedHeader marks the commands a decision sends: the processor
+// accepted them with their cause, and they carry the cause's time.
+var acceptedHeader = kgo.RecordHeader{Key: pipeline.HeaderAcceptedBy, Value: []byte(pipeline.AcceptedByProcessor)}
 
 // quote prints bytes from a record for a DLQ detail or a log: Go-quoted
 // (invalid UTF-8 and control characters escaped) and cut at 200 bytes.
@@ -468,7 +482,12 @@ func (b *batch[S]) commandRecord(cause pipeline.Command, ef pipeline.Effect) (*k
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", ef.Payload.MessageType(), err)
 	}
-	return kafka.CommandRecord(topic, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	rec, err := kafka.CommandRecord(topic, ef.AggregateID, ef.CommandID, ef.Payload.MessageType(), value, cause.Time, cause.Traceparent)
+	if err != nil {
+		return nil, err
+	}
+	rec.Headers = append(rec.Headers, acceptedHeader)
+	return rec, nil
 }
 
 // deadLetter produces r to the DLQ with its reason, in the transaction.
@@ -558,63 +577,6 @@ func headerValue(r *kgo.Record, key string) string {
 		}
 	}
 	return ""
-}
-
-// deadLetterRecord is r as it goes to the DLQ: key, value and headers as
-// they came, plus the reason headers, at time at (r's, unless that was
-// ahead of the processor's clock).
-//
-// The copy fits in limit bytes (the producer's batch limit, less room for
-// Kafka's own headers). Brokers check a batch's size compressed, so a
-// producer's record can be far larger than the topic's limit; the
-// processor's producer refuses a record larger than its batch limit
-// before sending, and a refused DLQ record would abort the transaction
-// it is in, every time it is tried. What does not fit is left out, in this order: the
-// value, the command's headers, the key; the dlq-omitted header lists
-// what was, and the source coordinates still name the original while the
-// commands topic keeps it.
-func deadLetterRecord(topic string, r *kgo.Record, reason, detail string, at time.Time, limit int) *kgo.Record {
-	key, value, own := r.Key, r.Value, r.Headers
-	headers := []kgo.RecordHeader{
-		{Key: pipeline.HeaderDLQReason, Value: []byte(reason)},
-		{Key: HeaderDLQDetail, Value: []byte(detail)},
-		{Key: pipeline.HeaderDLQSourceTopic, Value: []byte(r.Topic)},
-		{Key: pipeline.HeaderDLQSourcePartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
-		{Key: pipeline.HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
-	}
-	size := len(key) + len(value) + headersSize(own) + headersSize(headers) + len(HeaderDLQOmitted) + len("value,headers,key")
-	var omitted []string
-	if size > limit {
-		size -= len(value)
-		value = nil
-		omitted = append(omitted, "value")
-	}
-	if size > limit {
-		size -= headersSize(own)
-		own = nil
-		omitted = append(omitted, "headers")
-	}
-	if size > limit {
-		key = nil
-		omitted = append(omitted, "key")
-	}
-	if len(omitted) > 0 {
-		headers = append(headers, kgo.RecordHeader{Key: HeaderDLQOmitted, Value: []byte(strings.Join(omitted, ","))})
-	}
-	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: append(append([]kgo.RecordHeader(nil), own...), headers...), Timestamp: at}
-}
-
-// HeaderDLQOmitted lists the parts of a poison record its DLQ copy leaves
-// out because they do not fit in a record the DLQ topic takes: value,
-// headers, key (deadLetterRecord).
-const HeaderDLQOmitted = "dlq-omitted"
-
-func headersSize(hs []kgo.RecordHeader) int {
-	n := 0
-	for _, h := range hs {
-		n += len(h.Key) + len(h.Value)
-	}
-	return n
 }
 
 // snapshot produces the changed aggregates' snapshots to the state topic

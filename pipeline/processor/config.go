@@ -40,9 +40,12 @@ type Config struct {
 	// (message.timestamp.after.max.ms, an hour by default in Kafka 4).
 	// Default 15 minutes.
 	MaxClockSkew time.Duration
-	// MaxCommandAge is how far behind the processor's clock a command's
-	// record time may be; a record dated earlier, or before the Unix
-	// epoch, goes to the DLQ (past-timestamp). A command's events carry
+	// MaxCommandAge is how far behind the processor's clock a producer's
+	// command record time may be; a record dated earlier, or before the
+	// Unix epoch, goes to the DLQ (past-timestamp). A command the pipeline
+	// accepted (the relay's and a decision's, with the accepted-by header)
+	// is held to the epoch only: it is dated when it was accepted, and
+	// the pipeline's own delay is no reason to fail it. A command's events carry
 	// its time: a time no consumer can hold (before year 0 for JSON,
 	// before 4713 BC for Postgres) would stop a projection. Default: the
 	// commands topic's retention and a day, read at start (a record the

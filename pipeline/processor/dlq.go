@@ -122,3 +122,60 @@ func (d DeadLetter) Redrive(commandsTopic string, now time.Time) (*kgo.Record, e
 		Headers: append([]kgo.RecordHeader(nil), d.Headers...),
 	}, nil
 }
+
+// deadLetterRecord is r as it goes to the DLQ: key, value and headers as
+// they came, plus the reason headers, at time at (r's, unless that was
+// ahead of the processor's clock).
+//
+// The copy fits in limit bytes (the producer's batch limit, less room for
+// Kafka's own headers). Brokers check a batch's size compressed, so a
+// producer's record can be far larger than the topic's limit; the
+// processor's producer refuses a record larger than its batch limit
+// before sending, and a refused DLQ record would abort the transaction
+// it is in, every time it is tried. What does not fit is left out, in this order: the
+// value, the command's headers, the key; the dlq-omitted header lists
+// what was, and the source coordinates still name the original while the
+// commands topic keeps it.
+func deadLetterRecord(topic string, r *kgo.Record, reason, detail string, at time.Time, limit int) *kgo.Record {
+	key, value, own := r.Key, r.Value, r.Headers
+	headers := []kgo.RecordHeader{
+		{Key: pipeline.HeaderDLQReason, Value: []byte(reason)},
+		{Key: HeaderDLQDetail, Value: []byte(detail)},
+		{Key: pipeline.HeaderDLQSourceTopic, Value: []byte(r.Topic)},
+		{Key: pipeline.HeaderDLQSourcePartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
+		{Key: pipeline.HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+	}
+	size := len(key) + len(value) + headersSize(own) + headersSize(headers) + len(HeaderDLQOmitted) + len("value,headers,key")
+	var omitted []string
+	if size > limit {
+		size -= len(value)
+		value = nil
+		omitted = append(omitted, "value")
+	}
+	if size > limit {
+		size -= headersSize(own)
+		own = nil
+		omitted = append(omitted, "headers")
+	}
+	if size > limit {
+		key = nil
+		omitted = append(omitted, "key")
+	}
+	if len(omitted) > 0 {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderDLQOmitted, Value: []byte(strings.Join(omitted, ","))})
+	}
+	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: append(append([]kgo.RecordHeader(nil), own...), headers...), Timestamp: at}
+}
+
+// HeaderDLQOmitted lists the parts of a poison record its DLQ copy leaves
+// out because they do not fit in a record the DLQ topic takes: value,
+// headers, key (deadLetterRecord).
+const HeaderDLQOmitted = "dlq-omitted"
+
+func headersSize(hs []kgo.RecordHeader) int {
+	n := 0
+	for _, h := range hs {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}

@@ -27,8 +27,9 @@ import (
 // blamed (learnRefused) and never a neighbour in its batch. Dedup
 // changelog records are sized to fit too.
 //
-// A command dated further back than the commands topic's retention and a
-// day is refused (past-timestamp) unless MaxCommandAge says otherwise.
+// A producer's command dated further back than the commands topic's
+// retention and a day is refused (past-timestamp) unless MaxCommandAge
+// says otherwise; one the pipeline accepted (accepted-by) is not.
 //
 // A commands topic that keeps records longer than the window only draws a
 // warning: a command re-delivered after its id was forgotten (a consumer

@@ -49,8 +49,9 @@
 //     same read-only statement that checks the lease's token and returns
 //     how long it has left;
 //  2. produce them in one Kafka transaction on the shard's transactional
-//     producer (key = aggregate id, the stored headers plus relay-lease,
-//     timestamp = when ingest accepted the row), and commit it, all before
+//     producer (key = aggregate id, the stored headers plus relay-lease
+//     and accepted-by: relay, timestamp = when ingest accepted the row,
+//     which the processor does not refuse for its age), and commit it, all before
 //     the local lease deadline (minus a margin); before the commit, wait
 //     until the producer's metadata holds every partition the records went
 //     to, or franz-go may turn a fresh producer's first commit into an

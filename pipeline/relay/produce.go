@@ -72,11 +72,14 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 		return nil, fmt.Errorf("begin transaction: %w", err)
 	}
 	lease := kgo.RecordHeader{Key: HeaderLease, Value: []byte(strconv.Itoa(w.shard) + ":" + strconv.FormatInt(w.token, 10))}
+	// Every row is a command ingest accepted, dated when it did: the
+	// processor does not fail it for the time it waited in the outbox.
+	accepted := kgo.RecordHeader{Key: pipeline.HeaderAcceptedBy, Value: acceptedByRelay}
 	// One allocation for the records, one for their headers and one
 	// promise for them all: draining a backlog, the relay produces tens of
 	// thousands of records a second.
 	recs := make([]kgo.Record, len(rows))
-	n := len(rows)
+	n := 2 * len(rows)
 	for _, row := range rows {
 		n += len(row.headers)
 	}
@@ -102,7 +105,7 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 	}
 	for i, row := range rows {
 		at := len(hdrs)
-		hdrs = append(append(hdrs, row.headers...), lease)
+		hdrs = append(append(hdrs, row.headers...), lease, accepted)
 		recs[i] = kgo.Record{Topic: row.topic, Key: row.key, Value: row.value, Timestamp: row.createdAt,
 			Headers: hdrs[at:len(hdrs):len(hdrs)]}
 		if traces != nil {
@@ -210,3 +213,7 @@ func (r *Relay) discardClient(w *worker) {
 func (r *Relay) closeClient(cl *kgo.Client) {
 	r.wg.Go(cl.Close)
 }
+
+// acceptedByRelay is the accepted-by header's value on every record the
+// relay ships, shared by them all.
+var acceptedByRelay = []byte(pipeline.AcceptedByRelay)

@@ -897,7 +897,7 @@ func TestInvalidHeadersRowMidBatch(t *testing.T) {
 			}
 		}
 		slices.Sort(want)
-		want = append(want, relay.HeaderLease)
+		want = append(want, relay.HeaderLease, pipeline.HeaderAcceptedBy)
 		if !slices.Equal(keys, want) {
 			t.Errorf("record headers %v, want %v", keys, want)
 		}

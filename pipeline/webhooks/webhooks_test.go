@@ -572,3 +572,88 @@ func TestEventAppliedAgainLaterIsNotSentAgain(t *testing.T) {
 		})
 	}
 }
+
+// A delivery whose River completion was lost after its row was written
+// (the worker died in between: the job runs again) is not sent again, and
+// the worker counts the attempt it skipped in
+// onceflow_worker_idempotency_skipped_total.
+func TestDeliveredJobRunAgainIsSkippedAndCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, jobs.Config{})
+	r := webhookstest.New(nil, nil)
+	t.Cleanup(r.Close)
+	s := e.subscribe("acme", r.URL)
+	r.SetSecrets([]string{s.Secret})
+	reg := prometheus.NewRegistry()
+	register, err := webhooks.Register(webhooks.Config{Allow: loopback}, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	jcfg := e.jcfg
+	jcfg.ID = "w1"
+	w, err := jobs.New(jcfg, e.pool, register, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	<-w.Ready()
+
+	ev := deposit("acme", 1)
+	e.project(ev)
+	e.waitStatus("acme", 1, 10*time.Second, "delivered")
+	var id int64
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		return e.pool.QueryRow(ctx, `SELECT id FROM river_job WHERE kind = 'webhook_delivery' AND state = 'completed'`).Scan(&id)
+	})
+	// What the rescuer does with a job whose worker died after writing
+	// the delivery and before River completed it: available again, for
+	// its next attempt.
+	if _, err := e.pool.Exec(ctx, `UPDATE river_job SET state = 'available', finalized_at = NULL, scheduled_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	pipelinetest.Eventually(t, 10*time.Second, func() error {
+		var state string
+		var attempt int
+		if err := e.pool.QueryRow(ctx, `SELECT state, attempt FROM river_job WHERE id = $1`, id).Scan(&state, &attempt); err != nil {
+			return err
+		}
+		if state != "completed" || attempt != 2 {
+			return fmt.Errorf("job %s after attempt %d, want completed after attempt 2", state, attempt)
+		}
+		return nil
+	})
+	if got := counterValue(t, reg, "onceflow_worker_idempotency_skipped_total", webhooks.Kind); got != 1 {
+		t.Errorf("onceflow_worker_idempotency_skipped_total{kind=%q} = %v, want 1", webhooks.Kind, got)
+	}
+	if got := r.Requests(jobs.Key(ev.ID, s.ID.String())); got != 1 {
+		t.Errorf("the receiver got the event %d times, want 1", got)
+	}
+}
+
+// counterValue is reg's counter name{kind=kind}, 0 when it has none.
+func counterValue(t *testing.T, reg prometheus.Gatherer, name, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if mf.GetName() == name && l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}

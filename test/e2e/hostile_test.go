@@ -503,7 +503,7 @@ func TestDecompressionBomb(t *testing.T) {
 	if out, err := skip(token, got.Offset+1); err == nil || !strings.Contains(out, "nothing skipped") {
 		t.Errorf("a skip at another offset: %v, want nothing skipped:\n%s", err, out)
 	}
-	if out, err := skip(token, got.Offset); err != nil || !strings.Contains(out, "skipped by e2e: 32 MiB of zeros") {
+	if out, err := skip(token, got.Offset); err != nil || !strings.Contains(out, `skipped by admin-token (operator says "e2e"): 32 MiB of zeros`) {
 		t.Fatalf("the skip: %v\n%s", err, out)
 	}
 	if cmd, err := d.client.WaitCommand(ctx, behind.CommandID); err != nil || cmd.Status != "accepted" {
@@ -519,7 +519,7 @@ func TestDecompressionBomb(t *testing.T) {
 		}
 		return fmt.Errorf("no batch-too-large record in the DLQ")
 	})
-	if header(audit, pipeline.HeaderDLQSourceOffset) != fmt.Sprint(got.Offset) || !strings.Contains(header(audit, processor.HeaderDLQDetail), "e2e: 32 MiB of zeros") {
+	if header(audit, pipeline.HeaderDLQSourceOffset) != fmt.Sprint(got.Offset) || !strings.Contains(header(audit, processor.HeaderDLQDetail), `admin-token (operator says "e2e"): 32 MiB of zeros`) {
 		t.Errorf("the skip's DLQ record: offset %s, detail %q", header(audit, pipeline.HeaderDLQSourceOffset), header(audit, processor.HeaderDLQDetail))
 	}
 }

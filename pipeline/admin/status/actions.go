@@ -13,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
 	"github.com/onceflow/onceflow/pipeline/projector"
@@ -46,6 +47,7 @@ func (p *Page) unpark(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	n, err := projector.Unpark(ctx, p.cfg.Pool, req.Consumer, req.Topic, []int32{*req.Partition})
+	p.parked.forget()
 	if err != nil {
 		p.cfg.Logger.Error("status page: unpark", "consumer", req.Consumer, "topic", req.Topic, "partition", *req.Partition, "err", err)
 		fail(w, http.StatusInternalServerError, "action-failed", "unpark failed; the process's log says why")
@@ -55,7 +57,7 @@ func (p *Page) unpark(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, "not-parked", "%s partition %d of %s is not parked", req.Consumer, *req.Partition, req.Topic)
 		return
 	}
-	p.cfg.Logger.Info("status page: unparked", "consumer", req.Consumer, "topic", req.Topic, "partition", *req.Partition)
+	p.cfg.Logger.Info("status page: unparked", "consumer", req.Consumer, "topic", req.Topic, "partition", *req.Partition, "operator", admin.Identity(r))
 	writeJSON(w, http.StatusOK, actionResult{Count: n, Message: fmt.Sprintf(
 		"unparked %s partition %d of %s: its projector tries the record again within seconds (it parks again if the cause is still there)",
 		req.Consumer, *req.Partition, req.Topic)})
@@ -76,17 +78,20 @@ func (p *Page) skipBatch(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if req.Topic == "" || req.Partition == nil || req.Offset == nil || req.Note == "" || req.Operator == "" {
-		fail(w, http.StatusBadRequest, "invalid-action", "name the topic, partition and offset of the blocked batch, why (note) and who (operator)")
+	if req.Topic == "" || req.Partition == nil || req.Offset == nil || req.Note == "" {
+		fail(w, http.StatusBadRequest, "invalid-action", "name the topic, partition and offset of the blocked batch and why (note)")
 		return
 	}
+	// Who skipped is who the token proves, not the name the body sends,
+	// which is kept as its claim (admin.Who).
+	who := admin.Who(r, req.Operator)
 	if p.cfg.SkipBatch == nil {
 		fail(w, http.StatusConflict, "no-processor", "this process runs no processor: skip from the process whose processor is blocked (its page marks the partition)")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	to, err := p.cfg.SkipBatch(ctx, req.Topic, *req.Partition, *req.Offset, req.Note, req.Operator)
+	to, err := p.cfg.SkipBatch(ctx, req.Topic, *req.Partition, *req.Offset, req.Note, who)
 	switch {
 	case errors.Is(err, processor.ErrNotBlocked):
 		fail(w, http.StatusNotFound, "not-blocked", "no processor of this process is blocked on %s partition %d at offset %d", req.Topic, *req.Partition, *req.Offset)
@@ -96,9 +101,9 @@ func (p *Page) skipBatch(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusInternalServerError, "action-failed", "the skip failed; the process's log says why")
 		return
 	}
-	p.cfg.Logger.Warn("status page: batch skipped", "topic", req.Topic, "partition", *req.Partition, "offset", *req.Offset, "to", to, "operator", req.Operator)
+	p.cfg.Logger.Warn("status page: batch skipped", "topic", req.Topic, "partition", *req.Partition, "offset", *req.Offset, "to", to, "operator", who)
 	writeJSON(w, http.StatusOK, actionResult{Count: 1, Message: fmt.Sprintf(
-		"skipped %s partition %d from %d to %d; the DLQ has its record (reason batch-too-large)", req.Topic, *req.Partition, *req.Offset, to)})
+		"skipped %s partition %d from %d to %d; the DLQ has its record (reason batch-too-large), skipped by %s", req.Topic, *req.Partition, *req.Offset, to, who)})
 }
 
 type redriveRequest struct {
@@ -194,7 +199,7 @@ func (p *Page) redrive(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	done := int64(len(recs) - failed)
-	p.cfg.Logger.Info("status page: redrove", "topic", dlq.Topic, "records", done, "failed", failed, "incomplete", incomplete)
+	p.cfg.Logger.Info("status page: redrove", "topic", dlq.Topic, "records", done, "failed", failed, "incomplete", incomplete, "operator", admin.Identity(r))
 	msg := fmt.Sprintf("redrove %d record(s) of %s to %s", done, dlq.Topic, dlq.Commands)
 	if incomplete > 0 {
 		msg += fmt.Sprintf("; %d cannot be redriven, their copy left part of the command out (`onceflow dlq list` names the source)", incomplete)

@@ -29,9 +29,12 @@
 //
 // Three things are not in the registry and are read when the page asks:
 // parked and retrying partitions (projector_parked, projector_retrying; in
-// a process with a database), and what the DLQ topics hold, read on from
-// where the last reading stopped (kafka.ReadPartitionFrom) at most once
-// per DLQInterval, so a page left open costs a fetch of the new records.
+// a process with a database), at most once per DatabaseInterval (2 s)
+// however many ask, and what the DLQ topics hold, read on from where the
+// last reading stopped (kafka.ReadPartitionFrom) at most once per
+// DLQInterval, so a page left open costs a fetch of the new records. A
+// reading runs once for all who ask meanwhile: whoever reaches the admin
+// address cannot multiply what the page costs the database.
 //
 // The stages the page shows are the table in flow.go: a new metric of a
 // stage is a line there.

@@ -23,7 +23,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/problem"
-	"github.com/onceflow/onceflow/pipeline/projector"
 )
 
 // Config is what a page reads from. Zero durations take their defaults.
@@ -55,6 +54,11 @@ type Config struct {
 	// DLQInterval bounds how often the DLQ topics are read: a reading is
 	// reused for that long. Default 10s.
 	DLQInterval time.Duration
+	// DatabaseInterval bounds how often the parked and retrying
+	// partitions are read from Pool: a reading is reused for that long,
+	// however many ask for /status.json meanwhile (an unpark reads again).
+	// Default 2s.
+	DatabaseInterval time.Duration
 	// Blocked, if set, lists the commands partitions this process's
 	// processors stopped at a batch too large to decompress; the lag marks
 	// them. SkipBatch, if set, skips one on an operator's say-so
@@ -83,6 +87,9 @@ func (c *Config) setDefaults() {
 	if c.DLQInterval <= 0 {
 		c.DLQInterval = 10 * time.Second
 	}
+	if c.DatabaseInterval <= 0 {
+		c.DatabaseInterval = 2 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -97,6 +104,7 @@ type Page struct {
 	mu      sync.Mutex
 	ring    *ring
 	dlq     *dlqReader
+	parked  *parkedReader
 	failing admin.Failures // what could not be read, logged
 }
 
@@ -112,6 +120,7 @@ func New(cfg Config) (*Page, error) {
 	samples := int(cfg.History/cfg.Interval) + 1
 	p := &Page{cfg: cfg, tracks: tracked(), acts: func() bool { return false }, ring: newRing(samples)}
 	p.dlq = newDLQReader(cfg.Kafka, cfg.DLQs, cfg.DLQInterval)
+	p.parked = &parkedReader{pool: cfg.Pool, every: cfg.DatabaseInterval}
 	return p, nil
 }
 
@@ -248,22 +257,18 @@ func (p *Page) Build(ctx context.Context) Status {
 	st.History = p.history(now)
 	p.mu.Unlock()
 
-	var parked []projector.ParkedPartition
 	if p.cfg.Pool != nil {
 		st.Parked.Read = true
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		var err error
-		parked, err = projector.Parked(ctx, p.cfg.Pool)
-		p.note("parked partitions", err)
-		if err != nil {
+		rd := p.parked.read(ctx)
+		parked, retrying := rd.parked, rd.retrying
+		p.note("parked partitions", rd.parkedErr)
+		if rd.parkedErr != nil {
 			st.Unavailable = append(st.Unavailable, "parked partitions")
 		}
-		retrying, err := projector.Retrying(ctx, p.cfg.Pool)
-		p.note("retrying partitions", err)
-		if err != nil {
+		p.note("retrying partitions", rd.retryingErr)
+		if rd.retryingErr != nil {
 			st.Unavailable = append(st.Unavailable, "retrying partitions")
 		}
-		cancel()
 		st.Parked.Partitions = make([]ParkedPartition, 0, len(parked))
 		for _, x := range parked {
 			st.Parked.Partitions = append(st.Parked.Partitions, ParkedPartition{Consumer: x.Consumer, Topic: x.Topic,
