@@ -47,8 +47,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		connected:  f.NewGauge(prometheus.GaugeOpts{Name: "onceflow_natsink_connected", Help: "1 while the sink's connection to NATS is up, else 0."}),
 		stream: f.NewGaugeVec(prometheus.GaugeOpts{Name: "onceflow_natsink_stream_info",
 			Help: "1 for the JetStream stream the sink writes to, with its storage (file) and replicas, as the server reported them at start."}, []string{"stream", "storage", "replicas"}),
-		batch:      f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_batch_duration_seconds", Help: "Time from a batch's first publish to its offsets' commit.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		age:        f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_event_age_seconds", Help: "Age of an event when JetStream acknowledged it, from its time (its command's).", Buckets: pipeline.StageAgeBuckets}),
+		batch: f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_batch_duration_seconds", Help: "Time from a batch's first publish to its offsets' commit.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		age:   f.NewHistogram(prometheus.HistogramOpts{Name: "onceflow_natsink_event_age_seconds", Help: "Age of an event when JetStream acknowledged it, from its time (its command's).", Buckets: pipeline.StageAgeBuckets}),
 	}
 	// Every series exists from the start, at zero, so a rate or an alert
 	// sees the first increase.

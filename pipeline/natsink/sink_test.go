@@ -432,4 +432,3 @@ func streamInfo(t *testing.T, reg *prometheus.Registry) string {
 	}
 	return strings.Join(out, "; ")
 }
-

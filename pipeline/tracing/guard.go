@@ -38,7 +38,9 @@ func (s sampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingRe
 	return s.inner.ShouldSample(p)
 }
 
-func (s sampler) Description() string { return "onceflow server spans on their own, else " + s.inner.Description() }
+func (s sampler) Description() string {
+	return "onceflow server spans on their own, else " + s.inner.Description()
+}
 
 // configuredSampler reads OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG
 // as the SDK does (its own reading is not exported); default
