@@ -61,8 +61,12 @@ func TestMoveToAnotherBroker(t *testing.T) {
 	}
 
 	a := run(from)
-	id := accepted(a, "open-a", func(k string) (apiclient.Accepted, *apiclient.Response, error) { return a.client.OpenAccount(ctx, k, "acc-a", "EUR") })
-	dep := accepted(a, "dep-a", func(k string) (apiclient.Accepted, *apiclient.Response, error) { return a.client.Deposit(ctx, k, "acc-a", 5) })
+	id := accepted(a, "open-a", func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return a.client.OpenAccount(ctx, k, "acc-a", "EUR")
+	})
+	dep := accepted(a, "dep-a", func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return a.client.Deposit(ctx, k, "acc-a", 5)
+	})
 	for _, c := range []string{id, dep} {
 		if cmd, err := a.client.WaitCommand(ctx, c); err != nil || cmd.Status != "accepted" {
 			t.Fatalf("on the first broker: %+v %v", cmd, err)
@@ -72,8 +76,12 @@ func TestMoveToAnotherBroker(t *testing.T) {
 
 	b := run(to)
 	var waiting []string
-	waiting = append(waiting, accepted(b, "open-b", func(k string) (apiclient.Accepted, *apiclient.Response, error) { return b.client.OpenAccount(ctx, k, "acc-b", "EUR") }))
-	waiting = append(waiting, accepted(b, "dep-b", func(k string) (apiclient.Accepted, *apiclient.Response, error) { return b.client.Deposit(ctx, k, "acc-b", 7) }))
+	waiting = append(waiting, accepted(b, "open-b", func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return b.client.OpenAccount(ctx, k, "acc-b", "EUR")
+	}))
+	waiting = append(waiting, accepted(b, "dep-b", func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+		return b.client.Deposit(ctx, k, "acc-b", 7)
+	}))
 
 	// Parked, and said so, rather than waiting at the old offsets or
 	// skipping the new topic's events.

@@ -126,7 +126,7 @@ func carrierStack(t *testing.T, c inventoryapp.Carrier, components onceflow.Comp
 			// The carrier is on loopback, which the worker's guard refuses
 			// unless allowed, as for a webhook receiver.
 			Webhooks: webhooks.Config{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
-			Started: func(a onceflow.Addrs) { addrs <- a },
+			Started:  func(a onceflow.Addrs) { addrs <- a },
 		})
 	}()
 	t.Cleanup(func() {
