@@ -19,8 +19,15 @@ func TestOrderOutcome(t *testing.T) {
 	acme := tenantClient(t, owner, base, "acme")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, _, err := acme.AddStock(ctx, "s-1", "nut", 2); err != nil {
+	// The stock first: the order's reservation reaches the item on its own
+	// way (the processor's), which may overtake a command still in the
+	// outbox.
+	stocked, _, err := acme.AddStock(ctx, "s-1", "nut", 2)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if c, err := acme.WaitCommand(ctx, stocked.CommandID); err != nil || c.Status != "accepted" {
+		t.Fatalf("the stock: %+v, %v", c, err)
 	}
 	big, _, err := acme.PlaceOrder(ctx, "p-big", "ord-big", "nut", 5)
 	if err != nil {

@@ -43,9 +43,16 @@ func TestTransferOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := ledgerapp.Client{Client: &apiclient.Client{BaseURL: "http://" + a.HTTP, APIKey: key}}
+	// Both accounts open before any transfer: a credit goes to its account
+	// on its own way (the processor's), which may overtake a command still
+	// in the outbox.
 	for _, acc := range []string{"a", "b"} {
-		if _, _, err := cl.OpenAccount(ctx, "open-"+acc, acc, "EUR"); err != nil {
+		opened, _, err := cl.OpenAccount(ctx, "open-"+acc, acc, "EUR")
+		if err != nil {
 			t.Fatal(err)
+		}
+		if c, err := cl.WaitCommand(ctx, opened.CommandID); err != nil || c.Status != "accepted" {
+			t.Fatalf("open %s: %+v, %v", acc, c, err)
 		}
 	}
 	dep, _, err := cl.Deposit(ctx, "dep-a", "a", 100)
