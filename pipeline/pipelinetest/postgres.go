@@ -343,3 +343,38 @@ func repoRoot() string {
 		}
 	}
 }
+
+// CountingPool is a pool on url that counts the statements whose SQL
+// contains one of match: what a test of a read's cost asserts.
+func CountingPool(t testing.TB, url string, match ...string) (*pgxpool.Pool, *atomic.Int64) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &countingTracer{match: match}
+	cfg.ConnConfig.Tracer = c
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, &c.n
+}
+
+type countingTracer struct {
+	match []string
+	n     atomic.Int64
+}
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	for _, m := range c.match {
+		if strings.Contains(data.SQL, m) {
+			c.n.Add(1)
+			break
+		}
+	}
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

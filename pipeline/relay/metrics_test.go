@@ -5,14 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -20,34 +16,12 @@ import (
 	"github.com/onceflow/onceflow/pipeline/relay"
 )
 
-// countingTracer counts the statements that count the outbox.
-type countingTracer struct{ counts atomic.Int64 }
-
-func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "FROM outbox GROUP BY shard") {
-		c.counts.Add(1)
-	}
-	return ctx
-}
-
-func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // Scrapes within BacklogMetricsTTL, one after the other or at once, count
 // the outbox once; a scrape after it counts again.
 func TestBacklogMetricsCached(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pipelinetest.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tracer := &countingTracer{}
-	cfg.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, counts := pipelinetest.CountingPool(t, pipelinetest.DatabaseURL(t), "FROM outbox GROUP BY shard")
 
 	newRelay := func(ttl time.Duration) (scrape func() float64) {
 		reg := prometheus.NewRegistry()
@@ -91,7 +65,7 @@ func TestBacklogMetricsCached(t *testing.T) {
 	if got := scrape(); got != 1 {
 		t.Errorf("backlog within the TTL: got %v, want the reading of the first scrape, 1", got)
 	}
-	if n := tracer.counts.Load(); n != 1 {
+	if n := counts.Load(); n != 1 {
 		t.Errorf("10 scrapes within the TTL counted the outbox %d times, want 1", n)
 	}
 

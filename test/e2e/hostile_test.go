@@ -400,26 +400,7 @@ func TestDecompressionBomb(t *testing.T) {
 	defer cancel()
 	const token = "e2e-admin-token"
 	d := deployWith(t, ctx, map[string]string{"ONCEFLOW_ADMIN_TOKEN": token})
-	run := fmt.Sprintf("%x", rand.Uint32())
-	// Two accounts on different partitions of the commands topic.
-	part := func(a string) int {
-		return kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(&kgo.Record{Key: []byte(pipeline.AggregateID("acme", a))}, 8)
-	}
-	acct, other := "acc-"+run+"-0", "acc-"+run+"-1"
-	for i := 2; part(other) == part(acct); i++ {
-		other = fmt.Sprintf("acc-%s-%d", run, i)
-	}
-	for _, a := range []string{acct, other} {
-		acc, _, err := send(ctx, d.client, "open-"+a, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
-			return d.client.OpenAccount(ctx, k, a, "EUR")
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cmd, err := d.client.WaitCommand(ctx, acc.CommandID); err != nil || cmd.Status != "accepted" {
-			t.Fatalf("open %s: %+v %v", a, cmd, err)
-		}
-	}
+	run, acct, other := twoAccountsApart(t, ctx, d)
 	serdes := registrySerdes(t, ctx, d.Pipeline)
 	value, err := serdes.Commands.Encode(ctx, ledger.Deposit{Amount: 7})
 	if err != nil {
@@ -522,6 +503,33 @@ func TestDecompressionBomb(t *testing.T) {
 	if header(audit, pipeline.HeaderDLQSourceOffset) != fmt.Sprint(got.Offset) || !strings.Contains(header(audit, processor.HeaderDLQDetail), `admin-token (operator says "e2e"): 32 MiB of zeros`) {
 		t.Errorf("the skip's DLQ record: offset %s, detail %q", header(audit, pipeline.HeaderDLQSourceOffset), header(audit, processor.HeaderDLQDetail))
 	}
+}
+
+// twoAccountsApart opens two accounts of tenant acme whose commands are
+// on different partitions of the commands topic (8), and returns the
+// run's suffix and their ids once both are open.
+func twoAccountsApart(t *testing.T, ctx context.Context, d *deployment) (run, acct, other string) {
+	t.Helper()
+	run = fmt.Sprintf("%x", rand.Uint32())
+	part := func(a string) int {
+		return kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(&kgo.Record{Key: []byte(pipeline.AggregateID("acme", a))}, 8)
+	}
+	acct, other = "acc-"+run+"-0", "acc-"+run+"-1"
+	for i := 2; part(other) == part(acct); i++ {
+		other = fmt.Sprintf("acc-%s-%d", run, i)
+	}
+	for _, a := range []string{acct, other} {
+		acc, _, err := send(ctx, d.client, "open-"+a, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
+			return d.client.OpenAccount(ctx, k, a, "EUR")
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmd, err := d.client.WaitCommand(ctx, acc.CommandID); err != nil || cmd.Status != "accepted" {
+			t.Fatalf("open %s: %+v %v", a, cmd, err)
+		}
+	}
+	return run, acct, other
 }
 
 // getJSON decodes what GET url answers.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -39,25 +38,7 @@ func TestManySmallDecompressionBombs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	d := deploy(t, ctx)
-	run := fmt.Sprintf("%x", rand.Uint32())
-	part := func(a string) int {
-		return kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(&kgo.Record{Key: []byte(pipeline.AggregateID("acme", a))}, 8)
-	}
-	acct, other := "acc-"+run+"-0", "acc-"+run+"-1"
-	for i := 2; part(other) == part(acct); i++ {
-		other = fmt.Sprintf("acc-%s-%d", run, i)
-	}
-	for _, a := range []string{acct, other} {
-		acc, _, err := send(ctx, d.client, "open-"+a, func(k string) (apiclient.Accepted, *apiclient.Response, error) {
-			return d.client.OpenAccount(ctx, k, a, "EUR")
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cmd, err := d.client.WaitCommand(ctx, acc.CommandID); err != nil || cmd.Status != "accepted" {
-			t.Fatalf("open %s: %+v %v", a, cmd, err)
-		}
-	}
+	run, acct, other := twoAccountsApart(t, ctx, d)
 
 	// The processor is away while the bombs are written, so that its next
 	// fetch of the partition holds them all.

@@ -1,18 +1,12 @@
 package status_test
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pipeline/admin"
 	"github.com/onceflow/onceflow/pipeline/admin/status"
@@ -24,19 +18,8 @@ import (
 // reading of the parked and retrying partitions (two queries), not fifty.
 func TestStatusJSONReadsTheDatabaseOncePerInterval(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	_, url := pipelinetest.Pool(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	queries := &countQueries{}
-	cfg.ConnConfig.Tracer = queries
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, queries := pipelinetest.CountingPool(t, url, "projector_parked", "projector_retrying")
 	reg := admin.NewRegistry()
 	adm := admin.New("", reg, slog.New(slog.DiscardHandler))
 	page, err := status.New(status.Config{Gatherer: reg, Pool: pool, Components: []string{"projector"}, DatabaseInterval: time.Minute})
@@ -63,19 +46,9 @@ func TestStatusJSONReadsTheDatabaseOncePerInterval(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if n := queries.n.Load(); n != 2 {
+	if n := queries.Load(); n != 2 {
 		t.Errorf("%d callers of /status.json at once ran %d queries of the parked and retrying partitions, want 2 (one reading)", callers, n)
 	}
 }
 
 // countQueries counts the queries of the parked and retrying partitions.
-type countQueries struct{ n atomic.Int64 }
-
-func (c *countQueries) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(data.SQL, "projector_parked") || strings.Contains(data.SQL, "projector_retrying") {
-		c.n.Add(1)
-	}
-	return ctx
-}
-
-func (c *countQueries) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
