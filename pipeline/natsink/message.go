@@ -30,10 +30,11 @@ const (
 )
 
 // copied are the record headers a message carries, in the order it
-// writes them.
+// writes them. derived-command may come several times (one per command
+// the decision sent); the message carries each, in the record's order.
 var copied = []string{
 	pipeline.HeaderEventID, pipeline.HeaderEventType, pipeline.HeaderCommandID, pipeline.HeaderAggregateVersion,
-	pipeline.HeaderTenant, pipeline.HeaderCommandType, pipeline.HeaderTraceparent,
+	pipeline.HeaderTenant, pipeline.HeaderCommandType, pipeline.HeaderTraceparent, pipeline.HeaderDerivedCommand,
 }
 
 // Subject returns the subject of an event of tenant and eventType under
@@ -94,7 +95,11 @@ func message(r *kgo.Record, subject string) (m *nats.Msg, id string, valid bool)
 	for _, rh := range r.Headers {
 		for _, k := range copied {
 			if rh.Key == k {
-				h[k] = []string{string(rh.Value)}
+				if k == pipeline.HeaderDerivedCommand {
+					h[k] = append(h[k], string(rh.Value))
+				} else {
+					h[k] = []string{string(rh.Value)}
+				}
 				break
 			}
 		}

@@ -147,3 +147,27 @@ func FuzzMessage(f *testing.F) {
 		}
 	})
 }
+
+// A message carries the event's headers as Kafka has them, each
+// derived-command of a decision that sent several among them: what a NATS
+// consumer follows to the commands an event led to (docs/consumers.md).
+func TestMessageCarriesEveryDerivedCommand(t *testing.T) {
+	credit := "994f8adf-0000-5000-8000-000000000001 CreditTransfer acme/b"
+	fee := "994f8adf-0000-5000-8000-000000000002 CreditTransfer acme/fees"
+	r := &kgo.Record{Topic: "t.events", Key: []byte("acme/a"), Value: []byte{0}, Timestamp: time.Unix(1, 0),
+		Headers: []kgo.RecordHeader{
+			{Key: pipeline.HeaderEventID, Value: []byte("0191a0b0-0000-5000-8000-000000000000")},
+			{Key: pipeline.HeaderTenant, Value: []byte("acme")},
+			{Key: pipeline.HeaderEventType, Value: []byte("TransferDebited")},
+			{Key: pipeline.HeaderDerivedCommand, Value: []byte(credit)},
+			{Key: pipeline.HeaderDerivedCommand, Value: []byte(fee)},
+		}}
+	m, _, _ := message(r, "t.events")
+	got := m.Header.Values(pipeline.HeaderDerivedCommand)
+	if len(got) != 2 || got[0] != credit || got[1] != fee {
+		t.Errorf("derived-command headers %q, want [%q %q]", got, credit, fee)
+	}
+	if got := m.Header.Get(pipeline.HeaderEventType); got != "TransferDebited" {
+		t.Errorf("event-type %q", got)
+	}
+}
