@@ -86,7 +86,7 @@ test-helm: build ## the Helm chart's tests (deploy/helm): rendered with Helm's l
 	cd deploy/helm && ONCEFLOW_BIN=$(abspath $(BIN))/onceflow $(GO) test -timeout $(TEST_TIMEOUT) ./...
 
 # The suites that run on Apache Kafka when KAFKA_BROKERS names it
-# (docs/decisions.md#the-embedded-broker-and-apache-kafka), one package at
+# (docs/decisions/0054-kafka-brokers-and-the-suites.md), one package at
 # a time: they share the cluster and the ledger's consumer groups.
 KAFKA_TEST_PKGS ?= ./test/e2e/ ./test/consumers/
 

@@ -11,7 +11,7 @@
 // github.com/onceflow/onceflow/cli, makes a binary of them: cli.Main is
 // every component, `dev` and the operator commands, configured by
 // environment variables and flags (it lives above this package, as the
-// command line should: docs/decisions.md#the-program-and-its-command-line).
+// command line should: docs/decisions/0061-main-is-cli-main.md).
 // Or the program builds the typed
 // configuration itself: a Config (the domains, Kafka, Postgres, the schema
 // registry) in a RunConfig for RunComponents (the components it selects,

@@ -45,7 +45,7 @@ type JobKind interface {
 // the events the domain's decisions recorded: the jobs commit with the
 // read models and the offsets, so an event applied once makes its jobs
 // once, and the key keeps an event applied again from making them twice
-// (docs/decisions.md#jobs-and-outbound-effects).
+// (docs/decisions/0046-jobs-on-river.md).
 type Job[A JobArgs] struct {
 	// Enqueue returns the jobs of this kind ev causes (none, for most
 	// events). It runs in the projector's transaction, after the domain's

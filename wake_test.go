@@ -22,11 +22,11 @@ import (
 	"github.com/onceflow/onceflow/pipeline/relay"
 )
 
-// In a process that runs ingest and the relay, as onceflow dev does, a
-// commit wakes the relay directly and notifies no other process of the
-// shards this relay holds (docs/decisions.md, "Waking up without
-// polling"): with a poll of a minute, the command is on the commands topic
-// within seconds, and the relays' channel heard nothing.
+// In a process that runs ingest and the relay, as onceflow dev does, a commit
+// wakes the relay directly and notifies no other process of the shards this
+// relay holds (docs/decisions/0012-waking-up-without-polling.md): with a poll
+// of a minute, the command is on the commands topic within seconds, and the
+// relays' channel heard nothing.
 func TestIngestWakesItsOwnRelayWithoutNotifying(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

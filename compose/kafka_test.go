@@ -336,8 +336,8 @@ func TestComposeKafkaIsTheLocalClustersRelease(t *testing.T) {
 }
 
 // testOnlySettings are the local cluster's settings for its tests that a
-// production-like cluster does not have (docs/decisions.md, the embedded
-// broker and Apache Kafka).
+// production-like cluster does not have
+// (docs/decisions/0053-apache-kafka-local-cluster.md).
 var testOnlySettings = []string{"group.initial.rebalance.delay.ms", "group.min.session.timeout.ms", "offsets.topic.num.partitions",
 	"transaction.state.log.num.partitions", "num.network.threads", "num.io.threads", "background.threads", "num.recovery.threads.per.data.dir"}
 
@@ -398,10 +398,10 @@ func TestComposeKafkaIsSecuredAsTheLocalCluster(t *testing.T) {
 	for _, key := range testOnlySettings {
 		env := "KAFKA_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 		if _, ok := props[key]; ok {
-			t.Errorf("kafka: %s is a setting of the local cluster's tests (docs/decisions.md), not of a production-like broker", key)
+			t.Errorf("kafka: %s is a setting of the local cluster's tests (docs/decisions/0053-apache-kafka-local-cluster.md), not of a production-like broker", key)
 		}
 		if _, ok := kenv[env]; ok {
-			t.Errorf("kafka: %s (%s) is a setting of the local cluster's tests (docs/decisions.md), not of a production-like broker", env, key)
+			t.Errorf("kafka: %s (%s) is a setting of the local cluster's tests (docs/decisions/0053-apache-kafka-local-cluster.md), not of a production-like broker", env, key)
 		}
 	}
 }

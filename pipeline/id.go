@@ -73,7 +73,7 @@ func NewCommandID() ID {
 // of the name because a command id is only unique within its aggregate: a
 // direct Kafka producer may send the same command id to two aggregates, or
 // two tenants may pick the same one, and those are two commands whose
-// events must not share ids (docs/decisions.md).
+// events must not share ids (docs/decisions/0001-commands-scoped-by-aggregate.md).
 func EventID(aggregateID string, commandID ID, index int) ID {
 	name := make([]byte, 0, len(aggregateID)+1+16+8)
 	name = append(name, aggregateID...)

@@ -13,7 +13,7 @@
 -- that first locks the consumer's offset row of the event's Kafka
 -- partition. An event id belongs to one aggregate, hence to one Kafka
 -- partition, so every transaction that could insert it is serialized on
--- that row lock (docs/decisions.md). event_id leads the key: lookups are by
+-- that row lock (docs/decisions/0033-inbox-unique-by-protocol.md). event_id leads the key: lookups are by
 -- id, and no plan can mistake "all of a consumer's rows" for a lookup.
 ALTER TABLE inbox RENAME TO inbox_unpartitioned;
 ALTER TABLE inbox_unpartitioned RENAME CONSTRAINT inbox_pkey TO inbox_unpartitioned_pkey;

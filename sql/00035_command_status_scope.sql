@@ -17,7 +17,7 @@
 -- ingested marks the row ingest wrote when it accepted the command over
 -- HTTP. When one tenant's producers used the same id on several aggregates,
 -- GET /v1/commands/{id} without ?aggregate_id= answers ingest's command
--- (the one its 202 pointed to), else the earliest (docs/decisions.md).
+-- (the one its 202 pointed to), else the earliest (docs/decisions/0002-get-command-answers-ingests-command.md).
 -- Rows written before this migration say false: each was then the only
 -- row of its id, and stays the earliest. A rebuild of command_status keeps
 -- it on the rows it copies from the live table (pending, failed) only.

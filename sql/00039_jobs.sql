@@ -1,6 +1,6 @@
 -- Jobs and outbound webhooks (docs/jobs.md, docs/webhooks.md).
 --
--- 1. Fenced completion of River jobs (docs/jobs.md#what-it-guarantees, docs/decisions.md).
+-- 1. Fenced completion of River jobs (docs/jobs.md#what-it-guarantees, docs/decisions/0047-fenced-job-completion.md).
 --
 -- River hands a job whose attempt outlived its lease (RescueStuckJobsAfter)
 -- to another worker, and completes or retries a job with an UPDATE that

@@ -1,4 +1,4 @@
--- The inbox lookup keeps its plan (docs/benchmarks.md, "Projector").
+-- The inbox lookup keeps its plan (docs/benchmarks.md#projector-catch-up-over-a-1000000-event-backlog).
 --
 -- onceflow_inbox_seen was a SQL function with SET clauses, which Postgres
 -- cannot inline: every call planned its query again, over every daily

@@ -1,6 +1,5 @@
 -- The relay's head read and the projector's inbox lookup plan their query
--- once per connection (docs/decisions.md, "The relay pins its outbox
--- reads").
+-- once per connection (docs/decisions/0035-hot-functions-pin-their-plans.md).
 --
 -- PL/pgSQL keeps a function's query planned, but at each call Postgres
 -- chooses between that generic plan and one made for the call's values
@@ -12,7 +11,7 @@
 -- show (it counts the calling statement's planning only). Measured
 -- alone, one connection, a call: the head read of one shard 0.146-0.149
 -- ms against 0.095-0.101 with the generic plan; the lookup of one id over
--- 39 partitions 0.284-0.304 ms against 0.106-0.110 (docs/benchmarks.md).
+-- 39 partitions 0.284-0.304 ms against 0.106-0.110 (docs/benchmarks.md#relay-draining-a-1000000-row-backlog-and-the-latency-it-adds).
 -- The generic plans are those the SET clauses already pin: the (shard,
 -- xid, id) index in its order, and the partitions pruned when the
 -- executor starts.

@@ -1,8 +1,8 @@
 // Package devbroker is the embedded Kafka-compatible broker that `onceflow
 // dev` and the tests run: franz-go's kfake with a data directory, so its
 // topics survive restarts, and the repair of what a crash of it leaves
-// (crash.go; docs/decisions.md). It is a development broker; the Kafka
-// client adapter is package kafka.
+// (crash.go; docs/decisions/0052-embedded-broker-crashes.md). It is a
+// development broker; the Kafka client adapter is package kafka.
 package devbroker
 
 import (

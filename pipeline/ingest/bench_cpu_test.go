@@ -18,16 +18,17 @@ import (
 	"github.com/onceflow/onceflow/pipeline/ingest"
 )
 
-// BenchmarkRequestCPU prices ingest's line of the bill (docs/benchmarks.md,
-// "The bill: CPU per command") without the rest of the pipeline: the CPU
-// of a command's two requests, POST a deposit with a new key (64 clients:
-// the accept transactions group them) and GET its outcome (8 clients, the
-// command found, no wait). Per request, this process's CPU (ingest and the
-// HTTP clients, whose share does not depend on what ingest does) and that
-// of the Postgres backends serving the benchmark's database (from /proc: the
-// cluster runs on this machine), each the median over the rounds. Compare
-// figures of one run, or of runs alternated on the same load: CPU time
-// depends less on the neighbours than throughput does, but not on nothing.
+// BenchmarkRequestCPU prices ingest's line of the bill
+// (docs/benchmarks.md#ingest-group-commit-latency-at-1000-requestss-a-tenants-flood)
+// without the rest of the pipeline: the CPU of a command's two requests, POST
+// a deposit with a new key (64 clients: the accept transactions group them)
+// and GET its outcome (8 clients, the command found, no wait). Per request,
+// this process's CPU (ingest and the HTTP clients, whose share does not
+// depend on what ingest does) and that of the Postgres backends serving the
+// benchmark's database (from /proc: the cluster runs on this machine), each
+// the median over the rounds. Compare figures of one run, or of runs
+// alternated on the same load: CPU time depends less on the neighbours than
+// throughput does, but not on nothing.
 func BenchmarkRequestCPU(b *testing.B) {
 	n := benchSize("ONCEFLOW_BENCH_REQUESTS", 20000) / 2
 	var postGo, postPG, getGo, getPG []float64

@@ -71,7 +71,7 @@ const (
 // and each is its own command. With ?aggregate_id= ($3) the caller names
 // which; without, the answer is the command ingest accepted under that id
 // (the one its 202's Location names), else the earliest
-// (docs/decisions.md).
+// (docs/decisions/0002-get-command-answers-ingests-command.md).
 //
 // led says whether the command led to other commands: whether any row
 // names it as its cause (sql/00048).

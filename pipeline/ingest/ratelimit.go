@@ -8,12 +8,12 @@ import (
 	"time"
 )
 
-// limiter is a token bucket per key, in memory. Keyed by tenant, it
-// refuses a tenant over its rate before its requests cost a database round
-// trip, so it cannot crowd another tenant out of the accept transactions.
-// Keyed by client address, it counts failed authentications (see
-// Server.authenticate). Each ingest process limits on its own: n processes
-// behind a load balancer admit n times the rate (docs/decisions.md).
+// limiter is a token bucket per key, in memory. Keyed by tenant, it refuses a
+// tenant over its rate before its requests cost a database round trip, so it
+// cannot crowd another tenant out of the accept transactions. Keyed by client
+// address, it counts failed authentications (see Server.authenticate). Each
+// ingest process limits on its own: n processes behind a load balancer admit
+// n times the rate (docs/decisions/0011-bounds-before-authentication.md).
 type limiter struct {
 	rate  float64 // tokens per second
 	burst float64

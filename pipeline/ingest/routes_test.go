@@ -452,7 +452,7 @@ func TestCommandWaitWakesOnNotification(t *testing.T) {
 // OutboxChannel and through OnAccept: a relay reads only those shards'
 // heads. The notification names only the shards OnAccept did not see to
 // (a relay in the same process holds them), and none is sent when it saw
-// to them all (docs/decisions.md, "Waking up without polling").
+// to them all (docs/decisions/0012-waking-up-without-polling.md).
 func TestAcceptNamesItsShards(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -15,7 +15,7 @@ import (
 )
 
 // wakeups are ingest's two ends of the components' notifications
-// (docs/decisions.md, "Waking up without polling"): after a transaction
+// (docs/decisions/0012-waking-up-without-polling.md): after a transaction
 // commits outbox rows it tells the relays (OutboxChannel), and it listens
 // for the projector's committed outcomes (OutcomesChannel) to answer
 // GET /v1/commands/{id}?wait= as soon as the outcome is in command_status.
@@ -93,7 +93,7 @@ func (w *wakeups) accepted(shards ...int) {
 
 // notifyCommits tells the relays which shards got rows: a relay reads only
 // those shards' heads, and a worker busy with another shard is left alone
-// (docs/decisions.md, "Waking up without polling").
+// (docs/decisions/0012-waking-up-without-polling.md).
 func (w *wakeups) notifyCommits(ctx context.Context) {
 	var shards []int
 	for {

@@ -263,7 +263,7 @@ func (s *Server) rotateWebhook(w http.ResponseWriter, r *http.Request, c caller)
 		if err != nil {
 			return nil, 0, err
 		}
-		answer, err = json.Marshal(sub) // #nosec G117 -- the answer that shows the new secret, kept under its key so that a retry answers it again (docs/decisions.md)
+		answer, err = json.Marshal(sub) // #nosec G117 -- the answer that shows the new secret, kept under its key so that a retry answers it again (docs/decisions/0048-webhook-subscriptions-and-secrets.md)
 		if err != nil {
 			return nil, 0, err
 		}

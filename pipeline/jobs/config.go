@@ -20,9 +20,9 @@ const (
 	DefaultBaseDelay      = time.Second
 	DefaultMaxDelay       = 10 * time.Minute
 	// DefaultFetchCooldown is a tenth of River's default: River waits at
-	// least this long between two fetches, and its inserts notify the
-	// workers at most this often, so it bounds the added latency of a job
-	// (docs/benchmarks.md: webhooks p99 at 500 events/s).
+	// least this long between two fetches, and its inserts notify the workers
+	// at most this often, so it bounds the added latency of a job
+	// (docs/benchmarks.md#outbound-webhooks-deliveries-against-rivers-bare-jobs-and-the-latency-they-add).
 	DefaultFetchCooldown = 10 * time.Millisecond
 )
 
@@ -33,11 +33,11 @@ type Config struct {
 	Queue string
 	// MaxWorkers is how many jobs the process runs at once. Default 50.
 	MaxWorkers int
-	// BacklogWorkers is how many jobs of the backlog queue (Queue
-	// + "-backlog": the jobs of a tenant with a backlog of its own, which
-	// InsertTx puts there) the process runs at once, besides MaxWorkers:
-	// a tenant's backlog takes these, never the others' (docs/webhooks.md#what-the-answer-does, Fairness).
-	// Default 10.
+	// BacklogWorkers is how many jobs of the backlog queue (Queue +
+	// "-backlog": the jobs of a tenant with a backlog of its own, which
+	// InsertTx puts there) the process runs at once, besides MaxWorkers: a
+	// tenant's backlog takes these, never the others'
+	// (docs/webhooks.md#what-the-answer-does, Fairness). Default 10.
 	BacklogWorkers int
 	// Lease is how long an attempt may run before River's rescuer gives
 	// the job to another worker (River's RescueStuckJobsAfter); the

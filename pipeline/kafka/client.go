@@ -83,7 +83,7 @@ const DefaultMaxDecompressBatchBytes = 16 << 20
 // (CONCURRENT_TRANSACTIONS right after a commit, under KIP-890) waits for
 // the next metadata update before it is sent again: with 5 s it outlived
 // the processor's transaction, which ended unknown and cost the session
-// (docs/decisions.md, "Metadata after a retriable produce error").
+// (docs/decisions/0056-metadata-min-age.md).
 const metadataMinAge = 250 * time.Millisecond
 
 // MaxDecompressBatchBytesFor is the bound that fits a processor taking

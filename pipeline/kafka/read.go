@@ -44,10 +44,10 @@ func ReadPartitionFrom(ctx context.Context, cl *kgo.Client, topic string, part i
 // held, if not nil, is called before each wait with the last stable
 // offset and the end the read waits for, and the time waited so far.
 //
-// This is how state is restored (docs/decisions.md, the doubled event
-// after a zombie processor): everything committed by the time of the call
-// is read, whatever another producer left open beneath it, and nothing
-// that is aborted.
+// This is how state is restored
+// (docs/decisions/0020-restore-waits-for-open-transactions.md): everything
+// committed by the time of the call is read, whatever another producer left
+// open beneath it, and nothing that is aborted.
 func ReadPartitionStable(ctx context.Context, cl *kgo.Client, topic string, part int32, held func(lastStable, end int64, waited time.Duration), fn func(*kgo.Record) error) error {
 	if held == nil {
 		held = func(int64, int64, time.Duration) {}

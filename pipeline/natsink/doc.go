@@ -51,20 +51,21 @@
 //
 // # Order
 //
-// The stream takes a connection's messages in the order they are sent, so
-// a batch published without a failure is in the stream in partition order:
-// each aggregate's events in version order. A publish that fails stops the
-// round (nothing more is published); once the messages in flight settled,
-// the sink waits (50ms doubling to MaxBackoff) and publishes the records
-// not acknowledged again, in order. A record that failed while one behind
-// it in flight was stored then lands after it: that aggregate's events are
-// out of order in the stream. The sink sees it from the acknowledgements'
-// sequences and counts it (onceflow_natsink_out_of_order_total, logged
-// with the aggregate). nats.go's own retry is off (it would overtake), and
-// so is its reconnect buffer (a publish while disconnected fails at once
-// rather than being sent after the reconnect, ahead of the retry of what
-// the disconnect lost). MaxInFlight 1 keeps the order through failures
-// too, at the price of one round trip per event (docs/benchmarks.md).
+// The stream takes a connection's messages in the order they are sent, so a
+// batch published without a failure is in the stream in partition order: each
+// aggregate's events in version order. A publish that fails stops the round
+// (nothing more is published); once the messages in flight settled, the sink
+// waits (50ms doubling to MaxBackoff) and publishes the records not
+// acknowledged again, in order. A record that failed while one behind it in
+// flight was stored then lands after it: that aggregate's events are out of
+// order in the stream. The sink sees it from the acknowledgements' sequences
+// and counts it (onceflow_natsink_out_of_order_total, logged with the
+// aggregate). nats.go's own retry is off (it would overtake), and so is its
+// reconnect buffer (a publish while disconnected fails at once rather than
+// being sent after the reconnect, ahead of the retry of what the disconnect
+// lost). MaxInFlight 1 keeps the order through failures too, at the price of
+// one round trip per event
+// (docs/benchmarks.md#nats-sink-events-forwarded-to-jetstream).
 //
 // # Failures
 //

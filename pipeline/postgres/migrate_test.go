@@ -127,10 +127,11 @@ func TestDailyPartitions(t *testing.T) {
 	}
 }
 
-// The functions on the hot paths that Postgres would plan again at every
-// call keep their generic plan (sql/00046; docs/decisions.md): a later
-// CREATE OR REPLACE without the setting would bring the planning back
-// unseen, since pg_stat_statements does not count it.
+// The functions on the hot paths that Postgres would plan again at every call
+// keep their generic plan (sql/00046;
+// docs/decisions/0035-hot-functions-pin-their-plans.md): a later CREATE OR
+// REPLACE without the setting would bring the planning back unseen, since
+// pg_stat_statements does not count it.
 func TestHotFunctionsKeepTheirGenericPlan(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -15,10 +15,11 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 )
 
-// The channels the components wake each other on (docs/decisions.md,
-// "Waking up without polling"). A notification is a hint, never the
-// data: a listener reads the tables it cares about when woken, and polls
-// as well, slowly, for the notifications a lost connection missed.
+// The channels the components wake each other on
+// (docs/decisions/0012-waking-up-without-polling.md). A notification is a
+// hint, never the data: a listener reads the tables it cares about when
+// woken, and polls as well, slowly, for the notifications a lost connection
+// missed.
 const (
 	// OutboxChannel: ingest committed outbox rows; relays read the heads
 	// of the shards the payload names (OutboxPayload's; empty: every

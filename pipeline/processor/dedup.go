@@ -11,7 +11,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 )
 
-// The dedup memory (docs/decisions.md, "Bounded dedup memory"): every
+// The dedup memory (docs/decisions/0021-bounded-dedup-memory.md): every
 // command a partition's aggregates handled within the dedup window is
 // remembered as a digest in that partition's idStore, and the digests each
 // committed transaction added are in that transaction's records on

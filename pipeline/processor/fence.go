@@ -59,11 +59,12 @@ func producerOf(ctx context.Context, cl *kgo.Client) *producerEpoch {
 // the two leaves. The successor's own early initialization is what fences
 // the replaced process in the first place.
 //
-// The embedded broker (kfake) accepts any epoch not above its own, so
-// there the check never finds a successor, and the replaced process's
-// next session fences its successor in turn (docs/decisions.md, the
-// embedded broker and Apache Kafka). A check that cannot be made (the
-// coordinator unreachable) does not stop the new session: it is logged.
+// The embedded broker (kfake) accepts any epoch not above its own, so there
+// the check never finds a successor, and the replaced process's next session
+// fences its successor in turn
+// (docs/decisions/0018-processor-sessions-and-fencing.md). A check that
+// cannot be made (the coordinator unreachable) does not stop the new session:
+// it is logged.
 func (p *Processor[S]) checkNotReplaced(ctx context.Context, cl *kgo.Client, prev *producerEpoch) error {
 	if prev == nil {
 		return nil

@@ -42,20 +42,19 @@ func (s *Snapshot[S]) forget(cutoff int64) {
 }
 
 // restore loads partition part's aggregates from the state topic and its
-// dedup memory from the dedup changelog, reading both read_committed up
-// to their high watermark at the start (with raw fetches: a consumer
-// cannot tell "caught up" from "slow" when the log ends in transaction
-// markers), and installs them. The offsets just fetched may cover
-// transactions committed above a transaction still open on these
-// partitions (a zombie's: a processor that went silent mid-batch while
-// its partitions went on to others), so a restore that stopped at the
-// last stable offset would miss their snapshots and ids, and decide their
-// commands' successors from an older state (docs/decisions.md, the
-// doubled event after a zombie processor); restore waits until the open
-// transaction ends instead. Every snapshot is decoded once to check it: state that
-// cannot be read must stop the processor here, not surface later as a
-// fresh aggregate that handles commands twice. Changelog records older
-// than the window are skipped without being read.
+// dedup memory from the dedup changelog, reading both read_committed up to
+// their high watermark at the start (with raw fetches: a consumer cannot tell
+// "caught up" from "slow" when the log ends in transaction markers), and
+// installs them. The offsets just fetched may cover transactions committed
+// above a transaction still open on these partitions (a zombie's: a processor
+// that went silent mid-batch while its partitions went on to others), so a
+// restore that stopped at the last stable offset would miss their snapshots
+// and ids, and decide their commands' successors from an older state
+// (docs/decisions/0020-restore-waits-for-open-transactions.md); restore waits
+// until the open transaction ends instead. Every snapshot is decoded once to
+// check it: state that cannot be read must stop the processor here, not
+// surface later as a fresh aggregate that handles commands twice. Changelog
+// records older than the window are skipped without being read.
 func (p *Processor[S]) restore(ctx context.Context, cl *kgo.Client, part int32) error {
 	start := time.Now()
 	cutoff := p.now().UnixMilli() - p.cfg.DedupWindow.Milliseconds()

@@ -72,7 +72,7 @@ func (z *zombie) abort() {
 // absorbed, the next one gets the next version. (On Apache Kafka the
 // coordinator aborts a timed-out transaction only at its next sweep, and
 // TestProcessorZombieAndRebalanceThree, test/e2e, doubled events this
-// way: docs/decisions.md.)
+// way: docs/decisions/0020-restore-waits-for-open-transactions.md.)
 func TestRestoreWaitsForAZombiesTransaction(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -118,21 +118,20 @@ func TestRestoreWaitsForAZombiesTransaction(t *testing.T) {
 	p2.waitBalance(t, acc, 70)
 }
 
-// Two processors with the same instance id (so the same transactional
-// id): the second's first InitProducerId fences the first, whose next
-// session asks the coordinator whether its producer still holds the id
-// and learns that another has initialized it since. One of the two leaves
-// with ErrReplaced rather than start a session that would fence the
-// other, which would fence it back, the two taking turns; the other
-// serves on, and every command has one outcome. Which one leaves is not
-// asserted, nor that the other never restarts: when the two check and
-// initialize at the same moment the coordinator can take a check for a
-// retry of the bump it made aborting the checker's transaction and accept
-// it, so a round of fencing can pass first (docs/decisions.md, a
-// processor replaced by another with its instance id leaves).
+// Two processors with the same instance id (so the same transactional id):
+// the second's first InitProducerId fences the first, whose next session asks
+// the coordinator whether its producer still holds the id and learns that
+// another has initialized it since. One of the two leaves with ErrReplaced
+// rather than start a session that would fence the other, which would fence
+// it back, the two taking turns; the other serves on, and every command has
+// one outcome. Which one leaves is not asserted, nor that the other never
+// restarts: when the two check and initialize at the same moment the
+// coordinator can take a check for a retry of the bump it made aborting the
+// checker's transaction and accept it, so a round of fencing can pass first
+// (docs/decisions/0018-processor-sessions-and-fencing.md).
 func TestReplacedProcessorLeaves(t *testing.T) {
 	if len(pipelinetest.ExternalKafka()) == 0 {
-		t.Skip("kfake re-initializes a transactional id from any earlier epoch (KIP-360), even after another producer took it, so a replaced processor cannot tell (docs/decisions.md); on Apache Kafka: make test-kafka KAFKA_TEST_PKGS=./pipeline/processor/, and TestZombieProcessorFencedByItsSuccessor (test/e2e)")
+		t.Skip("kfake re-initializes a transactional id from any earlier epoch (KIP-360), even after another producer took it, so a replaced processor cannot tell (docs/decisions/0055-apache-kafka-differences.md); on Apache Kafka: make test-kafka KAFKA_TEST_PKGS=./pipeline/processor/, and TestZombieProcessorFencedByItsSuccessor (test/e2e)")
 	}
 	t.Parallel()
 	e := newEnv(t, 2)

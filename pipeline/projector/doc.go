@@ -82,30 +82,30 @@
 //
 // # Parking
 //
-// A partition stops (parks) on a record that cannot be applied: a version
-// gap (an earlier event of the aggregate is missing; never skipped), an
-// event that cannot be decoded, one a projection refuses for good
+// A partition stops (parks) on a record that cannot be applied: a version gap
+// (an earlier event of the aggregate is missing; never skipped), an event
+// that cannot be decoded, one a projection refuses for good
 // (pipeline.Permanent), or one a projection's SQL raises a data error on
 // (SQLSTATE class 22, 23 or 54: the same event fails the same way on every
-// try; docs/decisions.md). A data error aborts a batch projection's
-// statement without naming the event, so the transaction is first run
-// again with each projection under a savepoint, and the failing
-// projection's events are applied in halves, each under a savepoint of its
-// own, down to the event that raises it (the fast path takes no
-// savepoint). Then the transaction is rolled back and run again with
-// the events before that record, its offset as the partition's stored
-// offset, and a projector_parked row (reason, detail) — so `onceflow lag`
-// shows it, and onceflow_projector_version_gaps_total and
-// onceflow_projector_parked_partitions (by reason) count it. Fetching from the
-// partition is paused; the others go on. It stays parked until an operator
-// acts: `onceflow projections unpark` (the projector notices within
-// ParkCheckInterval and tries the record again) or a restart. Either way
-// the record is tried again and parks again if the cause is still there.
-// Or the operator skips the record on purpose (Skip, `onceflow projections
-// skip`): under the offset lock, the stored offset moves past it, the park
-// ends and projector_skips records who, why and what; the projector reads
-// on from there as after an unpark.
-// The row disappears once the partition moves past the record.
+// try; docs/decisions/0029-projection-errors-classified.md). A data error
+// aborts a batch projection's statement without naming the event, so the
+// transaction is first run again with each projection under a savepoint, and
+// the failing projection's events are applied in halves, each under a
+// savepoint of its own, down to the event that raises it (the fast path takes
+// no savepoint). Then the transaction is rolled back and run again with the
+// events before that record, its offset as the partition's stored offset, and
+// a projector_parked row (reason, detail) — so `onceflow lag` shows it, and
+// onceflow_projector_version_gaps_total and
+// onceflow_projector_parked_partitions (by reason) count it. Fetching from
+// the partition is paused; the others go on. It stays parked until an
+// operator acts: `onceflow projections unpark` (the projector notices within
+// ParkCheckInterval and tries the record again) or a restart. Either way the
+// record is tried again and parks again if the cause is still there. Or the
+// operator skips the record on purpose (Skip, `onceflow projections skip`):
+// under the offset lock, the stored offset moves past it, the park ends and
+// projector_skips records who, why and what; the projector reads on from
+// there as after an unpark. The row disappears once the partition moves past
+// the record.
 //
 // # A topic that changed
 //

@@ -13,15 +13,15 @@ import (
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
-// dataError returns the Postgres error in err's chain if it is a data
-// error: SQLSTATE class 22 (data exception: a number out of range, text
-// too long for its column, invalid input, a character the encoding
-// refuses), 23 (integrity constraint violation: check, not-null, unique,
-// foreign key, exclusion) or 54 (program limit exceeded: an index row too
-// large, a statement too complex). The same event written by the same
-// statement into the same tables raises it again every time, so retrying
-// cannot fix it: the event's partition parks (docs/decisions.md). Every
-// other error (the connection, a serialization failure, a deadlock, a
+// dataError returns the Postgres error in err's chain if it is a data error:
+// SQLSTATE class 22 (data exception: a number out of range, text too long for
+// its column, invalid input, a character the encoding refuses), 23 (integrity
+// constraint violation: check, not-null, unique, foreign key, exclusion) or
+// 54 (program limit exceeded: an index row too large, a statement too
+// complex). The same event written by the same statement into the same tables
+// raises it again every time, so retrying cannot fix it: the event's
+// partition parks (docs/decisions/0029-projection-errors-classified.md).
+// Every other error (the connection, a serialization failure, a deadlock, a
 // shutdown, a missing table) is transient and the batch is retried.
 func dataError(err error) (*pgconn.PgError, bool) {
 	var pgErr *pgconn.PgError

@@ -123,7 +123,7 @@ func TestRebuildCommandStatusKeepsFailuresAndIngestRows(t *testing.T) {
 		t.Errorf("command_status: %d rows live, %d rebuilt", sw.LiveRows, sw.RebuiltRows)
 	}
 	// The rebuilt rows of decided commands do not say which ingest wrote
-	// (docs/decisions.md).
+	// (docs/decisions/0002-get-command-answers-ingests-command.md).
 	want[alone.String()+" acme/acc-1"] = row{"accepted", "", 1, false}
 	want[ingested.String()+" acme/acc-1"] = row{"accepted", "", 1, false}
 	check("rebuilt")

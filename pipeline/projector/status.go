@@ -234,18 +234,18 @@ func (c CommandStatus) args(evs []pipeline.Event) []any {
 	return []any{ids, tenants, aggs, types, statuses, reasons, details, eventIDs, ats}
 }
 
-// BeforeSwap keeps, when a rebuilt command_status replaces the live one,
-// the rows whose status is not in the events: commands accepted over HTTP
-// and not decided yet (pending), and commands whose outbox row went to
-// outbox_dead (failed, with no CommandFailed event). They come with their
-// ingested flag; a decided command's row is the rebuilt one, without it:
-// finding, under the swap's lock, the few ids where the flag decides what
-// GET answers would read the whole table while ingest's writes wait, and
-// the earliest row, GET's other rule, is ingest's anyway unless a producer
-// backdated a record with its id (docs/decisions.md). The projector calls
-// it inside the swap transaction, with the live table locked against
-// writers; the copy reads the live table's partial index on pending and
-// failed rows.
+// BeforeSwap keeps, when a rebuilt command_status replaces the live one, the
+// rows whose status is not in the events: commands accepted over HTTP and not
+// decided yet (pending), and commands whose outbox row went to outbox_dead
+// (failed, with no CommandFailed event). They come with their ingested flag;
+// a decided command's row is the rebuilt one, without it: finding, under the
+// swap's lock, the few ids where the flag decides what GET answers would read
+// the whole table while ingest's writes wait, and the earliest row, GET's
+// other rule, is ingest's anyway unless a producer backdated a record with
+// its id (docs/decisions/0002-get-command-answers-ingests-command.md). The
+// projector calls it inside the swap transaction, with the live table locked
+// against writers; the copy reads the live table's partial index on pending
+// and failed rows.
 func (CommandStatus) BeforeSwap(ctx context.Context, tx pgx.Tx, table, live, shadow string) error {
 	_, err := tx.Exec(ctx, `INSERT INTO `+shadow+` SELECT * FROM `+live+` WHERE status IN ('pending', 'failed')
 		ON CONFLICT (command_id, tenant, aggregate_id) DO NOTHING`)

@@ -55,7 +55,7 @@
 //     the local lease deadline (minus a margin); before the commit, wait
 //     until the producer's metadata holds every partition the records went
 //     to, or franz-go may turn a fresh producer's first commit into an
-//     abort and report success (docs/decisions.md);
+//     abort and report success (docs/decisions/0026-relay-commit-waits-for-partitions.md);
 //  3. delete the rows by id, if the token still holds, and read the next
 //     batch in the same statement (so a busy shard costs one query per
 //     batch). The delete commits without waiting for the WAL flush: a

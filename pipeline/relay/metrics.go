@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, backlogTTL time.D
 		fenced:      f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_outbox_fenced_total", Help: "Times this relay found a shard's lease had moved and stopped: at the check before producing, at a renewal, at the delete after the acknowledgement, or by Kafka refusing its fenced producer."}, []string{"stage"}),
 		leases:      f.NewCounterVec(prometheus.CounterOpts{Name: "onceflow_outbox_lease_changes_total", Help: "Shard leases this relay acquired, lost to another relay, or released."}, []string{"change"}),
 		owned:       f.NewGauge(prometheus.GaugeOpts{Name: "onceflow_outbox_shards_owned", Help: "Outbox shards whose lease this relay holds."}),
-		commitWaits: f.NewCounter(prometheus.CounterOpts{Name: "onceflow_outbox_commit_waits_total", Help: "Batches whose commit waited until the producer's metadata held the partitions it had just written to: without the wait franz-go v1.22.3 may turn the commit into an abort (docs/decisions.md)."}),
+		commitWaits: f.NewCounter(prometheus.CounterOpts{Name: "onceflow_outbox_commit_waits_total", Help: "Batches whose commit waited until the producer's metadata held the partitions it had just written to: without the wait franz-go v1.22.3 may turn the commit into an abort (docs/decisions/0026-relay-commit-waits-for-partitions.md)."}),
 	}
 	for _, s := range []string{"check", "renew", "delete", "kafka"} {
 		m.fenced.WithLabelValues(s)

@@ -144,7 +144,7 @@ func (r *Relay) transact(ctx context.Context, cl *kgo.Client, w *worker, rows []
 // acknowledged in between, EndTransaction finds no partition of the
 // transaction, turns the commit into an abort and returns nil, and the
 // rows would be deleted for records no read_committed reader will see
-// (docs/decisions.md, "A commit franz-go turned into an abort"). A
+// (docs/decisions/0026-relay-commit-waits-for-partitions.md). A
 // partition is in that view when PartitionLeader knows its leader; the
 // view is completed microseconds after the acknowledgement, so the wait is
 // rare and short, and bounded by ctx (the lease deadline): a batch that

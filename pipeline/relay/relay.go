@@ -101,14 +101,13 @@ func (r *Relay) Wake(shards ...int) {
 	}
 }
 
-// WakeHeld is Wake for the shards of shards this relay holds, and returns
-// the others (nil when it holds them all), which only a relay of another
-// process ships: ingest notifies those (postgres.OutboxChannel), so in a
-// process that holds every shard, as `onceflow dev` does, a commit costs
-// no notification, and its shard's worker no second head read when the
-// notification would have come back to it (docs/decisions.md, "Waking up
-// without polling"). A shard whose lease moves just after is woken by the
-// new holder's next poll.
+// WakeHeld is Wake for the shards of shards this relay holds, and returns the
+// others (nil when it holds them all), which only a relay of another process
+// ships: ingest notifies those (postgres.OutboxChannel), so in a process that
+// holds every shard, as `onceflow dev` does, a commit costs no notification,
+// and its shard's worker no second head read when the notification would have
+// come back to it (docs/decisions/0012-waking-up-without-polling.md). A shard
+// whose lease moves just after is woken by the new holder's next poll.
 func (r *Relay) WakeHeld(shards ...int) (others []int) {
 	var held []int
 	r.mu.Lock()
@@ -231,7 +230,7 @@ const headsSQL = `SELECT l.shard, EXTRACT(EPOCH FROM l.expires_at - now())::floa
 // own, and a woken shard starts producing after a single round trip to
 // Postgres. A wake-up leaves word only with the busy workers of the shards
 // it names: the others have no rows of its commit to read, and a word
-// costs a head read (docs/decisions.md, "Waking up without polling").
+// costs a head read (docs/decisions/0012-waking-up-without-polling.md).
 func (r *Relay) dispatch(ctx context.Context) error {
 	t := time.NewTimer(jitter(r.cfg.PollInterval))
 	defer t.Stop()

@@ -705,7 +705,7 @@ func TestRelaysShareShards(t *testing.T) {
 // A shard's producer is new after every takeover and restart, and its
 // first transaction is its first produce to the commands topic. franz-go
 // v1.22.3 can turn that commit into an abort and report success
-// (docs/decisions.md, "A commit franz-go turned into an abort"), so the
+// (docs/decisions/0026-relay-commit-waits-for-partitions.md), so the
 // relay waits until the producer's metadata holds the partitions it wrote
 // to. Every shard's first commit, in ten incarnations of the relay, is
 // readable read_committed. (The race needs a goroutine of franz-go to stall
@@ -1226,11 +1226,11 @@ func TestWakesOnNotification(t *testing.T) {
 	}
 }
 
-// A notification names the shards its commit wrote to, and the relay looks
-// at those only: a commit to one shard does not make the relay read the
-// others (every such read was a statement, docs/benchmarks.md), and an
-// empty payload, what a writer that names no shard sends, still means
-// every shard.
+// A notification names the shards its commit wrote to, and the relay looks at
+// those only: a commit to one shard does not make the relay read the others
+// (every such read was a statement,
+// docs/benchmarks.md#the-bill-cpu-per-command), and an empty payload, what a
+// writer that names no shard sends, still means every shard.
 func TestWakeUpNamesShards(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -102,9 +102,10 @@ func waitFor(b *testing.B, n *atomic.Int64, want int64, within time.Duration) {
 // receiver (enqueued as the projector does, signed, sent, recorded and
 // completed fenced), next to River's bare throughput of no-op jobs on the
 // same Postgres, pool and worker settings, in the same run. Goal:
-// deliveries/s ÷ river_jobs/s >= 0.7 (docs/benchmarks.md). subs=1: a
-// tenant with one subscription, whose deliveries the projector makes
-// inline; subs=2: two, fanned out by the worker (a batch's 2,000 events
+// deliveries/s ÷ river_jobs/s >= 0.7
+// (docs/benchmarks.md#outbound-webhooks-deliveries-against-rivers-bare-jobs-and-the-latency-they-add).
+// subs=1: a tenant with one subscription, whose deliveries the projector
+// makes inline; subs=2: two, fanned out by the worker (a batch's 2,000 events
 // into 4,000 deliveries).
 func BenchmarkDeliveryThroughput(b *testing.B) {
 	for _, subs := range []int{1, 2} {
@@ -223,14 +224,14 @@ func benchmarkDeliveryThroughput(b *testing.B, subs int) {
 	b.ReportMetric(deliveryRate/riverRate, "ratio")
 }
 
-// BenchmarkDeliveryLatency: events projected at 500 per second (a
-// projector transaction of 5 every 10 ms), each delivered to a local
-// receiver; the added latency is from the projector's commit to the
-// receiver's receipt. It reports p50 and p99 next to River's own latency
-// from insert to work on the same Postgres at the same rate (the baseline).
-// Goal: p99 <= 50 ms (docs/benchmarks.md). subs=1: made inline by the
-// projector; subs=2: fanned out by the worker (the first subscription's
-// deliveries measured).
+// BenchmarkDeliveryLatency: events projected at 500 per second (a projector
+// transaction of 5 every 10 ms), each delivered to a local receiver; the
+// added latency is from the projector's commit to the receiver's receipt. It
+// reports p50 and p99 next to River's own latency from insert to work on the
+// same Postgres at the same rate (the baseline). Goal: p99 <= 50 ms
+// (docs/benchmarks.md#outbound-webhooks-deliveries-against-rivers-bare-jobs-and-the-latency-they-add).
+// subs=1: made inline by the projector; subs=2: fanned out by the worker (the
+// first subscription's deliveries measured).
 func BenchmarkDeliveryLatency(b *testing.B) {
 	for _, subs := range []int{1, 2} {
 		b.Run(fmt.Sprint("subs=", subs), func(b *testing.B) { benchmarkDeliveryLatency(b, subs) })

@@ -26,17 +26,18 @@ const backlogSize = 100_000
 
 // BenchmarkFairness: one tenant's webhook latency (event projected to
 // delivery received, 300 events at 100/s through the projection and the
-// delivery, which the projection makes inline for its one subscription)
-// with no other tenant busy (the baseline), then
-// with another tenant holding a backlog of 100,000 deliveries to an
-// endpoint that takes 50 ms an answer, in the same run, on the same worker
-// (the defaults: 50 jobs at once, 10 of a tenant). The backlog's jobs are
-// queued as the fan-out queues them as its backlog grew: in the backlog
-// queue from webhooks.BacklogThreshold on, at the priority its size gave
-// each. Goal: p99 with the backlog within 2× the baseline's
-// (docs/benchmarks.md). For comparison, the same backlog queued as the
-// projector queued it before the backlog queue (every delivery in the
-// queue every tenant shares, at River's default priority): shared_*.
+// delivery, which the projection makes inline for its one subscription) with
+// no other tenant busy (the baseline), then with another tenant holding a
+// backlog of 100,000 deliveries to an endpoint that takes 50 ms an answer, in
+// the same run, on the same worker (the defaults: 50 jobs at once, 10 of a
+// tenant). The backlog's jobs are queued as the fan-out queues them as its
+// backlog grew: in the backlog queue from webhooks.BacklogThreshold on, at
+// the priority its size gave each. Goal: p99 with the backlog within 2× the
+// baseline's
+// (docs/benchmarks.md#webhook-fairness-one-tenants-latency-beside-anothers-backlog-of-100000).
+// For comparison, the same backlog queued as the projector queued it before
+// the backlog queue (every delivery in the queue every tenant shares, at
+// River's default priority): shared_*.
 func BenchmarkFairness(b *testing.B) {
 	ctx := context.Background()
 	pool := benchPool(b)

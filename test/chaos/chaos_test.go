@@ -211,19 +211,19 @@ func topicMaxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) (in
 	return 0, fmt.Errorf("%s has no max.message.bytes", topic)
 }
 
-// drain waits until the outbox is empty, every command the harness knows
-// of has its outcome — the workload's, and the credits and refunds the
-// processor sends for the transfers among them — no command is pending,
-// and every hostile record the broker holds is in the DLQ (with its
-// failure recorded when it names a valid command of a valid aggregate).
-// The saga's commands travel through the commands topic and the processor
-// only, never the outbox nor ingest's pending rows: after a rolling
-// restart of Apache Kafka the processors were still retrying transactions
-// seconds after the workload's own commands all had theirs, and a drain
-// that waited for those only let the check read 114 credits as lost that
-// arrived later (docs/decisions.md). On timeout the error names what is
-// missing, where the commands topic holds it, and the consumer groups'
-// lag.
+// drain waits until the outbox is empty, every command the harness knows of
+// has its outcome — the workload's, and the credits and refunds the processor
+// sends for the transfers among them — no command is pending, and every
+// hostile record the broker holds is in the DLQ (with its failure recorded
+// when it names a valid command of a valid aggregate). The saga's commands
+// travel through the commands topic and the processor only, never the outbox
+// nor ingest's pending rows: after a rolling restart of Apache Kafka the
+// processors were still retrying transactions seconds after the workload's
+// own commands all had theirs, and a drain that waited for those only let the
+// check read 114 credits as lost that arrived later
+// (docs/decisions/0058-chaos-on-three-nodes.md). On timeout the error names
+// what is missing, where the commands topic holds it, and the consumer
+// groups' lag.
 func drain(ctx context.Context, c *cluster, m *model, within time.Duration) (drainStats, error) {
 	start := time.Now()
 	deadline := start.Add(within)

@@ -183,11 +183,11 @@ func (c *cluster) ingestURLs() []string {
 	return out
 }
 
-// restartBroker crashes the broker (no flush, no snapshot, transactions
-// left open) and starts it again on the same address and data directory.
-// The crash comes between two of its requests: kfake has no transaction
-// log, and a kill while it writes one transaction's markers would tear
-// the transaction, which a real broker does not (docs/decisions.md).
+// restartBroker crashes the broker (no flush, no snapshot, transactions left
+// open) and starts it again on the same address and data directory. The crash
+// comes between two of its requests: kfake has no transaction log, and a kill
+// while it writes one transaction's markers would tear the transaction, which
+// a real broker does not (docs/decisions/0052-embedded-broker-crashes.md).
 func (c *cluster) restartBroker(ctx context.Context) error {
 	c.broker.CrashBroker()
 	b, err := c.pl.StartBroker(ctx)

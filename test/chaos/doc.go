@@ -2,39 +2,38 @@
 // twice — the way Jepsen's bank test and Kafka's exactly-once system tests
 // do, on one machine with real processes.
 //
-// TestChaos runs the real binaries as separate processes: the embedded
-// broker (`onceflow dev --broker-only` with a data directory), two ingest,
-// two relay, two processor, two projector and two worker processes, against a
+// TestChaos runs the real binaries as separate processes: the embedded broker
+// (`onceflow dev --broker-only` with a data directory), two ingest, two
+// relay, two processor, two projector and two worker processes, against a
 // PostgreSQL cluster of its own. A seeded workload of many tenants and
 // accounts opens, deposits, withdraws, transfers (across partitions) and
 // closes; HTTP clients time out and retry with the same key, and sometimes
 // resend with a new key on purpose; some deposits are produced straight to
-// Kafka, some of those twice with the same command-id, and ids ingest
-// minted are produced again as deposits to another account and to another
-// tenant's (distinct commands, to be applied). A fixed share of the traffic
-// goes to one hot account per tenant, which gets several times the
-// commands of any other. Interleaved with it, a stream of hostile records
-// goes straight to {prefix}.commands: a key with invalid UTF-8, a NUL or a
-// local id over MaxLocalIDLen; string fields with invalid UTF-8, a NUL or
-// over the limit; a command-id that is no UUID or over its length; no
-// command-id or no tenant header; a value that is not Avro, or of a schema
-// id the registry does not have; a tenant header of another tenant; a
-// command-type header unlike the value; a timestamp days back or before
-// year 0 (past-timestamp); a timestamp half an hour ahead, past the
-// processor's MaxClockSkew; a value over the processors' MaxCommandBytes
-// (64 KiB in the run) but under the topic's max.message.bytes; and a
-// record over max.message.bytes, which the broker must refuse to its
-// producer. Meanwhile a seeded
-// schedule injects faults: SIGKILL of any component, a hard broker restart
-// (a crash between two of its requests: kfake, unlike a real broker, has no
-// transaction log to finish a commit it was writing; see docs/decisions.md),
-// an immediate Postgres restart, a processor paused past its session
-// timeout (a zombie), an extra relay on the same shards, a worker paused
-// past its job lease while it delivers. Each tenant subscribes a webhook
-// receiver (pipeline/webhooks/webhookstest) to every event type; the
-// receiver answers a delivery's first requests, by a hash of the seed and
-// its key, with 500s, 503s and 429s with Retry-After before applying it,
-// and with hangs past the worker's timeout and 502s after applying it.
+// Kafka, some of those twice with the same command-id, and ids ingest minted
+// are produced again as deposits to another account and to another tenant's
+// (distinct commands, to be applied). A fixed share of the traffic goes to
+// one hot account per tenant, which gets several times the commands of any
+// other. Interleaved with it, a stream of hostile records goes straight to
+// {prefix}.commands: a key with invalid UTF-8, a NUL or a local id over
+// MaxLocalIDLen; string fields with invalid UTF-8, a NUL or over the limit; a
+// command-id that is no UUID or over its length; no command-id or no tenant
+// header; a value that is not Avro, or of a schema id the registry does not
+// have; a tenant header of another tenant; a command-type header unlike the
+// value; a timestamp days back or before year 0 (past-timestamp); a timestamp
+// half an hour ahead, past the processor's MaxClockSkew; a value over the
+// processors' MaxCommandBytes (64 KiB in the run) but under the topic's
+// max.message.bytes; and a record over max.message.bytes, which the broker
+// must refuse to its producer. Meanwhile a seeded schedule injects faults:
+// SIGKILL of any component, a hard broker restart (a crash between two of its
+// requests: kfake, unlike a real broker, has no transaction log to finish a
+// commit it was writing; see docs/decisions/0052-embedded-broker-crashes.md),
+// an immediate Postgres restart, a processor paused past its session timeout
+// (a zombie), an extra relay on the same shards, a worker paused past its job
+// lease while it delivers. Each tenant subscribes a webhook receiver
+// (pipeline/webhooks/webhookstest) to every event type; the receiver answers
+// a delivery's first requests, by a hash of the seed and its key, with 500s,
+// 503s and 429s with Retry-After before applying it, and with hangs past the
+// worker's timeout and 502s after applying it.
 //
 // After the faults stop, the run waits for the pipeline to drain: the
 // outbox empty and every command the harness knows of with its outcome,

@@ -90,10 +90,10 @@ func newPipeline(t *testing.T, databaseURL string) *Pipeline {
 // keptDir returns the directory of a deployment's logs and data: t's
 // temporary directory, or with E2E_LOG_DIR set a directory under it that
 // stays after the test (keep), its components logging at debug level
-// (franz-go's joins, rebalances and transaction ends included) and, on
-// an external cluster, a failed test's topics left in place: what an
-// investigation of a rare failure needs (docs/decisions.md, the doubled
-// event on Apache Kafka).
+// (franz-go's joins, rebalances and transaction ends included) and, on an
+// external cluster, a failed test's topics left in place: what an
+// investigation of a rare failure needs
+// (docs/decisions/0020-restore-waits-for-open-transactions.md).
 func keptDir(t *testing.T) (dir string, keep bool) {
 	root := os.Getenv("E2E_LOG_DIR")
 	if root == "" {

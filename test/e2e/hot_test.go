@@ -36,7 +36,7 @@ func hotCommands(t *testing.T) int {
 // maxAccountSnapshot bounds the size of an account's snapshot on the state
 // topic: what the ledger's state holds (balance, currency, status, version,
 // transfers in flight), and nothing that grows with the commands it has
-// handled (docs/decisions.md, "Bounded dedup memory").
+// handled (docs/decisions/0021-bounded-dedup-memory.md).
 const maxAccountSnapshot = 256
 
 // One account takes 100,000 deposits over HTTP from 64 clients with the

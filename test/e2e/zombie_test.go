@@ -101,7 +101,7 @@ func TestZombieProcessorFencedByItsSuccessor(t *testing.T) {
 		// kfake re-initializes the id from the zombie's older epoch, so the
 		// zombie cannot tell it was replaced: its next session fences the
 		// successor, and the two take turns until its supervisor stops the
-		// old one (docs/decisions.md, the embedded broker and Apache Kafka).
+		// old one (docs/decisions/0055-apache-kafka-differences.md).
 		old.Kill()
 	}
 

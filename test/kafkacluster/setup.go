@@ -96,7 +96,7 @@ logger.request.level = WARN
 			// markers written) waits for the broker to try again, 20
 			// ms later by default: onceflow's producers begin the next
 			// transaction as soon as the last committed
-			// (docs/decisions.md#the-embedded-broker-and-apache-kafka).
+			// (docs/decisions/0057-broker-settings-before-production.md).
 			"add.partitions.to.txn.retry.backoff.ms": "2",
 		}
 		for k, v := range c.securityProps(n) {

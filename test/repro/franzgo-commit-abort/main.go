@@ -1,9 +1,9 @@
 // Command franzgo-commit-abort reproduces, with franz-go and its embedded
-// broker (kfake) alone, the fault described in docs/decisions.md ("A
-// commit franz-go turned into an abort"): a transactional producer's
-// first transaction, whose records are its first produce to a topic, is
-// acknowledged, then EndTransaction(TryCommit) sends an abort and returns
-// nil.
+// broker (kfake) alone, the fault described in
+// docs/decisions/0026-relay-commit-waits-for-partitions.md: a transactional
+// producer's first transaction, whose records are its first produce to a
+// topic, is acknowledged, then EndTransaction(TryCommit) sends an abort and
+// returns nil.
 //
 // The window is a few instructions wide and is hit under load; run.sh
 // widens it with a sleep (widen.patch) in a copy of franz-go, so the
