@@ -61,10 +61,10 @@ type Config struct {
 	// (ONCEFLOW_IDEMPOTENCY_RETENTION), given to both so they agree.
 	// Default 24h.
 	IdempotencyRetention time.Duration
-	// TracerProvider receives the components' spans (docs/observability.md);
-	// RunComponents builds an OTLP exporter's when RunConfig.OTLPEndpoint
-	// or OTLPTracesEndpoint is set. Nil: no spans and no instrumentation
-	// installed.
+	// TracerProvider receives the components' spans (docs/observability.md):
+	// the command line gives them an OTLP exporter's (pipeline/tracing/otlp)
+	// when OTEL_EXPORTER_OTLP_ENDPOINT or _TRACES_ENDPOINT is set. Nil: no
+	// spans and no instrumentation installed.
 	TracerProvider trace.TracerProvider
 	// TenantRateLimit is ingest's per-tenant rate in requests per second
 	// (ONCEFLOW_TENANT_RATE_LIMIT; negative: none). Default 1000.
@@ -89,7 +89,7 @@ func registry(ctx context.Context, cfg Config, dep *Deployment) (avro.Registry, 
 		return cfg.SchemaRegistry.NewClient()
 	}
 	reg := avro.NewEmbedded()
-	return reg, registerSchemas(ctx, reg, dep)
+	return reg, dep.RegisterSchemas(ctx, reg)
 }
 
 // subject is one schema of the deployment with the topic it describes
@@ -129,10 +129,11 @@ func (dep *Deployment) subjects() ([]subject, error) {
 	return out, nil
 }
 
-// registerSchemas registers the deployment's schemas in reg. A schema the
-// registry refuses as incompatible with an earlier version stops the
-// start.
-func registerSchemas(ctx context.Context, reg avro.Registry, dep *Deployment) error {
+// RegisterSchemas registers the deployment's schemas in reg, in a fixed
+// order, so that every process that registers them assigns the same ids.
+// A schema the registry refuses as incompatible with an earlier version
+// stops the start.
+func (dep *Deployment) RegisterSchemas(ctx context.Context, reg avro.Registry) error {
 	subjects, err := dep.subjects()
 	if err != nil {
 		return err
