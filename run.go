@@ -205,6 +205,9 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 	if err := validLagExport(rc.LagExport); err != nil {
 		return nil, err
 	}
+	if err := checkOutboxShards(rc.Config, map[string]int{"RunConfig.Ingest.Shards": rc.Ingest.Shards, "RunConfig.Relay.Shards": rc.Relay.Shards, "RunConfig.Reconcile.Shards": rc.Reconcile.Shards}); err != nil {
+		return nil, err
+	}
 	p := &process{rc: rc, metrics: rc.Metrics}
 	defer func() {
 		if err != nil {

@@ -202,8 +202,13 @@ var (
 // The outbox, which ingest writes and the relay ships: both must agree.
 var (
 	outboxShards = &setting{flag: "outbox-shards", env: "ONCEFLOW_OUTBOX_SHARDS", def: strconv.Itoa(pipeline.DefaultOutboxShards), kind: "int", section: outboxSection,
-		help: "outbox shards; every ingest and relay must use the same count",
-		set:  func(c *config, v string) (err error) { c.OutboxShards, err = atLeast(v, 1); return err }}
+		help: "outbox shards, 1 to " + strconv.Itoa(pipeline.MaxOutboxShards) + "; every ingest and relay must use the same count",
+		set: func(c *config, v string) (err error) {
+			if c.OutboxShards, err = atLeast(v, 1); err != nil {
+				return err
+			}
+			return pipeline.CheckOutboxShards(c.OutboxShards)
+		}}
 	idempotencyRetention = &setting{flag: "idempotency-retention", env: "ONCEFLOW_IDEMPOTENCY_RETENTION", def: pipeline.DefaultIdempotencyRetention.String(), kind: "duration", section: outboxSection,
 		help: "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same",
 		set: func(c *config, v string) error {

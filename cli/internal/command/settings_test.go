@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
@@ -504,6 +506,22 @@ func TestDevListensOnLoopback(t *testing.T) {
 		}
 		if got.HTTPAddr != c.want {
 			t.Errorf("%v: ingest on %q, want %q", c.args, got.HTTPAddr, c.want)
+		}
+	}
+}
+
+// ingest and the relay take and refuse the same ONCEFLOW_OUTBOX_SHARDS
+// (pipeline.CheckOutboxShards): the ingest binary once started with 5000,
+// which its relay refused.
+func TestIngestAndRelayTakeTheSameOutboxShards(t *testing.T) {
+	for _, v := range []string{"0", "1", "16", "4096", "4097", "5000"} {
+		n, _ := strconv.Atoi(v)
+		want := pipeline.CheckOutboxShards(n) == nil
+		for _, command := range []string{"ingest", "relay"} {
+			_, err := started(t, []string{command}, map[string]string{"ONCEFLOW_OUTBOX_SHARDS": v})
+			if (err == nil) != want {
+				t.Errorf("%s with ONCEFLOW_OUTBOX_SHARDS=%s: %v, want it taken: %v", command, v, err, want)
+			}
 		}
 	}
 }
