@@ -167,7 +167,7 @@ lint: build ## gofmt, go vet, staticcheck, gosec, the import rules (library, app
 	$(GO) vet $(PKGS)
 	$(GO) run $(STATICCHECK) $(PKGS)
 	$(GO) run $(GOSEC) $(GOSEC_FLAGS) $(PKGS)
-	$(GO) test -count=1 -run '^(TestImportRules|TestRoomSizes)$$' .
+	$(GO) test -count=1 -run '^(TestImportRules|TestLeanBinaries|TestRoomSizes)$$' .
 	@set -o pipefail; $(PG_URL) && DATABASE_URL="$$url" $(GO) test -count=1 -v -run '^TestDocs(Commands|Links)$$' ./test/docs | grep -v ': ran  '
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	cd bench && $(GO) vet -mod=mod ./...

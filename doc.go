@@ -15,7 +15,8 @@
 // Or the program builds the typed
 // configuration itself: a Config (the domains, Kafka, Postgres, the schema
 // registry) in a RunConfig for RunComponents (the components it selects,
-// as one process) or in a DevConfig for RunDev (the embedded default: a
+// as one process) or in a DevConfig for dev.Run (package
+// github.com/onceflow/onceflow/dev, the embedded default: a
 // Kafka-compatible broker, a schema registry, Postgres and every component
 // in one process). Config.Deployment resolves the names every component
 // and operator command agrees on (docs/architecture.md#topics-keys-and-headers).

@@ -21,7 +21,8 @@ type listed struct {
 
 // The shape of the tree (DEVELOPERS.md#layout), from `go list`:
 //
-//   - the layers go one way, cmd/* -> cli (the command line) -> onceflow
+//   - the layers go one way, cmd/* -> cli, cli/component (the command line)
+//     -> dev (the embedded default, cli's only) -> onceflow
 //     (this package, the domain API) -> pipeline/... (the library), so only
 //     the binaries import the command line;
 //   - the library never imports the application (this package, cli, cmd/)
@@ -35,12 +36,15 @@ type listed struct {
 //   - production code never imports a test helper (a package named *test,
 //     such as statustest, which brings a browser driver), nor links the
 //     browser driver;
-//   - only the application (for onceflow dev) and tests import the embedded
-//     broker (pipeline/devbroker, kfake);
+//   - only the embedded default (package dev, which cli.Main runs) and tests
+//     import the embedded broker (pipeline/devbroker, kfake), and only
+//     the command line the OTLP exporter (TestLeanBinaries says what the
+//     binaries link);
 //   - the library's tests and test helpers do not need the application to
-//     compile: they may use a domain's types and read model as fixtures
-//     (examples/ledger, examples/ledger/accounts), nothing that imports
-//     this package.
+//     compile: its tests may use a domain's types and read model as
+//     fixtures (examples/ledger, examples/ledger/accounts), nothing that
+//     imports this package; its test helpers (pipelinetest, ingesttest)
+//     import no domain, as the rest of the library.
 //
 // `make lint` runs this test.
 func TestImportRules(t *testing.T) {
@@ -110,16 +114,20 @@ func TestImportRules(t *testing.T) {
 func rule(pkg, imp string) string {
 	adapters := []string{"pipeline/avro", "pipeline/kafka", "pipeline/postgres"}
 	switch {
-	case under(imp, "cli") && !under(pkg, "cmd"):
+	case under(imp, "cli") && !under(pkg, "cmd") && !under(pkg, "cli"):
 		return "only the binaries (cmd/) import the command line"
+	case imp == "pipeline/tracing/otlp" && !under(pkg, "cli") && !under(pkg, "test"):
+		return "only the command line builds the OTLP exporter (it brings gRPC's packages: TestLeanBinaries)"
+	case imp == "dev" && pkg != "cli" && !isHelper(pkg) && !under(pkg, "test"):
+		return "only cli.Main and tests run the embedded default (a component's binary links no broker: TestLeanBinaries)"
 	case isHelper(imp) && !isHelper(pkg) && !under(pkg, "test"):
 		return "production code never imports a test helper"
 	case imp == "pipeline/devbroker" && !mayRunBroker(pkg):
 		return "only the application and tests import the embedded broker"
 	case under(pkg, "pipeline") && (imp == "" || under(imp, "cmd") || under(imp, "cli")):
 		return "the library never imports the application"
-	case under(pkg, "pipeline") && !isHelper(pkg) && under(imp, "examples"):
-		return "the library imports no domain"
+	case under(pkg, "pipeline") && under(imp, "examples"):
+		return "the library imports no domain (its test helpers neither: a fixture of a domain stays with the tests that use it)"
 	case pkg == "schemas":
 		return "onceflow's wire schemas import nothing of onceflow"
 	case pkg == "pipeline" && imp != "schemas":
@@ -139,10 +147,10 @@ func rule(pkg, imp string) string {
 const kfake = "github.com/twmb/franz-go/pkg/kfake"
 
 // mayRunBroker reports whether pkg may import the embedded broker: the
-// application (onceflow dev), the broker's own package, test helpers and
-// the test harnesses.
+// embedded default (package dev, onceflow dev), the broker's own package,
+// test helpers and the test harnesses.
 func mayRunBroker(pkg string) bool {
-	return pkg == "" || pkg == "pipeline/devbroker" || isHelper(pkg) || under(pkg, "test")
+	return pkg == "dev" || pkg == "pipeline/devbroker" || isHelper(pkg) || under(pkg, "test")
 }
 
 // split separates imports into the module's packages (module-relative)

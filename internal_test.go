@@ -118,22 +118,6 @@ func TestWarnPlaintextDatabase(t *testing.T) {
 	}
 }
 
-// The dev stack's admin server and schema registry listen on loopback
-// unless told otherwise.
-func TestDevListensOnLoopback(t *testing.T) {
-	t.Parallel()
-	var dc DevConfig
-	dc.setDefaults()
-	if dc.AdminAddr != "127.0.0.1:9090" || dc.RegistryAddr != "127.0.0.1:8081" || dc.BrokerAddr != "127.0.0.1:9092" {
-		t.Errorf("dev defaults: admin %q registry %q broker %q, want each on 127.0.0.1", dc.AdminAddr, dc.RegistryAddr, dc.BrokerAddr)
-	}
-	dc = DevConfig{RunConfig: RunConfig{AdminAddr: ":9999"}}
-	dc.setDefaults()
-	if dc.AdminAddr != ":9999" {
-		t.Errorf("ADMIN_ADDR=:9999 became %q", dc.AdminAddr)
-	}
-}
-
 // Under least privilege a component serves as the runtime role: given
 // only DATABASE_URL it refuses a database that needs a migration, naming
 // DATABASE_MIGRATION_URL; given both, it migrates as the owner and its

@@ -48,9 +48,10 @@ func newReconciler(cfg Config, rcfg reconcile.Config, pool *pgxpool.Pool, dep *D
 		auth[kind] = a
 	}
 	rcfg.Authorities = auth
-	if rcfg.Shards == 0 {
-		rcfg.Shards = cfg.OutboxShards
+	if err := checkOutboxShards(cfg, map[string]int{"reconcile.Config.Shards": rcfg.Shards}); err != nil {
+		return nil, err
 	}
+	rcfg.Shards = cfg.outboxShards()
 	srv, err := newIngest(cfg, ingest.Config{}, pool, dep, s, prometheus.NewRegistry())
 	if err != nil {
 		return nil, err

@@ -22,7 +22,6 @@ import (
 	"github.com/onceflow/onceflow/pipeline/projector"
 	"github.com/onceflow/onceflow/pipeline/reconcile"
 	"github.com/onceflow/onceflow/pipeline/relay"
-	"github.com/onceflow/onceflow/pipeline/tracing"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
 
@@ -96,17 +95,6 @@ type RunConfig struct {
 	// (ONCEFLOW_LAG_EXPORT): LagExportOwn, LagExportCluster or
 	// LagExportOff. Default LagExportOwn.
 	LagExport string
-	// OTLPEndpoint, if set and Config.TracerProvider is not, is the base
-	// URL of the OTLP/HTTP collector (OTEL_EXPORTER_OTLP_ENDPOINT) the
-	// process exports its spans to, at its /v1/traces
-	// (docs/observability.md); the SDK reads the other OTEL_* variables.
-	// Default: no spans.
-	OTLPEndpoint string
-	// OTLPTracesEndpoint, if set and Config.TracerProvider is not, is the
-	// URL the spans are posted to, as it is
-	// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); it wins over OTLPEndpoint, as
-	// the OpenTelemetry specification has it. Default: OTLPEndpoint's.
-	OTLPTracesEndpoint string
 
 	Ingest    ingest.Config
 	Relay     relay.Config
@@ -136,7 +124,7 @@ type RunConfig struct {
 type Addrs struct {
 	HTTP, Admin string
 	// Kafka and RegistryURL are the dev stack's broker address and schema
-	// registry URL (RunDev).
+	// registry URL (dev.Run).
 	Kafka, RegistryURL string
 }
 
@@ -144,22 +132,6 @@ type Addrs struct {
 // then shuts them down gracefully. A component that fails ends the
 // process.
 func RunComponents(ctx context.Context, rc RunConfig) error {
-	if url := tracing.TracesURL(rc.OTLPEndpoint, rc.OTLPTracesEndpoint); url != "" && rc.TracerProvider == nil {
-		tp, err := tracing.OTLP(ctx, url, "onceflow")
-		if err != nil {
-			return err
-		}
-		defer func() {
-			// What is left goes out, within a bound: a collector that is
-			// gone does not hold the exit.
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := tp.Shutdown(sctx); err != nil {
-				rc.Logger.Warn("tracing: spans not exported at exit", "err", err)
-			}
-		}()
-		rc.TracerProvider = tp
-	}
 	rc.traced()
 	p, err := newProcess(ctx, rc)
 	if err != nil {
@@ -231,6 +203,9 @@ func newProcess(ctx context.Context, rc RunConfig) (_ *process, err error) {
 		rc.ShutdownTimeout = 20 * time.Second
 	}
 	if err := validLagExport(rc.LagExport); err != nil {
+		return nil, err
+	}
+	if err := checkOutboxShards(rc.Config, map[string]int{"RunConfig.Ingest.Shards": rc.Ingest.Shards, "RunConfig.Relay.Shards": rc.Relay.Shards, "RunConfig.Reconcile.Shards": rc.Reconcile.Shards}); err != nil {
 		return nil, err
 	}
 	p := &process{rc: rc, metrics: rc.Metrics}

@@ -53,7 +53,9 @@ type Config struct {
 	InstanceID     string // processor instance id (transactional id suffix)
 	Logger         *slog.Logger
 	// OutboxShards is the outbox's shard count (ONCEFLOW_OUTBOX_SHARDS),
-	// given to ingest and the relay alike so they agree. Default
+	// 1 to pipeline.MaxOutboxShards: its one home, given to ingest, the
+	// relay and reconcile alike so they agree (RunConfig.Ingest.Shards,
+	// Relay.Shards and Reconcile.Shards are left 0). Default
 	// pipeline.DefaultOutboxShards.
 	OutboxShards int
 	// IdempotencyRetention is how long ingest remembers an Idempotency-Key
@@ -61,10 +63,10 @@ type Config struct {
 	// (ONCEFLOW_IDEMPOTENCY_RETENTION), given to both so they agree.
 	// Default 24h.
 	IdempotencyRetention time.Duration
-	// TracerProvider receives the components' spans (docs/observability.md);
-	// RunComponents builds an OTLP exporter's when RunConfig.OTLPEndpoint
-	// or OTLPTracesEndpoint is set. Nil: no spans and no instrumentation
-	// installed.
+	// TracerProvider receives the components' spans (docs/observability.md):
+	// the command line gives them an OTLP exporter's (pipeline/tracing/otlp)
+	// when OTEL_EXPORTER_OTLP_ENDPOINT or _TRACES_ENDPOINT is set. Nil: no
+	// spans and no instrumentation installed.
 	TracerProvider trace.TracerProvider
 	// TenantRateLimit is ingest's per-tenant rate in requests per second
 	// (ONCEFLOW_TENANT_RATE_LIMIT; negative: none). Default 1000.
@@ -73,6 +75,21 @@ type Config struct {
 	// (application_name); "onceflow" unless the process says which
 	// components it runs.
 	applicationName string
+}
+
+// outboxShards is the outbox's shard count every component uses:
+// Config.OutboxShards, or its default.
+func (cfg Config) outboxShards() int { return cmp.Or(cfg.OutboxShards, pipeline.DefaultOutboxShards) }
+
+// checkOutboxShards refuses a shard count given anywhere but in its home,
+// Config.OutboxShards: ingest and the relay must agree on it.
+func checkOutboxShards(cfg Config, roles map[string]int) error {
+	for field, n := range roles {
+		if n != 0 {
+			return fmt.Errorf("%s is %d: the outbox's shard count is Config.OutboxShards (ONCEFLOW_OUTBOX_SHARDS) alone, for ingest and the relay to agree: leave %s 0", field, n, field)
+		}
+	}
+	return pipeline.CheckOutboxShards(cfg.outboxShards())
 }
 
 // Deployment resolves cfg's domains: their topics, consumer groups and
@@ -89,7 +106,7 @@ func registry(ctx context.Context, cfg Config, dep *Deployment) (avro.Registry, 
 		return cfg.SchemaRegistry.NewClient()
 	}
 	reg := avro.NewEmbedded()
-	return reg, registerSchemas(ctx, reg, dep)
+	return reg, dep.RegisterSchemas(ctx, reg)
 }
 
 // subject is one schema of the deployment with the topic it describes
@@ -129,10 +146,11 @@ func (dep *Deployment) subjects() ([]subject, error) {
 	return out, nil
 }
 
-// registerSchemas registers the deployment's schemas in reg. A schema the
-// registry refuses as incompatible with an earlier version stops the
-// start.
-func registerSchemas(ctx context.Context, reg avro.Registry, dep *Deployment) error {
+// RegisterSchemas registers the deployment's schemas in reg, in a fixed
+// order, so that every process that registers them assigns the same ids.
+// A schema the registry refuses as incompatible with an earlier version
+// stops the start.
+func (dep *Deployment) RegisterSchemas(ctx context.Context, reg avro.Registry) error {
 	subjects, err := dep.subjects()
 	if err != nil {
 		return err
@@ -367,11 +385,7 @@ func checkAccess(ctx context.Context, rc RunConfig, dep *Deployment) error {
 			needs = append(needs, need(kafka.Topic, a.Topics.Commands(), kadm.OpWrite))
 		}
 		rcfg := relayConfig(rc.Config, rc.Relay, dep)
-		shards := rcfg.Shards
-		if shards == 0 {
-			shards = pipeline.DefaultOutboxShards
-		}
-		for s := range shards {
+		for s := range rcfg.Shards {
 			needs = append(needs, need(kafka.TransactionalID, rcfg.TransactionalID(s), kadm.OpWrite))
 		}
 		check("relay", needs)
@@ -414,9 +428,7 @@ func checkAccess(ctx context.Context, rc RunConfig, dep *Deployment) error {
 // route's command goes to the commands topic of the aggregate type that
 // handles it.
 func newIngest(cfg Config, icfg ingest.Config, pool *pgxpool.Pool, dep *Deployment, s serdes, reg prometheus.Registerer) (*ingest.Server, error) {
-	if icfg.Shards == 0 {
-		icfg.Shards = cfg.OutboxShards
-	}
+	icfg.Shards = cfg.outboxShards()
 	if icfg.IdempotencyRetention == 0 {
 		icfg.IdempotencyRetention = cfg.IdempotencyRetention
 	}
@@ -451,9 +463,7 @@ func newRelay(cfg Config, rcfg relay.Config, pool *pgxpool.Pool, dep *Deployment
 
 // relayConfig is rcfg with the deployment's defaults.
 func relayConfig(cfg Config, rcfg relay.Config, dep *Deployment) relay.Config {
-	if rcfg.Shards == 0 {
-		rcfg.Shards = cfg.OutboxShards
-	}
+	rcfg.Shards = cfg.outboxShards()
 	if rcfg.IdempotencyRetention == 0 {
 		rcfg.IdempotencyRetention = cfg.IdempotencyRetention
 	}

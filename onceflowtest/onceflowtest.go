@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/dev"
 )
 
 // Dev runs onceflow dev with dc until the test ends and returns its
@@ -32,7 +33,7 @@ func Dev(t testing.TB, dc onceflow.DevConfig) (addrs onceflow.Addrs, stop func()
 	if dc.DataDir == "" {
 		dc.DataDir = t.TempDir()
 	}
-	return run(t, "onceflow dev", &dc.Started, dc.Out, func(ctx context.Context) error { return onceflow.RunDev(ctx, dc) })
+	return run(t, "onceflow dev", &dc.Started, dc.Out, func(ctx context.Context) error { return dev.Run(ctx, dc) })
 }
 
 // Components runs rc's components (onceflow.RunComponents) until the test

@@ -163,6 +163,20 @@ func ValidateLocalID(s string) error {
 // refuses to start against an outbox leased with another count.
 const DefaultOutboxShards = 16
 
+// MaxOutboxShards is the most outbox shards there may be: the relay runs a
+// transactional producer for each shard it leases.
+const MaxOutboxShards = 4096
+
+// CheckOutboxShards says whether n is an outbox shard count: the one
+// bound ingest, the relay, reconcile and ONCEFLOW_OUTBOX_SHARDS check, so
+// that a count one of them takes the others take too.
+func CheckOutboxShards(n int) error {
+	if n < 1 || n > MaxOutboxShards {
+		return fmt.Errorf("the outbox's shard count (ONCEFLOW_OUTBOX_SHARDS) must be between 1 and %d, got %d", MaxOutboxShards, n)
+	}
+	return nil
+}
+
 // DefaultIdempotencyRetention is how long ingest remembers an
 // Idempotency-Key unless configured otherwise, and after how long the
 // relay's janitor drops its partition: both ends of the outbox use it.

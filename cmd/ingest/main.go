@@ -10,8 +10,8 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/component"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { cli.ComponentMain("ingest", onceflow.Components{Ingest: true}, ledgerapp.Domain()) }
+func main() { component.Main("ingest", onceflow.Components{Ingest: true}, ledgerapp.Domain()) }

@@ -14,10 +14,10 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/component"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
 func main() {
-	cli.ComponentMain("natsink", onceflow.Components{NATSink: true}, ledgerapp.Domain())
+	component.Main("natsink", onceflow.Components{NATSink: true}, ledgerapp.Domain())
 }

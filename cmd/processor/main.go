@@ -10,10 +10,10 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/component"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
 func main() {
-	cli.ComponentMain("processor", onceflow.Components{Processor: true}, ledgerapp.Domain())
+	component.Main("processor", onceflow.Components{Processor: true}, ledgerapp.Domain())
 }

@@ -12,8 +12,8 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/component"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
-func main() { cli.ComponentMain("relay", onceflow.Components{Relay: true}, ledgerapp.Domain()) }
+func main() { component.Main("relay", onceflow.Components{Relay: true}, ledgerapp.Domain()) }

@@ -13,10 +13,10 @@ package main
 
 import (
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/component"
 	"github.com/onceflow/onceflow/examples/ledger/ledgerapp"
 )
 
 func main() {
-	cli.ComponentMain("worker", onceflow.Components{Worker: true}, ledgerapp.Domain())
+	component.Main("worker", onceflow.Components{Worker: true}, ledgerapp.Domain())
 }

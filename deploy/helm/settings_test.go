@@ -129,7 +129,7 @@ func commandOf(c corev1.Container) []string {
 
 // TestEveryVariableIsASetting: every variable a container of the chart
 // sets is a setting that container's command reads, as its -h lists it
-// (the setting's declaration in cli/settings.go): a misspelt name, a
+// (the setting's declaration in cli/internal/command/settings.go): a misspelt name, a
 // setting of another component (KAFKA_BROKERS on the worker) or one
 // that no longer exists fails here instead of being silently ignored.
 // A secret's NAME_FILE counts only where NAME is a secret setting.

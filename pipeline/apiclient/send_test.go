@@ -50,7 +50,7 @@ func newFaulty(t *testing.T) *faulty {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ingest.New(ingest.Config{RateLimit: -1}, ingesttest.LedgerRoutes("ledger.commands", serde), ingesttest.LedgerQueries(), pool,
+	srv, err := ingest.New(ingest.Config{RateLimit: -1}, ledgerRoutes("ledger.commands", serde), ledgerQueries(), pool,
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

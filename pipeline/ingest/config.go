@@ -169,8 +169,8 @@ func (c *Config) setDefaults() {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.Shards < 1 {
-		errs = append(errs, errors.New("ingest: Shards must be positive"))
+	if err := pipeline.CheckOutboxShards(c.Shards); err != nil {
+		errs = append(errs, fmt.Errorf("ingest: %w", err))
 	}
 	if c.IdempotencyRetention < time.Minute {
 		errs = append(errs, errors.New("ingest: IdempotencyRetention must be at least a minute"))

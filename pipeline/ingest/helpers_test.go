@@ -22,7 +22,6 @@ import (
 	"github.com/onceflow/onceflow/examples/ledger/accounts"
 	"github.com/onceflow/onceflow/pipeline/avro"
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ingest/ingesttest"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
 	"github.com/onceflow/onceflow/pipeline/postgres"
 )
@@ -51,7 +50,7 @@ func commandSerde(t testing.TB) *avro.Serde {
 // ledgerRoutes are the ledger's routes, their commands to the commands
 // topic through serde.
 func ledgerRoutes(serde ingest.Encoder) []ingest.Route {
-	return ingesttest.LedgerRoutes(commandsTopic, serde)
+	return ledgerRoutesTo(commandsTopic, serde)
 }
 
 // ledgerMigrations are the ledger's read model's: the accounts table.
@@ -96,7 +95,7 @@ func startServerOn(t testing.TB, ln net.Listener, pool *pgxpool.Pool, cfg ingest
 	}
 	reg := prometheus.NewRegistry()
 	serde := commandSerde(t)
-	srv, err := ingest.New(cfg, ledgerRoutes(serde), append(ingesttest.LedgerQueries(), extra...), pool, slog.New(slog.DiscardHandler), reg)
+	srv, err := ingest.New(cfg, ledgerRoutes(serde), append(ledgerQueries(), extra...), pool, slog.New(slog.DiscardHandler), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

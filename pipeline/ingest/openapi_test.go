@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/pipeline/ingest"
-	"github.com/onceflow/onceflow/pipeline/ingest/ingesttest"
 )
 
 // apiDoc is the part of an OpenAPI document the check reads.
@@ -48,7 +47,7 @@ type apiOperation struct {
 // ledgerDoc is the OpenAPI document of a server with the ledger's routes.
 func ledgerDoc(t *testing.T) []byte {
 	t.Helper()
-	b, err := ingest.OpenAPI(ledgerRoutes(commandSerde(t)), ingesttest.LedgerQueries())
+	b, err := ingest.OpenAPI(ledgerRoutes(commandSerde(t)), ledgerQueries())
 	if err != nil {
 		t.Fatal(err)
 	}

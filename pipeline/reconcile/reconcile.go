@@ -148,8 +148,11 @@ func (c *Config) setDefaults() {
 }
 
 func (c *Config) validate() error {
-	if c.MaxPendingAge < 0 || c.Interval < 0 || c.Shards < 1 {
-		return errors.New("reconcile: MaxPendingAge and Interval must not be negative, Shards positive")
+	if c.MaxPendingAge < 0 || c.Interval < 0 {
+		return errors.New("reconcile: MaxPendingAge and Interval must not be negative")
+	}
+	if err := pipeline.CheckOutboxShards(c.Shards); err != nil {
+		return fmt.Errorf("reconcile: %w", err)
 	}
 	for k := range c.Authorities {
 		if !isKind(k) {

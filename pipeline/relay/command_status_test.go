@@ -42,7 +42,7 @@ func (e *env) ingestServer(t *testing.T) (url, key string) {
 	if _, err := serde.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ingest.New(ingest.Config{RateLimit: -1}, ingesttest.LedgerRoutes(e.topics.Commands(), serde), nil, e.pool, logger(t), prometheus.NewRegistry())
+	srv, err := ingest.New(ingest.Config{RateLimit: -1}, ledgerRoutes(e.topics.Commands(), serde), nil, e.pool, logger(t), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

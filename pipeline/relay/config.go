@@ -92,8 +92,8 @@ func (c *Config) setDefaults() {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.Shards < 1 || c.Shards > 4096 {
-		errs = append(errs, fmt.Errorf("relay: Shards must be between 1 and 4096, got %d", c.Shards))
+	if err := pipeline.CheckOutboxShards(c.Shards); err != nil {
+		errs = append(errs, fmt.Errorf("relay: %w", err))
 	}
 	if c.LeaseDuration < 200*time.Millisecond {
 		errs = append(errs, fmt.Errorf("relay: LeaseDuration must be at least 200ms, got %s", c.LeaseDuration))

@@ -1,4 +1,4 @@
-package cli
+package command
 
 // Operations (docs/operations.md): reconcile what is stuck, trace one
 // command's path, and the outbox's state.

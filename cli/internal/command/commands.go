@@ -1,4 +1,4 @@
-package cli
+package command
 
 // The commands of Main, each with the settings it reads (settings.go);
 // the components and dev are in components.go.

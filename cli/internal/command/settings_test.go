@@ -1,4 +1,4 @@
-package cli
+package command
 
 import (
 	"bytes"
@@ -10,11 +10,15 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 )
@@ -32,9 +36,16 @@ func configure(name string, env map[string]string) (*config, error) {
 func started(t *testing.T, args []string, env map[string]string) (onceflow.DevConfig, error) {
 	t.Helper()
 	var got onceflow.DevConfig
+	dev, components, exporter, runDev := runDevStack, runComponents, newExporter, RunDev
+	t.Cleanup(func() { runDevStack, runComponents, newExporter, RunDev = dev, components, exporter, runDev })
+	RunDev = func(context.Context, onceflow.DevConfig) error { return nil }
 	runDevStack = func(_ context.Context, dc onceflow.DevConfig) error { got = dc; return nil }
 	runComponents = func(_ context.Context, rc onceflow.RunConfig) error { got.RunConfig = rc; return nil }
-	t.Cleanup(func() { runDevStack, runComponents = onceflow.RunDev, onceflow.RunComponents })
+	exportedTo = ""
+	newExporter = func(_ context.Context, url, _ string) (*sdktrace.TracerProvider, error) {
+		exportedTo = url
+		return sdktrace.NewTracerProvider(), nil
+	}
 	var out bytes.Buffer
 	err := Run(context.Background(), nil, args, func(k string) string { return env[k] }, &out)
 	if err != nil {
@@ -42,6 +53,10 @@ func started(t *testing.T, args []string, env map[string]string) (onceflow.DevCo
 	}
 	return got, err
 }
+
+// exportedTo is where the command of started would export its spans ("":
+// nowhere).
+var exportedTo string
 
 // listed are the settings a command's -h lists: its flags and the
 // variables it reads alone.
@@ -103,8 +118,8 @@ func samples(t *testing.T) map[string]sample {
 		"-instance-id":           {value: "i-7", got: func(d onceflow.DevConfig) any { return d.InstanceID }, want: "i-7"},
 		"-lag-export":            {value: "off", got: func(d onceflow.DevConfig) any { return d.LagExport }, want: "off"},
 		"-log-level":             {value: "debug", got: func(d onceflow.DevConfig) any { return d.Logger.Enabled(context.Background(), slog.LevelDebug) }, want: true},
-		"-otlp-endpoint":         {value: "http://127.0.0.1:4318", got: func(d onceflow.DevConfig) any { return d.OTLPEndpoint }, want: "http://127.0.0.1:4318"},
-		"-otlp-traces-endpoint":  {value: "http://127.0.0.1:4318/v1/traces", got: func(d onceflow.DevConfig) any { return d.OTLPTracesEndpoint }, want: "http://127.0.0.1:4318/v1/traces"},
+		"-otlp-endpoint":         {value: "http://127.0.0.1:4318", got: func(onceflow.DevConfig) any { return exportedTo }, want: "http://127.0.0.1:4318/v1/traces"},
+		"-otlp-traces-endpoint":  {value: "http://127.0.0.1:4318/custom", got: func(onceflow.DevConfig) any { return exportedTo }, want: "http://127.0.0.1:4318/custom"},
 		"-log-format":            {value: "json", got: func(d onceflow.DevConfig) any { return fmt.Sprintf("%T", d.Logger.Handler()) }, want: "*slog.JSONHandler"},
 		"-outbox-shards":         {value: "3", got: func(d onceflow.DevConfig) any { return d.OutboxShards }, want: 3},
 		"-idempotency-retention": {value: "2h", got: func(d onceflow.DevConfig) any { return d.IdempotencyRetention }, want: 2 * time.Hour},
@@ -449,7 +464,7 @@ func TestWorkerSettings(t *testing.T) {
 // of the component it belongs to.
 func TestSettingsDocumented(t *testing.T) {
 	var docs strings.Builder
-	for _, pattern := range []string{"../README.md", "../docs/*.md"} {
+	for _, pattern := range []string{"../../../README.md", "../../../docs/*.md"} {
 		files, err := filepath.Glob(pattern)
 		if err != nil || len(files) == 0 {
 			t.Fatalf("%s: %v", pattern, err)
@@ -491,6 +506,22 @@ func TestDevListensOnLoopback(t *testing.T) {
 		}
 		if got.HTTPAddr != c.want {
 			t.Errorf("%v: ingest on %q, want %q", c.args, got.HTTPAddr, c.want)
+		}
+	}
+}
+
+// ingest and the relay take and refuse the same ONCEFLOW_OUTBOX_SHARDS
+// (pipeline.CheckOutboxShards): the ingest binary once started with 5000,
+// which its relay refused.
+func TestIngestAndRelayTakeTheSameOutboxShards(t *testing.T) {
+	for _, v := range []string{"0", "1", "16", "4096", "4097", "5000"} {
+		n, _ := strconv.Atoi(v)
+		want := pipeline.CheckOutboxShards(n) == nil
+		for _, command := range []string{"ingest", "relay"} {
+			_, err := started(t, []string{command}, map[string]string{"ONCEFLOW_OUTBOX_SHARDS": v})
+			if (err == nil) != want {
+				t.Errorf("%s with ONCEFLOW_OUTBOX_SHARDS=%s: %v, want it taken: %v", command, v, err, want)
+			}
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package cli
+package command
 
 // `onceflow events tail`: the events topics' records decoded, so that a
 // team downstream can see what an event says without writing a consumer

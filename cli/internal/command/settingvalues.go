@@ -1,4 +1,4 @@
-package cli
+package command
 
 // How the settings' values are read and checked, the logger they make,
 // and the test-only hooks some of them install (settings.go declares them).

@@ -1,7 +1,8 @@
-package cli
+package command
 
 import (
 	"context"
+	"errors"
 	"io"
 
 	"github.com/onceflow/onceflow"
@@ -27,8 +28,13 @@ func init() {
 // see what a command would run with.
 var (
 	runComponents = onceflow.RunComponents
-	runDevStack   = onceflow.RunDev
+	runDevStack   = func(ctx context.Context, dc onceflow.DevConfig) error { return RunDev(ctx, dc) }
 )
+
+// RunDev runs `onceflow dev` (dev.Run). Package cli sets it; a binary of
+// one component (cli/component) leaves it nil, so it does not link the
+// embedded broker (TestLeanBinaries), and has no dev command to run.
+var RunDev func(context.Context, onceflow.DevConfig) error
 
 // componentCommand runs components of domains with their settings (a
 // component binary's main, or a component subcommand of Main).
@@ -45,6 +51,11 @@ func componentCommand(name string, components onceflow.Components) *command {
 		}
 		rc := cfg.RunConfig
 		rc.Components = components
+		stop, err := cfg.exportSpans(ctx, &rc.Config)
+		if err != nil {
+			return err
+		}
+		defer stop()
 		return runComponents(ctx, rc)
 	}
 	return c
@@ -80,5 +91,13 @@ func runDev(ctx context.Context, domains []*onceflow.Domain, args []string, gete
 		dc.HTTPAddr = onceflow.DevHTTPAddr
 	}
 	dc.Out = stdout
+	if RunDev == nil {
+		return errors.New("this binary runs one component and has no embedded default (dev): run the onceflow binary's dev")
+	}
+	stop, err := c.exportSpans(ctx, &dc.Config)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	return runDevStack(ctx, dc)
 }

@@ -1,4 +1,4 @@
-package cli
+package command
 
 // The commands topic's records: produce commands to it from JSON, and
 // read and redrive its DLQ.

@@ -1,4 +1,4 @@
-package cli
+package command
 
 import (
 	"errors"
@@ -190,10 +190,10 @@ var (
 	// OTEL_* variables itself (docs/observability.md).
 	otlpEndpoint = &setting{flag: "otlp-endpoint", env: "OTEL_EXPORTER_OTLP_ENDPOINT", kind: "url", section: tracingSection,
 		help: "base URL of the OTLP/HTTP collector the process exports its spans to, at its /v1/traces (http://127.0.0.1:4318); unset, and OTEL_EXPORTER_OTLP_TRACES_ENDPOINT too, no spans are made",
-		set:  func(c *config, v string) (err error) { c.OTLPEndpoint, err = httpURL(v); return err }}
+		set:  func(c *config, v string) (err error) { c.otlpEndpoint, err = httpURL(v); return err }}
 	otlpTracesEndpoint = &setting{flag: "otlp-traces-endpoint", env: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", kind: "url", section: tracingSection,
 		help: "URL the spans are posted to, as it is (http://127.0.0.1:4318/v1/traces); wins over OTEL_EXPORTER_OTLP_ENDPOINT",
-		set:  func(c *config, v string) (err error) { c.OTLPTracesEndpoint, err = httpURL(v); return err }}
+		set:  func(c *config, v string) (err error) { c.otlpTracesEndpoint, err = httpURL(v); return err }}
 	logFormat = &setting{flag: "log-format", env: "LOG_FORMAT", def: "text", kind: "string", section: loggingSection,
 		help: "text or json",
 		set:  func(c *config, v string) error { c.logFormat = v; return nil }}
@@ -202,8 +202,13 @@ var (
 // The outbox, which ingest writes and the relay ships: both must agree.
 var (
 	outboxShards = &setting{flag: "outbox-shards", env: "ONCEFLOW_OUTBOX_SHARDS", def: strconv.Itoa(pipeline.DefaultOutboxShards), kind: "int", section: outboxSection,
-		help: "outbox shards; every ingest and relay must use the same count",
-		set:  func(c *config, v string) (err error) { c.OutboxShards, err = atLeast(v, 1); return err }}
+		help: "outbox shards, 1 to " + strconv.Itoa(pipeline.MaxOutboxShards) + "; every ingest and relay must use the same count",
+		set: func(c *config, v string) (err error) {
+			if c.OutboxShards, err = atLeast(v, 1); err != nil {
+				return err
+			}
+			return pipeline.CheckOutboxShards(c.OutboxShards)
+		}}
 	idempotencyRetention = &setting{flag: "idempotency-retention", env: "ONCEFLOW_IDEMPOTENCY_RETENTION", def: pipeline.DefaultIdempotencyRetention.String(), kind: "duration", section: outboxSection,
 		help: "how long ingest remembers an Idempotency-Key; the relay's janitor drops older partitions; give every ingest and relay the same",
 		set: func(c *config, v string) error {

@@ -1,4 +1,11 @@
-package tracing
+// Package otlp exports a process's spans by OTLP over HTTP
+// (docs/observability.md), with what a caller must not decide or read
+// through them guarded (guard.go). It is a package of its own because the
+// exporter brings gRPC's packages (the OTLP protobuf types it encodes
+// with; nothing dials gRPC): the library's packages trace through package
+// tracing and the OpenTelemetry API only, and only the processes that
+// export (the command line, cli) link the exporter (TestLeanBinaries).
+package otlp
 
 import (
 	"context"
@@ -33,7 +40,7 @@ func TracesURL(base, traces string) string {
 	return ""
 }
 
-// OTLP returns a tracer provider that exports its spans in batches by
+// New returns a tracer provider that exports its spans in batches by
 // OTLP over HTTP to tracesURL (TracesURL). The SDK reads the other standard
 // variables itself: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
 // (default service name: service), OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT,
@@ -42,7 +49,7 @@ func TracesURL(base, traces string) string {
 // server span is sampled on its own whatever its caller's traceparent
 // says, and a client span's URL keeps its scheme and host only (guard.go).
 // Its Shutdown exports what is left.
-func OTLP(ctx context.Context, tracesURL, service string) (*sdktrace.TracerProvider, error) {
+func New(ctx context.Context, tracesURL, service string) (*sdktrace.TracerProvider, error) {
 	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(tracesURL))
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)

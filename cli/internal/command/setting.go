@@ -1,4 +1,4 @@
-package cli
+package command
 
 import (
 	"cmp"
@@ -58,10 +58,13 @@ type section struct {
 // while they are read.
 type config struct {
 	onceflow.DevConfig
-	logLevel, logFormat string              // the logger is built from both
-	given               map[*setting]bool   // the settings given by their flag or variable, not defaulted
-	getenv              func(string) string // the inbound providers' secrets and the test hooks
-	stdout              io.Writer           // where the logger writes
+	logLevel, logFormat string // the logger is built from both
+	// otlpEndpoint and otlpTracesEndpoint are where the spans go
+	// (tracing.go).
+	otlpEndpoint, otlpTracesEndpoint string
+	given                            map[*setting]bool   // the settings given by their flag or variable, not defaulted
+	getenv                           func(string) string // the inbound providers' secrets and the test hooks
+	stdout                           io.Writer           // where the logger writes
 }
 
 // name is how errors and -h refer to s: its variable, or its flag.

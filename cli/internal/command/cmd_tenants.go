@@ -1,4 +1,4 @@
-package cli
+package command
 
 // Tenants: their API keys, and the Idempotency-Keys they sent.
 
