@@ -219,13 +219,13 @@ type run struct {
 	deliveries []Finding // deliveries waiting past the bound
 
 	// Kafka.
-	commands  map[cmdKey]position
-	inDLQ     map[cmdKey]bool
-	events    map[string]*event // by event id
-	byCommand map[cmdKey][]string
-	eventTopics map[string]int // events topic: index in cfg.Events
-	truncated map[string]bool // topics whose log starts inside the window
-	processed map[string]map[int32]int64 // commands topic, partition: the processor's committed offset
+	commands    map[cmdKey]position
+	inDLQ       map[cmdKey]bool
+	events      map[string]*event // by event id
+	byCommand   map[cmdKey][]string
+	eventTopics map[string]int             // events topic: index in cfg.Events
+	truncated   map[string]bool            // topics whose log starts inside the window
+	processed   map[string]map[int32]int64 // commands topic, partition: the processor's committed offset
 }
 
 // cmdKey is a command's identity: its id within its aggregate.
