@@ -37,12 +37,10 @@ func (v *run) joinKeys() {
 // part is joinEvents'); one without is in the outbox, on a commands topic
 // or in a DLQ, or lost.
 func (v *run) joinCommands() {
-	pending, decided := map[cmdKey]status{}, map[cmdKey]bool{}
+	pending := map[cmdKey]status{}
 	for _, s := range v.statuses {
 		if s.status == "pending" {
 			pending[s.cmdKey] = s
-		} else {
-			decided[s.cmdKey] = true
 		}
 	}
 	bound := v.now.Add(-v.cfg.PendingBound)
@@ -77,10 +75,23 @@ func (v *run) joinCommands() {
 		}
 		v.add(f)
 	}
+	// The commands on a commands topic with no event nor DLQ record are
+	// few (those in flight): the decided statuses are looked up for them
+	// only.
+	undecided := map[cmdKey]position{}
 	for k, p := range v.commands {
-		if len(v.byCommand[k]) > 0 || v.inDLQ[k] || decided[k] || p.time.Before(v.cfg.From) || !p.time.Before(v.cfg.To) {
-			continue
+		if len(v.byCommand[k]) == 0 && !v.inDLQ[k] && !p.time.Before(v.cfg.From) && p.time.Before(v.cfg.To) {
+			undecided[k] = p
 		}
+	}
+	if len(undecided) > 0 {
+		for _, s := range v.statuses {
+			if s.status != "pending" {
+				delete(undecided, s.cmdKey)
+			}
+		}
+	}
+	for k, p := range undecided {
 		s, known := pending[k]
 		if !known && v.cfg.Tenant != "" && !strings.HasPrefix(k.aggregate, v.cfg.Tenant+"/") {
 			continue

@@ -3,10 +3,12 @@ package verify
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -16,8 +18,11 @@ import (
 // topics, their DLQs and the events topics from the window's start on (a
 // minute earlier, for the clocks of producers and of the database).
 func (v *run) readKafka(ctx context.Context, cl *kgo.Client) error {
-	v.commands, v.inDLQ = map[cmdKey]position{}, map[cmdKey]bool{}
-	v.events, v.byCommand = map[string]*event{}, map[cmdKey][]string{}
+	// A command of the window has a record and an event or more, most
+	// often: the maps start at the size of the window's command_status.
+	n := len(v.statuses)
+	v.commands, v.inDLQ = make(map[cmdKey]position, n), map[cmdKey]bool{}
+	v.events, v.byCommand = make(map[string]*event, n), make(map[cmdKey][]string, n)
 	v.truncated, v.processed = map[string]bool{}, map[string]map[int32]int64{}
 	v.eventTopics = map[string]int{}
 	var sources []kafka.LagSource
@@ -85,7 +90,7 @@ func (v *run) readKafka(ctx context.Context, cl *kgo.Client) error {
 }
 
 // read calls fn for every committed record of topic from the first at or
-// after since to the end, partition by partition, with the decompression
+// after since to the end, in each partition's order, with the decompression
 // budget of cl's hand-made reads. A partition whose log starts after the
 // window's start (retention deleted its beginning) is noted, and its
 // topic marked truncated. A DLQ topic that does not exist (optional)
@@ -110,11 +115,13 @@ func (v *run) read(ctx context.Context, cl *kgo.Client, topic string, since time
 	if err != nil {
 		return fmt.Errorf("start offsets of %s: %w", topic, err)
 	}
-	var failed error
+	// Partitions are read side by side (a few at a time): fetching and
+	// decoding are each partition's own; fn, which joins, runs one call
+	// at a time.
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(4)
 	at.Each(func(o kadm.ListedOffset) {
-		if failed != nil {
-			return
-		}
 		if s, ok := starts.Lookup(topic, o.Partition); ok && s.Offset > 0 && o.Offset <= s.Offset {
 			// The first record of the window is the log's first: what was
 			// before it in the window may have been deleted.
@@ -122,13 +129,18 @@ func (v *run) read(ctx context.Context, cl *kgo.Client, topic string, since time
 			v.rep.NotChecked = append(v.rep.NotChecked, fmt.Sprintf(
 				"%s partition %d: its log starts at offset %d, inside the window (retention): records of the window before it are not checked", topic, o.Partition, s.Offset))
 		}
-		_, failed = kafka.ReadPartitionFrom(ctx, cl, topic, o.Partition, o.Offset, true, func(r *kgo.Record) error {
-			fn(r, position{topic: topic, partition: r.Partition, offset: r.Offset, time: r.Timestamp})
-			return nil
+		g.Go(func() error {
+			_, err := kafka.ReadPartitionFrom(gctx, cl, topic, o.Partition, o.Offset, true, func(r *kgo.Record) error {
+				mu.Lock()
+				fn(r, position{topic: topic, partition: r.Partition, offset: r.Offset, time: r.Timestamp})
+				mu.Unlock()
+				return nil
+			})
+			return err
 		})
 	})
-	if failed != nil {
-		return fmt.Errorf("read %s: %w", topic, failed)
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("read %s: %w", topic, err)
 	}
 	return nil
 }
