@@ -83,7 +83,11 @@ type Config struct {
 	// PendingBound is how long a command or event may wait at a stage
 	// before it is reported pending. Default 5 minutes.
 	PendingBound time.Duration
-	Commands     []CommandsTopic
+	// InboxRetention is how long the projectors' inbox keeps an event's
+	// row (the relay's janitor drops its daily partitions after it).
+	// Default 30 days.
+	InboxRetention time.Duration
+	Commands       []CommandsTopic
 	Events       []EventsTopic
 	// Unchecked names what the caller knows verify does not read (a sink
 	// it has no reader of), said in the report.
@@ -102,6 +106,9 @@ func (c *Config) validate() error {
 	}
 	if c.PendingBound == 0 {
 		c.PendingBound = 5 * time.Minute
+	}
+	if c.InboxRetention <= 0 {
+		c.InboxRetention = 30 * 24 * time.Hour
 	}
 	if c.PendingBound < 0 {
 		return fmt.Errorf("verify: pending bound %s: want a positive duration", c.PendingBound)
