@@ -7,9 +7,9 @@ import (
 )
 
 // join reports what the stages' records disagree on.
-func (v *run) join() {
+func (v *run) join(undecided map[cmdKey]position) {
 	v.joinKeys()
-	v.joinCommands()
+	v.joinCommands(undecided)
 	v.joinEvents()
 	v.rep.Findings = append(v.rep.Findings, v.jobs...)
 	v.rep.Findings = append(v.rep.Findings, v.deliveries...)
@@ -18,18 +18,26 @@ func (v *run) join() {
 func (v *run) add(f Finding) { v.rep.Findings = append(v.rep.Findings, f) }
 
 // joinKeys: ingest writes the key record, the outbox row and the pending
-// status in one transaction, so a key names a command with a status.
+// status in one transaction, so a key names a command with a status; the
+// keys without one are read as such (keysSQL).
 func (v *run) joinKeys() {
-	known := make(map[string]bool, len(v.statuses))
-	for _, s := range v.statuses {
-		known[s.id] = true
-	}
 	for _, k := range v.keys {
-		if !known[k.commandID] {
-			v.add(Finding{Stage: StageIngest, Kind: Lost, Tenant: k.tenant, CommandID: k.commandID, Since: k.createdAt,
-				LastSeen: fmt.Sprintf("Idempotency-Key %q: accepted, no command_status row", k.key)})
+		v.add(Finding{Stage: StageIngest, Kind: Lost, Tenant: k.tenant, CommandID: k.commandID, Since: k.createdAt,
+			LastSeen: fmt.Sprintf("Idempotency-Key %q: accepted, no command_status row", k.key)})
+	}
+}
+
+// undecided returns the commands on a commands topic in the window with
+// no event nor DLQ record: few (those in flight), whose outcomes are then
+// looked up (decided).
+func (v *run) undecided() map[cmdKey]position {
+	out := map[cmdKey]position{}
+	for k, p := range v.commands {
+		if !v.decidedOn[k] && !v.inDLQ[k] && !p.time.Before(v.cfg.From) && p.time.Before(v.cfg.To) {
+			out[k] = p
 		}
 	}
+	return out
 }
 
 // joinCommands follows each pending command of the window, and each
@@ -37,7 +45,7 @@ func (v *run) joinKeys() {
 // a command with an event on the events topic was decided (the projectors'
 // part is joinEvents'); one without is in the outbox, on a commands topic
 // or in a DLQ, or lost.
-func (v *run) joinCommands() {
+func (v *run) joinCommands(undecided map[cmdKey]position) {
 	pending := map[cmdKey]status{}
 	for _, s := range v.statuses {
 		if s.status == "pending" {
@@ -46,7 +54,7 @@ func (v *run) joinCommands() {
 	}
 	bound := v.now.Add(-v.cfg.PendingBound)
 	for k, s := range pending {
-		if len(v.byCommand[k]) > 0 || v.inDLQ[k] {
+		if v.decidedOn[k] || v.inDLQ[k] {
 			continue
 		}
 		f := Finding{Tenant: s.tenant, AggregateID: k.aggregate, CommandID: k.id, Since: s.createdAt}
@@ -75,22 +83,6 @@ func (v *run) joinCommands() {
 			f.LastSeen = fmt.Sprintf("command_status %s (%s, sent by a decision): not on %s", s.status, s.commandType, strings.Join(v.cfg.commandsTopics(), ", "))
 		}
 		v.add(f)
-	}
-	// The commands on a commands topic with no event nor DLQ record are
-	// few (those in flight): the decided statuses are looked up for them
-	// only.
-	undecided := map[cmdKey]position{}
-	for k, p := range v.commands {
-		if len(v.byCommand[k]) == 0 && !v.inDLQ[k] && !p.time.Before(v.cfg.From) && p.time.Before(v.cfg.To) {
-			undecided[k] = p
-		}
-	}
-	if len(undecided) > 0 {
-		for _, s := range v.statuses {
-			if s.status != "pending" {
-				delete(undecided, s.cmdKey)
-			}
-		}
 	}
 	for k, p := range undecided {
 		s, known := pending[k]
@@ -136,14 +128,14 @@ func (v *run) joinEvents() {
 			forgotten.UTC().Format(time.RFC3339), v.cfg.InboxRetention))
 	}
 	for id, e := range v.events {
-		first := e.at[0]
+		first := e.first
 		if first.time.Before(v.cfg.From) || !first.time.Before(v.cfg.To) || (v.cfg.Tenant != "" && e.tenant != v.cfg.Tenant) {
 			continue
 		}
 		f := Finding{Tenant: e.tenant, AggregateID: e.aggregate, CommandID: e.commandID, EventID: id, Since: first.time}
-		if len(e.at) > 1 {
+		if len(e.more) > 0 {
 			var at []string
-			for _, p := range e.at {
+			for _, p := range append([]position{first}, e.more...) {
 				at = append(at, fmt.Sprintf("%d@%d", p.partition, p.offset))
 			}
 			f.Stage, f.Kind = StageEvents, DuplicateRecord

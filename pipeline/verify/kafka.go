@@ -20,9 +20,19 @@ import (
 func (v *run) readKafka(ctx context.Context, cl *kgo.Client) error {
 	// A command of the window has a record and an event or more, most
 	// often: the maps start at the size of the window's command_status.
-	n := len(v.statuses)
+	n := v.statusCount
 	v.commands, v.inDLQ = make(map[cmdKey]position, n), map[cmdKey]bool{}
-	v.events, v.byCommand = make(map[string]*event, n), make(map[cmdKey][]string, n)
+	v.events, v.decidedOn = make(map[string]event, n), make(map[cmdKey]bool, n)
+	// Tenants and aggregate ids repeat: one string each.
+	interned := map[string]string{}
+	intern := func(b []byte) string {
+		if s, ok := interned[string(b)]; ok {
+			return s
+		}
+		s := string(b)
+		interned[s] = s
+		return s
+	}
 	v.truncated, v.processed = map[string]bool{}, map[string]map[int32]int64{}
 	v.eventTopics = map[string]int{}
 	var sources []kafka.LagSource
@@ -46,14 +56,14 @@ func (v *run) readKafka(ctx context.Context, cl *kgo.Client) error {
 				return
 			}
 			events++
-			ev := v.events[id]
-			if ev == nil {
-				ev = &event{tenant: header(r, pipeline.HeaderTenant), aggregate: string(r.Key), commandID: header(r, pipeline.HeaderCommandID)}
+			if ev, seen := v.events[id]; seen {
+				ev.more = append(ev.more, p)
 				v.events[id] = ev
-				k := cmdKey{ev.aggregate, ev.commandID}
-				v.byCommand[k] = append(v.byCommand[k], id)
+				return
 			}
-			ev.at = append(ev.at, p)
+			ev := event{tenant: intern(headerBytes(r, pipeline.HeaderTenant)), aggregate: intern(r.Key), commandID: header(r, pipeline.HeaderCommandID), first: p}
+			v.events[id] = ev
+			v.decidedOn[cmdKey{ev.aggregate, ev.commandID}] = true
 		})
 		if err != nil {
 			return err
@@ -61,7 +71,7 @@ func (v *run) readKafka(ctx context.Context, cl *kgo.Client) error {
 	}
 	for _, c := range v.cfg.Commands {
 		err := v.read(ctx, cl, c.Topic, since, true, func(r *kgo.Record, p position) {
-			k := cmdKey{string(r.Key), header(r, pipeline.HeaderCommandID)}
+			k := cmdKey{intern(r.Key), header(r, pipeline.HeaderCommandID)}
 			if _, seen := v.commands[k]; !seen && k.id != "" {
 				commands++
 				v.commands[k] = p
@@ -145,11 +155,13 @@ func (v *run) read(ctx context.Context, cl *kgo.Client, topic string, since time
 	return nil
 }
 
-func header(r *kgo.Record, name string) string {
+func header(r *kgo.Record, name string) string { return string(headerBytes(r, name)) }
+
+func headerBytes(r *kgo.Record, name string) []byte {
 	for _, h := range r.Headers {
 		if h.Key == name {
-			return string(h.Value)
+			return h.Value
 		}
 	}
-	return ""
+	return nil
 }

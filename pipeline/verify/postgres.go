@@ -7,19 +7,31 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 // The window's records, by plain SELECTs. The inbox is read from a minute
 // before the window (an event is applied after it was written, but the
 // database's clock and the broker's may differ).
 const (
+	// statusSQL: the pending commands of the window; the decided are only
+	// counted (a command with an event was decided, whatever its row).
 	statusSQL = `SELECT command_id::text, tenant, aggregate_id, command_type, status, ingested, created_at
-		FROM command_status WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR tenant = $3)`
-	keysSQL = `SELECT tenant, key, command_id::text, created_at FROM idempotency_keys
-		WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR tenant = $3)`
-	outboxSQL = `SELECT id, shard, coalesce(headers->>'command-id', ''), convert_from(key, 'UTF8'), created_at FROM outbox WHERE created_at < $1`
-	deadSQL   = `SELECT id, shard, coalesce(headers->>'command-id', ''), convert_from(key, 'UTF8'), dead_at FROM outbox_dead WHERE created_at < $1`
-	inboxSQL  = `SELECT consumer, event_id::text, count(*), min(received_at) FROM inbox
+		FROM command_status WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR tenant = $3) AND status = 'pending'`
+	statusCountSQL = `SELECT count(*) FROM command_status WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR tenant = $3)`
+	// keysSQL: the window's keys whose command has no status row (ingest
+	// writes both in one transaction), and how many keys there are.
+	keysSQL = `SELECT tenant, key, command_id::text, created_at FROM idempotency_keys k
+		WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR tenant = $3)
+		  AND NOT EXISTS (SELECT 1 FROM command_status s WHERE s.command_id = k.command_id)`
+	keysCountSQL = `SELECT count(*) FROM idempotency_keys WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR tenant = $3)`
+	// decidedSQL: which of the commands on a commands topic with no event
+	// (in flight, most often) have an outcome by now.
+	decidedSQL = `SELECT command_id::text, aggregate_id FROM command_status WHERE command_id = ANY($1::uuid[]) AND status <> 'pending'`
+	outboxSQL  = `SELECT id, shard, coalesce(headers->>'command-id', ''), convert_from(key, 'UTF8'), created_at FROM outbox WHERE created_at < $1`
+	deadSQL    = `SELECT id, shard, coalesce(headers->>'command-id', ''), convert_from(key, 'UTF8'), dead_at FROM outbox_dead WHERE created_at < $1`
+	inboxSQL   = `SELECT consumer, event_id::text, count(*), min(received_at) FROM inbox
 		WHERE received_at >= $1::timestamptz - interval '1 minute' AND consumer = ANY($2) GROUP BY consumer, event_id`
 	offsetsSQL = `SELECT consumer, topic, partition, next_offset FROM consumer_offsets WHERE topic = ANY($1) AND consumer = ANY($2)`
 	skipsSQL   = `SELECT consumer, topic, partition, from_offset, to_offset FROM projector_skips WHERE topic = ANY($1)`
@@ -64,6 +76,12 @@ func (v *run) readPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 	}); err != nil {
 		return fmt.Errorf("read idempotency_keys: %w", err)
 	}
+	if err := tx.QueryRow(ctx, statusCountSQL, c.From, c.To, c.Tenant).Scan(&v.statusCount); err != nil {
+		return fmt.Errorf("count command_status: %w", err)
+	}
+	if err := tx.QueryRow(ctx, keysCountSQL, c.From, c.To, c.Tenant).Scan(&v.keyCount); err != nil {
+		return fmt.Errorf("count idempotency_keys: %w", err)
+	}
 	if v.outbox, err = readOutbox(ctx, tx, outboxSQL, c.To); err != nil {
 		return fmt.Errorf("read the outbox: %w", err)
 	}
@@ -77,8 +95,8 @@ func (v *run) readPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	v.rep.Checked = append(v.rep.Checked,
-		Check{"commands accepted or decided in the window (command_status)", len(v.statuses)},
-		Check{"Idempotency-Keys accepted in the window (idempotency_keys)", len(v.keys)},
+		Check{"commands accepted or decided in the window (command_status)", v.statusCount},
+		Check{"Idempotency-Keys accepted in the window (idempotency_keys)", v.keyCount},
 		Check{"rows waiting in the outbox", len(v.outbox)},
 		Check{"rows in outbox_dead", len(v.dead)},
 		Check{"inbox rows of the projectors", len(v.inbox)})
@@ -176,5 +194,30 @@ func (v *run) readWorker(ctx context.Context, tx pgx.Tx) error {
 	}
 	v.rep.Checked = append(v.rep.Checked, Check{"webhook deliveries (webhook_deliveries)", deliveries},
 		Check{"jobs by their effect keys (river_job)", keyed})
+	return nil
+}
+
+// decided removes from cmds those that have an outcome in command_status
+// by now: read after the topics, so a command decided meanwhile is not
+// reported.
+func decided(ctx context.Context, pool *pgxpool.Pool, cmds map[cmdKey]position) error {
+	if len(cmds) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(cmds))
+	for k := range cmds {
+		if _, err := pipeline.ParseID(k.id); err == nil {
+			ids = append(ids, k.id)
+		}
+	}
+	rows, _ := pool.Query(ctx, decidedSQL, ids)
+	var k cmdKey
+	_, err := pgx.ForEachRow(rows, []any{&k.id, &k.aggregate}, func() error {
+		delete(cmds, k)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the outcomes of the commands in flight: %w", err)
+	}
 	return nil
 }

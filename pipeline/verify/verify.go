@@ -88,7 +88,7 @@ type Config struct {
 	// Default 30 days.
 	InboxRetention time.Duration
 	Commands       []CommandsTopic
-	Events       []EventsTopic
+	Events         []EventsTopic
 	// Unchecked names what the caller knows verify does not read (a sink
 	// it has no reader of), said in the report.
 	Unchecked []string
@@ -194,7 +194,11 @@ func Run(ctx context.Context, cfg Config, pool *pgxpool.Pool, cl *kgo.Client) (*
 	if err := v.readKafka(ctx, cl); err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
-	v.join()
+	undecided := v.undecided()
+	if err := decided(ctx, pool, undecided); err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	v.join(undecided)
 	sort.SliceStable(v.rep.Findings, func(i, j int) bool {
 		a, b := v.rep.Findings[i], v.rep.Findings[j]
 		if a.Stage != b.Stage {
@@ -215,21 +219,23 @@ type run struct {
 	rep *Report
 
 	// Postgres, from one snapshot.
-	statuses   []status
-	keys       []key
-	outbox     map[cmdKey]row
-	dead       map[cmdKey]row
-	inbox      map[inboxKey]applied
-	offsets    map[string]map[string]map[int32]int64 // consumer, topic, partition: next offset
-	skips      []skip
-	jobs       []Finding // effect keys run twice
-	deliveries []Finding // deliveries waiting past the bound
+	statuses    []status // pending
+	statusCount int      // every command_status row of the window
+	keys        []key    // without a command_status row
+	keyCount    int
+	outbox      map[cmdKey]row
+	dead        map[cmdKey]row
+	inbox       map[inboxKey]applied
+	offsets     map[string]map[string]map[int32]int64 // consumer, topic, partition: next offset
+	skips       []skip
+	jobs        []Finding // effect keys run twice
+	deliveries  []Finding // deliveries waiting past the bound
 
 	// Kafka.
 	commands    map[cmdKey]position
 	inDLQ       map[cmdKey]bool
-	events      map[string]*event // by event id
-	byCommand   map[cmdKey][]string
+	events      map[string]event           // by event id
+	decidedOn   map[cmdKey]bool            // commands with an event
 	eventTopics map[string]int             // events topic: index in cfg.Events
 	truncated   map[string]bool            // topics whose log starts inside the window
 	processed   map[string]map[int32]int64 // commands topic, partition: the processor's committed offset
@@ -282,5 +288,6 @@ func (p position) String() string {
 
 type event struct {
 	tenant, aggregate, commandID string
-	at                           []position // every offset it is at, in the order read
+	first                        position
+	more                         []position // the offsets of its copies, in the order read
 }
