@@ -206,6 +206,10 @@ func (d *DeployedDomain) ProjectorConsumer() string {
 	return "onceflow-projector-" + d.prefix
 }
 
+// ProcessorGroup is the consumer group of the aggregate type's processor
+// on its commands topic.
+func (a *DeployedAggregate) ProcessorGroup() string { return a.group }
+
 // NATSinkGroup is the consumer group of the domain's NATS sink: its
 // offsets say which events JetStream has acknowledged.
 func (d *DeployedDomain) NATSinkGroup() string { return "onceflow-natsink-" + d.prefix }

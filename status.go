@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline/admin/status"
 	"github.com/onceflow/onceflow/pipeline/kafka"
 	"github.com/onceflow/onceflow/pipeline/processor"
+	"github.com/onceflow/onceflow/pipeline/verify"
 )
 
 // batchBlocker is a processor as the status page sees it: the commands
@@ -75,6 +76,14 @@ func statusPage(rc RunConfig, adm *admin.Server, metrics *prometheus.Registry, p
 				}
 			}
 			return 0, processor.ErrNotBlocked
+		}
+	}
+	if pool != nil {
+		// The last `onceflow verify` on every admin server: its gauges on
+		// /metrics, and the page's line (docs/operations.md#verify).
+		if err := metrics.Register(verify.NewCollector(pool, 0)); err != nil {
+			closeClient()
+			return nil, nil, err
 		}
 	}
 	if page, err = status.New(cfg); err != nil {

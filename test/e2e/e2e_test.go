@@ -453,6 +453,10 @@ func (d *deployment) checkExact(t *testing.T, ctx context.Context, m *ledgerMode
 	if len(seen) != len(ids) {
 		t.Errorf("events topic holds %d events, want %d (one per accepted command)", len(seen), len(ids))
 	}
+	// The operators' audit agrees: nothing lost or doubled.
+	if out, err := d.Verify(ctx, 15*time.Minute); err != nil {
+		t.Errorf("%v:\n%s", err, out)
+	}
 }
 
 func header(r *kgo.Record, key string) string {

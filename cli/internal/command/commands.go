@@ -61,6 +61,10 @@ func init() {
 		settings: use(kafkaSettings, registrySettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix, outboxShards}), run: runReconcile})
 	register(&command{name: "trace", summary: "print one command's whole path from an Idempotency-Key, provider/event-id, command id or event id: key, outbox, where it was shipped, status, events and which consumer groups have read past them, inbox rows, corrections", args: "IDEMPOTENCY-KEY | PROVIDER/EVENT-ID | COMMAND-ID | EVENT-ID",
 		settings: use(kafkaSettings, []*setting{databaseURL, databaseMigrationURL, topicPrefix}), run: runTrace})
+	register(&command{name: "verify", summary: "audit a window for exactly-once: every command accepted was decided, every event applied once by each projector, every effect key run once; exits non-zero when anything was lost or doubled",
+		more: "Joins the accepted keys, the outbox, the commands topics (read_committed), command_status, the events topics by event id,\n" +
+			"the projectors' inbox rows and the jobs' keys for the window, and names each id lost, pending or doubled with its stage.",
+		settings: use(kafkaSettings, []*setting{databaseURL, topicPrefix, natsURL}), run: runVerify})
 	register(&command{name: "webhooks list", summary: "print a tenant's webhook subscriptions (status, event types, circuit breaker)",
 		settings: use([]*setting{databaseURL}), run: runWebhooksList})
 	register(&command{name: "webhooks deliveries", summary: "print a tenant's webhook delivery log (status, attempts, last answer or error)",

@@ -39,6 +39,9 @@ var paintFuncs = template.FuncMap{
 	"count":     func(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) },
 	"seconds":   seconds,
 	"secondsOf": func(v float64) string { return seconds(&v) },
+	"timeOf": func(unix float64) string {
+		return time.UnixMilli(int64(unix * 1000)).UTC().Format(time.RFC3339)
+	},
 }
 
 func seconds(s *float64) string {

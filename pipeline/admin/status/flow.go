@@ -158,21 +158,30 @@ const (
 
 	dlqMetric            = "onceflow_dlq_records_total" // reason
 	processorBatchMetric = "onceflow_processor_batch_duration_seconds"
+
+	// The last recorded `onceflow verify` (pipeline/verify's collector,
+	// in every process with a database).
+	verifyLastMetric     = "onceflow_verify_last_run_timestamp_seconds"
+	verifyOKMetric       = "onceflow_verify_last_run_ok"
+	verifyFindingsMetric = "onceflow_verify_findings" // stage, kind
 )
 
 // tracked is every metric the page reads and how its series are keyed:
 // summed over every label but those kept.
 func tracked() map[string]track {
 	t := map[string]track{
-		lagMetric:           {keep: partitionLabels},
-		lagSecondsMetric:    {keep: partitionLabels},
-		sumLagMetric:        {keep: []string{"group"}},
-		maxSecondsMetric:    {keep: []string{"group"}},
-		backlogMetric:       {},
-		oldestMetric:        {},
-		deadMetric:          {},
-		pendingMetric:       {},
-		oldestPendingMetric: {},
+		lagMetric:            {keep: partitionLabels},
+		lagSecondsMetric:     {keep: partitionLabels},
+		sumLagMetric:         {keep: []string{"group"}},
+		maxSecondsMetric:     {keep: []string{"group"}},
+		backlogMetric:        {},
+		oldestMetric:         {},
+		deadMetric:           {},
+		pendingMetric:        {},
+		oldestPendingMetric:  {},
+		verifyLastMetric:     {},
+		verifyOKMetric:       {},
+		verifyFindingsMetric: {keep: []string{"stage", "kind"}},
 	}
 	for _, s := range flow {
 		for _, r := range s.rates {

@@ -290,6 +290,7 @@ func (p *Page) Build(ctx context.Context) Status {
 	st.Lag = lagOf(&now, marked)
 	st.Flow = p.flowOf(&now, then, st.Lag)
 	st.Outbox = outboxOf(&now)
+	st.Verify = verifyOf(&now)
 	st.DLQ.Sent = sentOf(&now)
 	topics, err := p.dlq.read(ctx)
 	p.note("DLQ topics", err)
@@ -500,6 +501,24 @@ func outboxOf(now *reading) *Outbox {
 	o.PendingCommands, _ = now.get(key{pendingMetric, ""})
 	o.OldestPendingAgeSeconds, _ = now.get(key{oldestPendingMetric, ""})
 	return o
+}
+
+// verifyOf is the last recorded verification; nil when the process
+// exports none.
+func verifyOf(now *reading) *Verify {
+	at, ok := now.get(key{verifyLastMetric, ""})
+	if !ok {
+		return nil
+	}
+	v := &Verify{LastRunTimestampSeconds: at, Findings: []VerifyCount{}}
+	clean, _ := now.get(key{verifyOKMetric, ""})
+	v.OK = clean == 1
+	for _, labels := range labelValuesOf(now, verifyFindingsMetric) {
+		stage, kind, _ := strings.Cut(labels, sep)
+		n, _ := now.get(key{verifyFindingsMetric, labels})
+		v.Findings = append(v.Findings, VerifyCount{Stage: stage, Kind: kind, Count: n})
+	}
+	return v
 }
 
 // sentOf is onceflow_dlq_records_total by reason; nil in a process that

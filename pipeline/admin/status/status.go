@@ -16,6 +16,7 @@ type Status struct {
 	Lag            Lag           `json:"lag"`
 	DLQ            DLQ           `json:"dlq"`
 	Parked         Parked        `json:"parked"`
+	Verify         *Verify       `json:"verify"` // nil: no verification recorded, or no database in the process
 	// History holds the samples of the last History, oldest first, and
 	// the reading of this answer last.
 	History History `json:"history"`
@@ -235,4 +236,20 @@ type LagSeries struct {
 type RateHistory struct {
 	Metric    string     `json:"metric"`
 	PerSecond []*float64 `json:"per_second"`
+}
+
+// Verify is the last `onceflow verify` recorded in the database
+// (docs/operations.md#verify): when it finished, whether it found
+// nothing lost or doubled, and its findings by stage and kind.
+type Verify struct {
+	LastRunTimestampSeconds float64       `json:"last_run_timestamp_seconds"`
+	OK                      bool          `json:"ok"`
+	Findings                []VerifyCount `json:"findings"`
+}
+
+// VerifyCount is the findings of one stage and kind.
+type VerifyCount struct {
+	Stage string  `json:"stage"`
+	Kind  string  `json:"kind"`
+	Count float64 `json:"count"`
 }

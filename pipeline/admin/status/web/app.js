@@ -89,6 +89,7 @@
     renderFlow(st);
     renderLag(st);
     renderOutbox(st);
+    renderVerify(st);
     once('parked', [st.parked, st.actions_enabled], () => renderParked(st));
     once('dlq', [st.dlq.sent, st.dlq.topics.map((t) => ({ ...t, read_at: null })), st.actions_enabled], () => renderDLQ(st));
   }
@@ -274,6 +275,22 @@
     const plot = chart(st, 'outbox-plot', 'outbox rows waiting',
       [{ values: st.history.outbox_backlog_rows, color: PALETTE[0], attrs: {} }]);
     $('outbox').replaceChildren(el('div', { class: 'plots' }, plot, table));
+  }
+
+  // ---- the last verification ----
+
+  function renderVerify(st) {
+    const v = st.verify;
+    if (!v) {
+      $('verify').replaceChildren(el('p', { class: 'dim' }, ...prose(
+        'No verification recorded: `onceflow verify -since 1h` audits a window and records its result here.')));
+      return;
+    }
+    const when = new Date(v.last_run_timestamp_seconds * 1000).toISOString().replace(/\.\d+Z$/, 'Z');
+    const found = v.findings.map((f) => `${f.stage} ${f.kind} ${fmtInt(f.count)}`).join('; ');
+    const line = el('p', { 'data-metric': 'onceflow_verify_last_run_ok', class: v.ok ? 'value' : 'value warn' },
+      `onceflow verify finished ${when}: ` + (v.ok ? 'nothing lost or doubled' : 'lost or doubled found') + (found ? '; ' + found : ''));
+    $('verify').replaceChildren(line);
   }
 
   // ---- parked ----
