@@ -1,4 +1,4 @@
-package cli
+package command
 
 // onceflow verify (docs/operations.md#verify): the window's records of
 // every stage joined by pipeline/verify, printed, recorded for the status
