@@ -97,3 +97,29 @@ func TestLocalOverride(t *testing.T) {
 		}
 	}
 }
+
+// The images the components run from: the Dockerfile's for users (its last
+// stage distroless, without a shell, as nonroot) and the local stack's
+// (compose/local/onceflow.Containerfile, as the same user id), both
+// labelled with the version they were built from.
+func TestImagesRunAsNonRootWithTheirVersion(t *testing.T) {
+	for _, f := range []struct{ file, from, user string }{
+		{"../Dockerfile", "gcr.io/distroless/static-debian12:nonroot", "nonroot"},
+		{"local/onceflow.Containerfile", "localhost/onceflow-debian:bookworm", "65532:65532"},
+	} {
+		b, err := os.ReadFile(f.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The last stage's instructions.
+		stage := string(b)[strings.LastIndex(string(b), "\nFROM ")+1:]
+		for _, want := range []string{"FROM " + f.from + "\n", "\nUSER " + f.user + "\n", "\nARG VERSION", `org.opencontainers.image.version="${VERSION}"`} {
+			if !strings.Contains(stage, want) {
+				t.Errorf("%s: its last stage lacks %q", f.file, strings.TrimSpace(want))
+			}
+		}
+		if strings.Contains(stage, "RUN ") {
+			t.Errorf("%s: its last stage runs a command, so needs a shell", f.file)
+		}
+	}
+}

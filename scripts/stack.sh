@@ -36,6 +36,7 @@ pc() {
 healthy() {
   for _ in $(seq 1 90); do
     podman healthcheck run "$1" >/dev/null 2>&1 && return 0
+    [ "$(podman inspect -f '{{.State.Running}}' "$1")" = true ] || break
     sleep 2
   done
   echo "stack: $1 is not healthy; its log:" >&2

@@ -17,6 +17,9 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 	: "${POSTGRES_PASSWORD_FILE:?the superuser's password file}"
 	initdb -D "$PGDATA" --username="$POSTGRES_USER" --pwfile="$POSTGRES_PASSWORD_FILE" \
 		--auth-local=trust --auth-host=scram-sha-256 >/dev/null
+	# Every interface of the container, as the official image's; pg_hba.conf
+	# says who may connect.
+	echo "listen_addresses = '*'" >>"$PGDATA/postgresql.conf"
 	pg_ctl -D "$PGDATA" -w -o "-c listen_addresses='' -c unix_socket_directories=/var/run/postgresql" start >/dev/null
 	for f in /docker-entrypoint-initdb.d/*.sh; do
 		[ -e "$f" ] || continue
