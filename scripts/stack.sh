@@ -89,7 +89,7 @@ up() {
   # it only creates the containers, the network and the volumes here, and
   # the script starts them. The schema registry and Grafana, dependencies
   # it cannot create (their images are not built here), fail at once.
-  pc up -d --no-start kafka postgres kafka-acls migrate $components lb prometheus
+  pc up --no-start kafka postgres kafka-acls migrate $components lb prometheus
   podman start $(containers kafka postgres) >/dev/null
   healthy ${project}_kafka_1
   healthy ${project}_postgres_1
