@@ -61,11 +61,18 @@ base() {
 }
 
 onceflow() {
-  local ctx=$cache/onceflow
+  local ctx=$cache/onceflow old
   rm -rf "$ctx" && mkdir -p "$ctx/bin"
   CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$ctx/bin/" ./cmd/...
+  old=$(podman image inspect --format '{{.Id}}' localhost/onceflow:dev 2>/dev/null || true)
   podman build --quiet -f compose/local/onceflow.Containerfile --build-arg VERSION="$version" \
     -t localhost/onceflow:dev "$ctx" >/dev/null
+  rm -rf "$ctx"
+  # The image the tag named before, untagged now: removed, unless a
+  # container still runs it.
+  if [ -n "$old" ] && [ "$old" != "$(podman image inspect --format '{{.Id}}' localhost/onceflow:dev)" ]; then
+    podman rmi "$old" >/dev/null 2>&1 || true
+  fi
 }
 
 # kafka_script NAME CLASS [JVM ARGUMENTS]: bin/NAME runs CLASS on the jars,
