@@ -65,7 +65,9 @@ onceflow() {
   rm -rf "$ctx" && mkdir -p "$ctx/bin"
   CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$ctx/bin/" ./cmd/...
   old=$(podman image inspect --format '{{.Id}}' localhost/onceflow:dev 2>/dev/null || true)
-  podman build --quiet -f compose/local/onceflow.Containerfile --build-arg VERSION="$version" \
+  # --no-cache: buildah would take the label of a cached layer built with
+  # another VERSION.
+  podman build --quiet --no-cache -f compose/local/onceflow.Containerfile --build-arg VERSION="$version" \
     -t localhost/onceflow:dev "$ctx" >/dev/null
   rm -rf "$ctx"
   # The image the tag named before, untagged now: removed, unless a
