@@ -100,6 +100,29 @@ test-kafka: build ## the end-to-end and consumers' tests on Apache Kafka: KAFKA_
 	fi && \
 	KAFKA_BROKERS="$$brokers" DATABASE_URL="$$url" $(GO) test -p 1 -timeout $(TEST_TIMEOUT) $(KAFKA_TEST_PKGS)
 
+# The compose stack with podman (docs/deploy.md#the-local-stack): the
+# images built from the repository, Debian's packages and Maven Central
+# (scripts/images.sh; the base and the third-party stand-ins once, cached
+# in podman's store and .data/stack), then started in order on 127.0.0.1
+# (scripts/stack.sh). make test-stack brings it up, runs test/stack and
+# takes it down, even when the test fails.
+.PHONY: images
+images: ## build the local stack's images with podman: onceflow's and Debian-built stand-ins for Kafka, Postgres, Prometheus, nginx
+	@scripts/images.sh
+
+.PHONY: stack-up
+stack-up: images ## start the compose stack with podman-compose and the local images, published on 127.0.0.1 (STACK_HTTP_PORT=38080, STACK_PROMETHEUS_PORT=39090)
+	@scripts/stack.sh up
+
+.PHONY: stack-down
+stack-down: ## remove the compose stack's containers, network and volumes
+	@scripts/stack.sh down
+
+.PHONY: test-stack
+test-stack: ## the compose stack started for real: the demo through nginx on the secured Kafka, Prometheus, a component and Kafka killed mid-traffic
+	@command -v podman >/dev/null || { echo "test-stack: podman is not installed (.ci/run installs it)"; exit 1; }
+	@scripts/images.sh && ONCEFLOW_STACK=1 $(GO) test -count=1 -v -timeout 30m ./test/stack/
+
 .PHONY: test/race
 test/race: build ## run every test under the race detector
 	@$(PG_URL) && \

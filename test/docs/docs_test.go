@@ -30,6 +30,7 @@ var skips = []struct {
 }{
 	{regexp.MustCompile(`^make `), "a make target: CI runs make lint, make test and make fuzz, and make demo runs the same dev as this check"},
 	{regexp.MustCompile(`^docker `), "needs a Docker engine; compose/compose_test.go checks the compose file and its configuration"},
+	{regexp.MustCompile(`^curl .*127\.0\.0\.1:38080`), "asks the local stack, which make stack-up starts; make test-stack (test/stack) drives it through nginx"},
 	{regexp.MustCompile(`^(helm|kubectl) `), "needs a Kubernetes cluster; deploy/helm's tests (make test-helm) render the chart with Helm's library and check what it would run"},
 	{regexp.MustCompile(`^compose/secrets\.sh`), "writes the compose stack's secrets into the tree; compose/compose_test.go runs the script"},
 	{regexp.MustCompile(`onceflow dev|rooms-bin dev`), "starts the embedded default, which this check runs itself"},

@@ -5,9 +5,13 @@
 //	kafkactl up [-nodes 1] [-port 19092] [-dir .data/apache-kafka] [-cache DIR] [-heap 512] [-secure]
 //	kafkactl down [-dir .data/apache-kafka] [-timeout 30s]
 //	kafkactl logs [-dir .data/apache-kafka]
+//	kafkactl fetch [-cache .data/apache-kafka]
 //
 // A cluster of N nodes lives in DIR/nodes-N (DIR/nodes-N-secure with
 // -secure); up prints its bootstrap address on its last line.
+//
+// fetch only fetches the jars (when missing) and prints their directory
+// (scripts/images.sh builds the local stack's Kafka image from it).
 //
 // -secure starts it with SASL_SSL listeners and ACLs
 // (kafkacluster.Security): a SCRAM-SHA-512 user per onceflow component
@@ -45,7 +49,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("want up, down or logs")
+		return errors.New("want up, down, logs or fetch")
 	}
 	fs := flag.NewFlagSet("kafkactl "+args[0], flag.ContinueOnError)
 	dir := fs.String("dir", filepath.Join(".data", "apache-kafka"), "where the clusters live (nodes-N)")
@@ -68,8 +72,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return down(stdout, *dir, *timeout)
 	case "logs":
 		return logs(stdout, *dir)
+	case "fetch":
+		if *cache == "" {
+			*cache = *dir
+		}
+		lib, err := kafkacluster.Fetch(ctx, *cache)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, lib)
+		return nil
 	}
-	return fmt.Errorf("unknown command %q: want up, down or logs", args[0])
+	return fmt.Errorf("unknown command %q: want up, down, logs or fetch", args[0])
 }
 
 func up(ctx context.Context, stdout io.Writer, dir, cache string, nodes, port, heap int, secure bool) error {
