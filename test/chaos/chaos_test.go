@@ -567,6 +567,9 @@ func report(t *testing.T, seed uint64, elapsed, duration time.Duration, m *model
 	fmt.Fprintf(tw, "faults injected\t%d\n", total)
 	for _, k := range kinds {
 		fmt.Fprintf(tw, "  %s\t%d\n", k, counts[k])
+		if st := f.statesOf(k); st != "" {
+			fmt.Fprintf(tw, "    transaction state struck\t%s\n", st)
+		}
 	}
 	fmt.Fprintf(tw, "duplicates absorbed\t\n")
 	fmt.Fprintf(tw, "  ingest: retries with the same key\t%d (%d answered as replays)\n", m.retries.Load(), m.replays.Load())

@@ -33,12 +33,13 @@ type faults struct {
 
 	mu     sync.Mutex
 	counts map[string]int
+	states map[string]map[string]int // kind -> the transaction state it struck -> times
 	log    []string
 	errs   []error
 }
 
 func newFaults(c *cluster, seed uint64) *faults {
-	return &faults{c: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), counts: map[string]int{}, firstRound: make(chan struct{})}
+	return &faults{c: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), counts: map[string]int{}, states: map[string]map[string]int{}, firstRound: make(chan struct{})}
 }
 
 func (f *faults) note(kind, detail string, start time.Time) {
@@ -46,6 +47,35 @@ func (f *faults) note(kind, detail string, start time.Time) {
 	defer f.mu.Unlock()
 	f.counts[kind]++
 	f.log = append(f.log, fmt.Sprintf("%s %s: %s", start.Format("15:04:05.000"), kind, detail))
+}
+
+// noteState counts a fault of kind that struck a transaction in state.
+func (f *faults) noteState(kind, state string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.states[kind] == nil {
+		f.states[kind] = map[string]int{}
+	}
+	f.states[kind][state]++
+}
+
+// statesOf returns the states faults of kind struck, with their counts,
+// as "PrepareCommit 2, Ongoing 1", most first.
+func (f *faults) statesOf(kind string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for st := range f.states[kind] {
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := f.states[kind][out[i]], f.states[kind][out[j]]
+		return a > b || a == b && out[i] < out[j]
+	})
+	for i, st := range out {
+		out[i] = fmt.Sprintf("%s %d", st, f.states[kind][st])
+	}
+	return strings.Join(out, ", ")
 }
 
 func (f *faults) fail(err error) {
@@ -104,6 +134,12 @@ func verdict[V any](t *testing.T, f *faults, seed uint64, derr error, vs []V) bo
 	defer f.mu.Unlock()
 	for _, err := range f.errs {
 		t.Errorf("fault injection: %v", err)
+	}
+	// A coordinator fault is there to strike a commit in the middle: a
+	// run that injected it and never did has not tested it.
+	if n := f.counts[faultCoordinator]; n > 0 && f.states[faultCoordinator]["PrepareCommit"] == 0 {
+		t.Errorf("seed %d: %d coordinator faults, none struck a transaction in PrepareCommit (each hunted it for %s; states: %v)",
+			seed, n, coordinatorHunt, f.states[faultCoordinator])
 	}
 	if derr != nil {
 		t.Errorf("seed %d: pipeline did not drain within %s: %v", seed, *drainFlag, derr)
