@@ -99,10 +99,13 @@ func faultKinds(only string, onKafka bool) []faultKind {
 	names := "kill, broker, postgres, zombie, relay, worker"
 	if onKafka {
 		all = []faultKind{{faultKill, 40}, {faultCoordinator, 8}, {faultLeader, 8}, {faultNodePause, 6}, {faultRolling, 3},
-			{faultPostgres, 8}, {faultZombie, 12}, {faultRelay, 12}, {faultWorker, 8}}
+			{faultPostgres, 8}, {faultZombie, 12}, {faultRelay, 12}, {faultWorker, 8},
+			{faultPartitionCoordinator, 8}, {faultPartitionNode, 5}, {faultPartitionAsymmetric, 5}, {faultSlowLink, 5}, {faultPostgresCut, 8}}
 		short = map[string]string{"kill": faultKill, "coordinator": faultCoordinator, "leader": faultLeader, "nodepause": faultNodePause,
-			"rolling": faultRolling, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker}
-		names = "kill, coordinator, leader, nodepause, rolling, postgres, zombie, relay, worker"
+			"rolling": faultRolling, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker,
+			"partition-coordinator": faultPartitionCoordinator, "partition-node": faultPartitionNode,
+			"partition-asymmetric": faultPartitionAsymmetric, "slow-link": faultSlowLink, "postgres-cut": faultPostgresCut}
+		names = "kill, coordinator, leader, nodepause, rolling, postgres, zombie, relay, worker, partition-coordinator, partition-node, partition-asymmetric, slow-link, postgres-cut"
 	}
 	if only == "" {
 		return all
@@ -205,6 +208,10 @@ func (f *faults) run(ctx context.Context) {
 			// ending; a rolling restart of three nodes takes minutes.
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 			f.injectKafka(fctx, kind, fmt.Sprintf("processor-%d", 1+pick%2), pick)
+			cancel()
+		case faultPartitionCoordinator, faultPartitionNode, faultPartitionAsymmetric, faultSlowLink, faultPostgresCut:
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+			f.injectNet(fctx, kind, pick)
 			cancel()
 		default:
 			f.inject(ctx, kind, victim, zombie, down)

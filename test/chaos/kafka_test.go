@@ -19,6 +19,9 @@ import (
 var kafkaFlag = flag.Bool("chaos.kafka", false,
 	"run on three nodes of Apache Kafka of the run's own (replication factor 3, min.insync.replicas 2) instead of the embedded broker; the broker's faults are then the real ones: kill -9 of a transaction coordinator while a processor commits, of a commands or events partition leader, a node paused past its session timeout, a rolling restart")
 
+var kafkaPortFlag = flag.Int("chaos.kafka.port", 0,
+	"the base port of the three nodes' listeners (node i's broker at port+2(i-1), its controller one above); 0 takes free ports")
+
 // Fault kinds of Apache Kafka's nodes (-chaos.kafka), in place of the
 // embedded broker's restart.
 const (
@@ -35,9 +38,9 @@ const (
 const brokerSessionTimeout = 9 * time.Second
 
 // startKafka starts the run's cluster of three nodes in dir.
-func startKafka(ctx context.Context, dir string) (*kafkacluster.Cluster, error) {
+func startKafka(ctx context.Context, dir, cgroups string) (*kafkacluster.Cluster, error) {
 	return kafkacluster.Start(ctx, kafkacluster.Config{
-		Dir: filepath.Join(dir, "kafka"), Nodes: 3, HeapMB: 384,
+		Dir: filepath.Join(dir, "kafka"), Nodes: 3, HeapMB: 384, BasePort: *kafkaPortFlag, Cgroups: cgroups,
 		Props: map[string]string{
 			"broker.session.timeout.ms": fmt.Sprint(brokerSessionTimeout.Milliseconds()),
 			// A node that has not registered with the controller within
