@@ -105,8 +105,8 @@
 // connections to their transaction coordinator cut while a transaction is
 // open, a node isolated, a node deaf or mute, a slow lossy link, and
 // Postgres connections cut right after COMMIT or mid-transaction, each
-// healed after a bounded time; iptables rules and netem on loopback match
-// only the run's own cgroups and ports (netem_test.go,
+// healed after a bounded time; iptables rules (and a tc queue for the slow
+// link) on loopback match only the run's own cgroups and ports (netem_test.go,
 // docs/chaos.md#network-faults). The invariant is the same.
 //
 // It ends with a summary table: commands sent (and how many went to the

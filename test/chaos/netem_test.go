@@ -20,8 +20,8 @@ import (
 // starts in a cgroup of its own under the run's cgroup directory, and a
 // fault is a few iptables rules in the run's own chain, each matching the
 // sockets of one cgroup (-m cgroup --path) or the listener ports of one
-// node, never anything else on the machine; a slow link is a netem qdisc
-// on lo that only the packets those rules mark go through. The chain, the
+// node, never anything else on the machine; a slow link is a narrow queue
+// on lo that only the packets those rules mark go through (slowLink). The chain, the
 // marks' chain and the qdisc are removed when the run ends, and a run
 // removes what a crashed run (its process gone) left behind before it
 // starts.
@@ -44,9 +44,8 @@ type rule struct {
 const (
 	chainPrefix = "ONCEFLOW-CHAOS-"
 	cgroupDir   = "onceflow-chaos-"
-	// slowMark marks the packets of a slow link; slowHandle is the major
-	// handle of the prio qdisc on lo that sends them through netem.
-	slowMark   = "0xa39"
+	// slowHandle is the major handle of the HTB qdisc on lo whose class
+	// slowHandle+"1" is slowLink.
 	slowHandle = "a39:"
 )
 
@@ -98,24 +97,32 @@ func (nm *netem) cut(rules ...rule) error {
 	return nil
 }
 
-// slow sends the packets of rules (MARK rules of the mangle table)
-// through netem on lo: delay with jitter and loss.
-func (nm *netem) slow(netemArgs []string, rules ...rule) error {
+// slowLink is what a slow link's packets go through: an HTB class of 8
+// Mbit/s with a queue of 50 packets, so they wait in the queue (loopback's
+// segments are up to 64 KiB: one takes 65 ms at that rate, a full queue
+// seconds) and the ones that find it full are lost. This kernel has no
+// netem (sch_netem), nor prio, so a fixed delay with jitter cannot be
+// made; HTB and pfifo are there (docs/chaos.md#slow-link).
+const slowLink = "an HTB class of 8 Mbit/s and a pfifo of 50 packets on lo"
+
+// slow sends the packets the CLASSIFY rules of the mangle table classify
+// through slowLink (HTB takes a packet whose priority names one of its
+// classes into it; this kernel has no fw classifier); every other packet
+// on lo passes HTB's direct queue untouched (no default class).
+func (nm *netem) slow(rules ...rule) error {
 	nm.mu.Lock()
-	// A prio qdisc of four bands with the default map for the first three,
-	// netem on the fourth, and a filter sending the marked packets there.
 	cmds := [][]string{
-		{"qdisc", "add", "dev", "lo", "root", "handle", slowHandle, "prio", "bands", "4", "priomap", "1", "2", "2", "2", "1", "2", "0", "0", "1", "1", "1", "1", "1", "1", "1", "1"},
-		append([]string{"qdisc", "add", "dev", "lo", "parent", slowHandle + "4", "handle", "a3a:", "netem"}, netemArgs...),
-		{"filter", "add", "dev", "lo", "parent", slowHandle, "protocol", "ip", "handle", slowMark, "fw", "flowid", slowHandle + "4"},
+		{"qdisc", "add", "dev", "lo", "root", "handle", slowHandle, "htb"},
+		{"class", "add", "dev", "lo", "parent", slowHandle, "classid", slowHandle + "1", "htb", "rate", "8mbit", "ceil", "8mbit"},
+		{"qdisc", "add", "dev", "lo", "parent", slowHandle + "1", "handle", "a3a:", "pfifo", "limit", "50"},
 	}
 	for _, args := range cmds {
+		nm.qdisc = true
 		if out, err := exec.Command("tc", args...).CombinedOutput(); err != nil {
 			nm.mu.Unlock()
 			nm.heal()
 			return fmt.Errorf("tc %s: %v: %s", strings.Join(args, " "), err, out)
 		}
-		nm.qdisc = true
 	}
 	nm.mu.Unlock()
 	return nm.cut(rules...)
@@ -248,13 +255,13 @@ func dropTo(ports ...int) rule {
 	return rule{"filter", []string{"-p", "tcp", "-m", "multiport", "--dports", joinPorts(ports), "-j", "DROP"}}
 }
 
-// markFrom and markTo mark packets for the slow link.
+// markFrom and markTo send packets through the slow link.
 func markFrom(path string) rule {
-	return rule{"mangle", []string{"-m", "cgroup", "--path", path, "-j", "MARK", "--set-mark", slowMark}}
+	return rule{"mangle", []string{"-m", "cgroup", "--path", path, "-j", "CLASSIFY", "--set-class", slowHandle + "1"}}
 }
 
 func markTo(ports ...int) rule {
-	return rule{"mangle", []string{"-p", "tcp", "-m", "multiport", "--dports", joinPorts(ports), "-j", "MARK", "--set-mark", slowMark}}
+	return rule{"mangle", []string{"-p", "tcp", "-m", "multiport", "--dports", joinPorts(ports), "-j", "CLASSIFY", "--set-class", slowHandle + "1"}}
 }
 
 func joinPorts(ports []int) string {

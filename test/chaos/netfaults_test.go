@@ -3,6 +3,8 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,7 +20,7 @@ const (
 	faultPartitionCoordinator = "partition: a processor's or the relays' connections to its transaction coordinator"
 	faultPartitionNode        = "partition: one node isolated from the other two and the clients"
 	faultPartitionAsymmetric  = "partition: one node deaf or mute"
-	faultSlowLink             = "slow link: one node's packets delayed 100-300 ms, 3% lost"
+	faultSlowLink             = "slow link: one node's packets through a narrow queue"
 	faultPostgresCut          = "postgres connections cut after COMMIT or mid-transaction"
 )
 
@@ -80,11 +82,10 @@ func (f *faults) injectNet(ctx context.Context, kind string, pick int) {
 	case faultSlowLink:
 		n := f.c.kafka.Nodes()[pick%3]
 		hold := time.Duration(20+pick%20) * time.Second
-		args := []string{"delay", "200ms", "100ms", "loss", "3%"}
-		if err = nm.slow(args, markFrom(nm.path("kafka", fmt.Sprintf("node-%d", n.ID))), markTo(nodePorts(n)...)); err == nil {
+		if err = nm.slow(markFrom(nm.path("kafka", fmt.Sprintf("node-%d", n.ID))), markTo(nodePorts(n)...)); err == nil {
 			waitCtx(ctx, hold)
 			nm.heal()
-			detail = fmt.Sprintf("node %d: what it sends and what reaches its ports %v through netem %s, for %s", n.ID, nodePorts(n), strings.Join(args, " "), hold)
+			detail = fmt.Sprintf("node %d: what it sends and what reaches its ports %v through %s, for %s", n.ID, nodePorts(n), slowLink, hold)
 		}
 	case faultPostgresCut:
 		detail = f.postgresCut(ctx, pick)
@@ -133,7 +134,10 @@ func (f *faults) partitionCoordinator(ctx context.Context, pick int) (string, er
 	state, took := huntState(ctx, adm, txnID, "Ongoing")
 	var rules []rule
 	for _, name := range who {
-		rules = append(rules, dropFromTo(nm.path("components", name), portOf(n.Addr)))
+		// relay-extra's cgroup is made when the relay fault first starts it.
+		if _, err := os.Stat(filepath.Join(nm.cgroups("components"), name)); err == nil {
+			rules = append(rules, dropFromTo(nm.path("components", name), portOf(n.Addr)))
+		}
 	}
 	if err := nm.cut(rules...); err != nil {
 		return "", err
