@@ -79,6 +79,22 @@ func TestPostgresCut(t *testing.T) {
 	if stored(3) {
 		t.Errorf("cut mid-transaction: the row is stored")
 	}
+	// A batch that writes outside a transaction commits at its Sync.
+	p.arm(cutCommit, 1)
+	conn, err := pgx.Connect(ctx, proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO cut VALUES (5)`)
+	b.Queue(`SELECT 1`)
+	if err := conn.SendBatch(ctx, b).Close(); err == nil {
+		t.Errorf("cut after an implicit transaction's Sync: no error")
+	}
+	conn.Close(ctx)
+	if !stored(5) {
+		t.Errorf("cut after an implicit transaction's Sync: the row is not stored")
+	}
 	if left := p.arm("", 0); left != 0 {
 		t.Errorf("%d cuts left unmade", left)
 	}

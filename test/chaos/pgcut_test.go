@@ -15,9 +15,10 @@ import (
 // It reads what the clients send, message by message, and when armed cuts
 // a connection, both ways at once, right after it forwarded a COMMIT (pgx
 // sends it as a simple Query message: the server commits, the client never
-// learns it did), or in the middle of a transaction, after a Sync of the
-// extended protocol (a batch's statements sent, the transaction still
-// open).
+// learns it did) or the Sync that ends a batch writing outside a
+// transaction (an implicit transaction, committed at the Sync: ingest's),
+// or in the middle of a transaction, after a Sync of the extended protocol
+// (a batch's statements sent, the transaction still open).
 type pgCut struct {
 	ln       net.Listener
 	upstream string
@@ -155,14 +156,16 @@ func (p *pgCut) forward(client, server net.Conn) {
 		}
 	}
 	inTx := false
+	writes := map[string]bool{} // prepared statements that write, by name
+	wrote := false              // a statement that writes since the last Sync
 	for {
 		typ, msg, err := r.typed()
 		if err != nil || writeAll(server, msg) != nil {
 			return
 		}
 		cut := false
-		switch {
-		case typ == 'Q':
+		switch typ {
+		case 'Q':
 			q := bytes.ToLower(bytes.TrimSpace(bytes.TrimRight(msg[5:], "\x00")))
 			switch {
 			case bytes.HasPrefix(q, []byte("begin")) || bytes.HasPrefix(q, []byte("start transaction")):
@@ -173,8 +176,25 @@ func (p *pgCut) forward(client, server net.Conn) {
 			case bytes.Equal(q, []byte("rollback")):
 				inTx = false
 			}
-		case typ == 'S' && inTx:
-			cut = p.take(cutMidTx)
+		case 'P': // Parse: name, query
+			if f := bytes.SplitN(msg[5:], []byte{0}, 3); len(f) == 3 {
+				writes[string(f[0])] = isWrite(f[1])
+			}
+		case 'B': // Bind: portal, statement
+			if f := bytes.SplitN(msg[5:], []byte{0}, 3); len(f) == 3 && writes[string(f[1])] {
+				wrote = true
+			}
+		case 'S':
+			switch {
+			case inTx:
+				cut = p.take(cutMidTx)
+			case wrote:
+				// Outside a transaction the statements since the last Sync
+				// are one implicit transaction, committed at this Sync
+				// (ingest's batches): a cut now is a cut after its commit.
+				cut = p.take(cutCommit)
+			}
+			wrote = false
 		}
 		if cut {
 			// What was written reaches the server before the close: it
@@ -184,6 +204,17 @@ func (p *pgCut) forward(client, server net.Conn) {
 			return
 		}
 	}
+}
+
+// isWrite reports whether query changes rows.
+func isWrite(query []byte) bool {
+	q := bytes.ToLower(bytes.TrimSpace(query))
+	for _, w := range []string{"insert", "update", "delete", "with", "merge"} {
+		if bytes.HasPrefix(q, []byte(w)) {
+			return true
+		}
+	}
+	return false
 }
 
 // msgReader reads the frontend's messages whole.
