@@ -591,6 +591,10 @@ func report(t *testing.T, seed uint64, elapsed, duration time.Duration, m *model
 	tw.Flush()
 	t.Log("\n" + b.String())
 	fmt.Print(b.String())
+	// What each fault did and cut, passed or not.
+	f.mu.Lock()
+	t.Logf("fault log:\n%s", strings.Join(f.log, "\n"))
+	f.mu.Unlock()
 }
 
 // hotCounts counts the accepted commands addressed to each tenant's hot
