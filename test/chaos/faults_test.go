@@ -154,7 +154,6 @@ func verdict[V any](t *testing.T, f *faults, seed uint64, derr error, vs []V) bo
 	for _, v := range vs[1:] {
 		t.Errorf("also violated: %v", v)
 	}
-	t.Logf("fault log:\n%s", strings.Join(f.log, "\n"))
 	return false
 }
 
