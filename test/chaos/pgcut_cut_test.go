@@ -2,8 +2,10 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -54,7 +56,20 @@ func TestPostgresCut(t *testing.T) {
 		}
 		return tx.Commit(ctx)
 	}
+	// stored answers once the server has ended every other session of the
+	// database: a cut client learns of the cut before the server has run
+	// what it was sent.
 	stored := func(id int) bool {
+		pipelinetest.Eventually(t, 30*time.Second, func() error {
+			var n int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return fmt.Errorf("%d other sessions", n)
+			}
+			return nil
+		})
 		var n int
 		if err := admin.QueryRow(ctx, `SELECT count(*) FROM cut WHERE id = $1`, id).Scan(&n); err != nil {
 			t.Fatal(err)

@@ -197,10 +197,18 @@ func (p *pgCut) forward(client, server net.Conn) {
 			wrote = false
 		}
 		if cut {
-			// What was written reaches the server before the close: it
-			// runs the statement and finds no client to answer.
-			server.Close()
+			// The client's side goes at once. The server's is only shut
+			// for writing, and what the server still sends is read and
+			// dropped until it closes: a close with its answers unread
+			// would reset the connection, and the server could lose what
+			// it had not read yet, the COMMIT or the Sync among it. So it
+			// runs what was sent, commits, and finds no client to answer.
 			client.Close()
+			if tc, ok := server.(*net.TCPConn); ok {
+				tc.CloseWrite()
+			}
+			server.SetReadDeadline(time.Now().Add(10 * time.Second))
+			io.Copy(io.Discard, server)
 			return
 		}
 	}
