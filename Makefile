@@ -144,7 +144,7 @@ chaos: ## crash-and-duplicate harness with the bank invariant: make chaos DURATI
 .PHONY: chaos-kafka
 chaos-kafka: ## the chaos harness on three Apache Kafka nodes with real faults: make chaos-kafka DURATION=10m [SEED=n] [FAULTS=coordinator,leader,nodepause,rolling,...]
 	$(GO) test -count=1 -v -timeout 0 -run 'TestChaos$$' ./test/chaos -args -chaos.kafka \
-	  -chaos.duration=$(or $(DURATION),2m) -chaos.seeds=$(or $(SEED),1) $(if $(FAULTS),-chaos.faults=$(FAULTS))
+	  -chaos.duration=$(or $(DURATION),2m) -chaos.seeds=$(or $(SEED),1) $(if $(FAULTS),-chaos.faults=$(FAULTS)) $(if $(CHAOS_KAFKA_PORT),-chaos.kafka.port=$(CHAOS_KAFKA_PORT))
 
 .PHONY: soak
 soak: build ## run the tests that once lost a command many times under -race and load: make soak SOAK=300 [SOAK_LOAD=copies|hog|none] (docs/soak.md)

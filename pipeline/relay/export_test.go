@@ -23,3 +23,7 @@ func SetBeforeCommit(r *Relay, f func(shard int)) { r.hooks.beforeCommit = f }
 func (r *Relay) AwaitPartitions(ctx context.Context, cl *kgo.Client, recs []kgo.Record) error {
 	return r.awaitPartitions(ctx, cl, recs)
 }
+
+// SetClientOpts gives the producer of each shard more options (a test's
+// hooks and partitioner).
+func SetClientOpts(r *Relay, f func(shard int) []kgo.Opt) { r.hooks.clientOpts = f }

@@ -185,11 +185,15 @@ func (r *Relay) clientFor(ctx context.Context, w *worker) (*kgo.Client, error) {
 	if w.client != nil {
 		return w.client, nil
 	}
-	cl, err := r.kafka.NewClient(
+	opts := []kgo.Opt{
 		kgo.TransactionalID(r.cfg.TransactionalID(w.shard)),
 		kgo.TransactionTimeout(r.cfg.LeaseDuration),
 		kgo.ProducerLinger(0), // a batch is produced at once and waited for; lingering only adds latency
-	)
+	}
+	if h := r.hooks.clientOpts; h != nil {
+		opts = append(opts, h(w.shard)...)
+	}
+	cl, err := r.kafka.NewClient(opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/onceflow/onceflow/pipeline/kafka"
@@ -55,12 +56,14 @@ type Relay struct {
 	hooks hooks
 }
 
-// hooks let tests stop a relay at the two moments fencing is about.
+// hooks let tests stop a relay at the two moments fencing is about, and
+// give its producers options of theirs (franz-go hooks, a partitioner).
 type hooks struct {
-	beforeProduce func(shard int) // after the lease check, before producing
-	beforeCommit  func(shard int) // after the records were acked, before the Kafka commit
-	afterCommit   func(shard int) // after the Kafka commit, before the delete
-	beforeKeep    func()          // before each round of the lease keeper
+	beforeProduce func(shard int)           // after the lease check, before producing
+	beforeCommit  func(shard int)           // after the records were acked, before the Kafka commit
+	afterCommit   func(shard int)           // after the Kafka commit, before the delete
+	beforeKeep    func()                    // before each round of the lease keeper
+	clientOpts    func(shard int) []kgo.Opt // more options of a shard's producer
 }
 
 // New returns a relay. Its Kafka producers are built from kcfg: one

@@ -47,7 +47,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// Linking the nine binaries took over 5 minutes at load 60 on the two
+	// shared cores (two runs building at once).
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	if err := e2e.Build(ctx, dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -567,6 +569,9 @@ func report(t *testing.T, seed uint64, elapsed, duration time.Duration, m *model
 	fmt.Fprintf(tw, "faults injected\t%d\n", total)
 	for _, k := range kinds {
 		fmt.Fprintf(tw, "  %s\t%d\n", k, counts[k])
+		if st := f.statesOf(k); st != "" {
+			fmt.Fprintf(tw, "    transaction state struck\t%s\n", st)
+		}
 	}
 	fmt.Fprintf(tw, "duplicates absorbed\t\n")
 	fmt.Fprintf(tw, "  ingest: retries with the same key\t%d (%d answered as replays)\n", m.retries.Load(), m.replays.Load())
@@ -586,6 +591,10 @@ func report(t *testing.T, seed uint64, elapsed, duration time.Duration, m *model
 	tw.Flush()
 	t.Log("\n" + b.String())
 	fmt.Print(b.String())
+	// What each fault did and cut, passed or not.
+	f.mu.Lock()
+	t.Logf("fault log:\n%s", strings.Join(f.log, "\n"))
+	f.mu.Unlock()
 }
 
 // hotCounts counts the accepted commands addressed to each tenant's hot

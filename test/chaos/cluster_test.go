@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +35,11 @@ type cluster struct {
 	// kafka is the run's three nodes of Apache Kafka (-chaos.kafka), nil
 	// on the embedded broker.
 	kafka *kafkacluster.Cluster
+	// net makes the network's faults, on a run on Apache Kafka with any
+	// of them; pgCut is the proxy in front of Postgres of each kind of
+	// pgCutKinds, on a run with the postgres-cut fault.
+	net   *netem
+	pgCut map[string]*pgCut
 }
 
 // sessionTimeout is the processors' group session timeout in the chaos
@@ -89,7 +96,32 @@ func startClusterOf(t *testing.T, ctx context.Context, bin, app string) *cluster
 		c.pl.App, c.pl.Prefix = app, "" // the domain's own names
 	}
 	if *kafkaFlag {
-		if c.kafka, err = startKafka(ctx, dir); err != nil {
+		kinds := faultKinds(*faultsFlag, true)
+		if slices.ContainsFunc(kinds, func(k faultKind) bool { return isNetFault(k.name) }) {
+			if c.net, err = newNetem(); err != nil {
+				t.Fatal(err)
+			}
+			// Removed after the processes in its cgroups have stopped
+			// (cleanups run last first).
+			t.Cleanup(c.net.close)
+			c.pl.Cgroups = c.net.cgroups("components")
+		}
+		if slices.ContainsFunc(kinds, func(k faultKind) bool { return k.name == faultPostgresCut }) {
+			c.pgCut = map[string]*pgCut{}
+			for _, kind := range pgCutKinds {
+				p, err := newPGCut(fmt.Sprintf("127.0.0.1:%d", c.pg.Port))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(p.close)
+				c.pgCut[kind] = p
+			}
+		}
+		cgroups := ""
+		if c.net != nil {
+			cgroups = c.net.cgroups("kafka")
+		}
+		if c.kafka, err = startKafka(ctx, dir, cgroups); err != nil {
 			t.Fatalf("apache kafka: %v", err)
 		}
 		// Stopped after the components (cleanups run last first).
@@ -126,6 +158,9 @@ func startClusterOf(t *testing.T, ctx context.Context, bin, app string) *cluster
 
 func (c *cluster) env(kind string) map[string]string {
 	env := map[string]string{"LOG_LEVEL": "warn"}
+	if p := c.pgCut[kind]; p != nil {
+		env["DATABASE_URL"] = strings.Replace(c.dbURL, fmt.Sprintf("127.0.0.1:%d", c.pg.Port), p.Addr(), 1)
+	}
 	if kind == "processor" {
 		env["ONCEFLOW_PROCESSOR_SESSION_TIMEOUT"] = sessionTimeout.String()
 		env["ONCEFLOW_PROCESSOR_MAX_COMMAND_BYTES"] = strconv.Itoa(maxCommandBytes)

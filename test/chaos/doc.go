@@ -99,8 +99,14 @@
 // (each stopped with SIGTERM and started again, the controller last). A
 // killed node is started again on its storage, and after each of these
 // faults the run waits until every partition is in sync again, so that no
-// two faults take two replicas of a partition down. The invariant is the
-// same.
+// two faults take two replicas of a partition down. The network's faults
+// join them there, every process alive: a processor's or the relays'
+// connections to their transaction coordinator cut while a transaction is
+// open, a node isolated, a node deaf or mute, a slow lossy link, and
+// Postgres connections cut right after COMMIT or mid-transaction, each
+// healed after a bounded time; iptables rules (and a tc queue for the slow
+// link) on loopback match only the run's own cgroups and ports (netem_test.go,
+// docs/chaos.md#network-faults). The invariant is the same.
 //
 // It ends with a summary table: commands sent (and how many went to the
 // hot accounts), hostile records by kind, faults by kind, duplicates

@@ -33,12 +33,13 @@ type faults struct {
 
 	mu     sync.Mutex
 	counts map[string]int
+	states map[string]map[string]int // kind -> the transaction state it struck -> times
 	log    []string
 	errs   []error
 }
 
 func newFaults(c *cluster, seed uint64) *faults {
-	return &faults{c: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), counts: map[string]int{}, firstRound: make(chan struct{})}
+	return &faults{c: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), counts: map[string]int{}, states: map[string]map[string]int{}, firstRound: make(chan struct{})}
 }
 
 func (f *faults) note(kind, detail string, start time.Time) {
@@ -46,6 +47,35 @@ func (f *faults) note(kind, detail string, start time.Time) {
 	defer f.mu.Unlock()
 	f.counts[kind]++
 	f.log = append(f.log, fmt.Sprintf("%s %s: %s", start.Format("15:04:05.000"), kind, detail))
+}
+
+// noteState counts a fault of kind that struck a transaction in state.
+func (f *faults) noteState(kind, state string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.states[kind] == nil {
+		f.states[kind] = map[string]int{}
+	}
+	f.states[kind][state]++
+}
+
+// statesOf returns the states faults of kind struck, with their counts,
+// as "PrepareCommit 2, Ongoing 1", most first.
+func (f *faults) statesOf(kind string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for st := range f.states[kind] {
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := f.states[kind][out[i]], f.states[kind][out[j]]
+		return a > b || a == b && out[i] < out[j]
+	})
+	for i, st := range out {
+		out[i] = fmt.Sprintf("%s %d", st, f.states[kind][st])
+	}
+	return strings.Join(out, ", ")
 }
 
 func (f *faults) fail(err error) {
@@ -69,10 +99,13 @@ func faultKinds(only string, onKafka bool) []faultKind {
 	names := "kill, broker, postgres, zombie, relay, worker"
 	if onKafka {
 		all = []faultKind{{faultKill, 40}, {faultCoordinator, 8}, {faultLeader, 8}, {faultNodePause, 6}, {faultRolling, 3},
-			{faultPostgres, 8}, {faultZombie, 12}, {faultRelay, 12}, {faultWorker, 8}}
+			{faultPostgres, 8}, {faultZombie, 12}, {faultRelay, 12}, {faultWorker, 8},
+			{faultPartitionCoordinator, 8}, {faultPartitionNode, 5}, {faultPartitionAsymmetric, 5}, {faultSlowLink, 5}, {faultPostgresCut, 8}}
 		short = map[string]string{"kill": faultKill, "coordinator": faultCoordinator, "leader": faultLeader, "nodepause": faultNodePause,
-			"rolling": faultRolling, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker}
-		names = "kill, coordinator, leader, nodepause, rolling, postgres, zombie, relay, worker"
+			"rolling": faultRolling, "postgres": faultPostgres, "zombie": faultZombie, "relay": faultRelay, "worker": faultWorker,
+			"partition-coordinator": faultPartitionCoordinator, "partition-node": faultPartitionNode,
+			"partition-asymmetric": faultPartitionAsymmetric, "slow-link": faultSlowLink, "postgres-cut": faultPostgresCut}
+		names = "kill, coordinator, leader, nodepause, rolling, postgres, zombie, relay, worker, partition-coordinator, partition-node, partition-asymmetric, slow-link, postgres-cut"
 	}
 	if only == "" {
 		return all
@@ -105,6 +138,12 @@ func verdict[V any](t *testing.T, f *faults, seed uint64, derr error, vs []V) bo
 	for _, err := range f.errs {
 		t.Errorf("fault injection: %v", err)
 	}
+	// A coordinator fault is there to strike a commit in the middle: a
+	// run that injected it and never did has not tested it.
+	if n := f.counts[faultCoordinator]; n > 0 && f.states[faultCoordinator]["PrepareCommit"] == 0 {
+		t.Errorf("seed %d: %d coordinator faults, none struck a transaction in PrepareCommit (each hunted it for %s; states: %v)",
+			seed, n, coordinatorHunt, f.states[faultCoordinator])
+	}
 	if derr != nil {
 		t.Errorf("seed %d: pipeline did not drain within %s: %v", seed, *drainFlag, derr)
 	}
@@ -115,7 +154,6 @@ func verdict[V any](t *testing.T, f *faults, seed uint64, derr error, vs []V) bo
 	for _, v := range vs[1:] {
 		t.Errorf("also violated: %v", v)
 	}
-	t.Logf("fault log:\n%s", strings.Join(f.log, "\n"))
 	return false
 }
 
@@ -169,6 +207,10 @@ func (f *faults) run(ctx context.Context) {
 			// ending; a rolling restart of three nodes takes minutes.
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 			f.injectKafka(fctx, kind, fmt.Sprintf("processor-%d", 1+pick%2), pick)
+			cancel()
+		case faultPartitionCoordinator, faultPartitionNode, faultPartitionAsymmetric, faultSlowLink, faultPostgresCut:
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+			f.injectNet(fctx, kind, pick)
 			cancel()
 		default:
 			f.inject(ctx, kind, victim, zombie, down)

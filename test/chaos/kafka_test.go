@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -17,6 +18,9 @@ import (
 
 var kafkaFlag = flag.Bool("chaos.kafka", false,
 	"run on three nodes of Apache Kafka of the run's own (replication factor 3, min.insync.replicas 2) instead of the embedded broker; the broker's faults are then the real ones: kill -9 of a transaction coordinator while a processor commits, of a commands or events partition leader, a node paused past its session timeout, a rolling restart")
+
+var kafkaPortFlag = flag.Int("chaos.kafka.port", 0,
+	"the base port of the three nodes' listeners (node i's broker at port+2(i-1), its controller one above); 0 takes free ports")
 
 // Fault kinds of Apache Kafka's nodes (-chaos.kafka), in place of the
 // embedded broker's restart.
@@ -34,9 +38,9 @@ const (
 const brokerSessionTimeout = 9 * time.Second
 
 // startKafka starts the run's cluster of three nodes in dir.
-func startKafka(ctx context.Context, dir string) (*kafkacluster.Cluster, error) {
+func startKafka(ctx context.Context, dir, cgroups string) (*kafkacluster.Cluster, error) {
 	return kafkacluster.Start(ctx, kafkacluster.Config{
-		Dir: filepath.Join(dir, "kafka"), Nodes: 3, HeapMB: 384,
+		Dir: filepath.Join(dir, "kafka"), Nodes: 3, HeapMB: 384, BasePort: *kafkaPortFlag, Cgroups: cgroups,
 		Props: map[string]string{
 			"broker.session.timeout.ms": fmt.Sprint(brokerSessionTimeout.Milliseconds()),
 			// A node that has not registered with the controller within
@@ -106,10 +110,14 @@ func (f *faults) injectKafka(ctx context.Context, kind, processor string, pick i
 }
 
 // killCoordinator kills the node that coordinates processor's
-// transactional id, at a moment its transaction is being committed
-// (PrepareCommit) when the coordinator shows one within a few seconds —
-// under the workload it commits many times a second — else while one is
-// open (Ongoing).
+// transactional id at a moment the coordinator shows its transaction
+// committing (PrepareCommit: the commit decided and logged, its markers
+// not yet all written). Under the workload a processor commits many times
+// a second, and PrepareCommit lasts as long as the markers take, so the
+// coordinator is asked again and again, by several askers at once, for up
+// to coordinatorHunt; the kill follows the answer at once. The state of
+// the last answer before the kill is the fault's state in the summary
+// (docs/chaos.md#coordinator).
 func (f *faults) killCoordinator(ctx context.Context, processor string) (string, error) {
 	kc := f.c.kafka
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.Brokers()...))
@@ -126,23 +134,62 @@ func (f *faults) killCoordinator(ctx context.Context, processor string) (string,
 	if err != nil {
 		return "", err
 	}
-	state := "no transaction open"
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-		d, err := adm.DescribeTransactions(ctx, txnID)
-		if err != nil {
-			continue
-		}
-		if tx, ok := d[txnID]; ok && (tx.State == "PrepareCommit" || tx.State == "Ongoing") {
-			state = tx.State
-			if state == "PrepareCommit" {
-				break
-			}
-		}
-	}
-	if err := f.killAndStart(ctx, n); err != nil {
+	state, took := huntState(ctx, adm, txnID, "PrepareCommit")
+	n.Kill()
+	f.noteState(faultCoordinator, state)
+	if err := n.Start(ctx); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("node %d, coordinator of %s, last seen %s", n.ID, txnID, state), nil
+	return fmt.Sprintf("node %d, coordinator of %s, killed at %s (seen after %s)", n.ID, txnID, state, took.Round(time.Millisecond)), nil
+}
+
+// coordinatorHunt bounds the wait for a transaction in a given state
+// before a coordinator fault strikes anyway.
+const coordinatorHunt = 30 * time.Second
+
+// txnNone is the state of a transactional id the coordinator does not
+// describe (no answer, or none in progress).
+const txnNone = "no answer"
+
+// huntState asks the coordinator of txnID for its transaction's state
+// until it answers want, from four askers at once, for up to
+// coordinatorHunt, and returns the state of the last answer (want, or
+// what it was when the hunt gave up) and how long the hunt took.
+func huntState(ctx context.Context, adm *kadm.Client, txnID, want string) (string, time.Duration) {
+	start := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, coordinatorHunt)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		last = txnNone
+	)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for hctx.Err() == nil {
+				d, err := adm.DescribeTransactions(hctx, txnID)
+				if err != nil {
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				tx, ok := d[txnID]
+				if !ok || tx.Err != nil {
+					continue
+				}
+				mu.Lock()
+				if last != want {
+					last = tx.State
+				}
+				mu.Unlock()
+				if tx.State == want {
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return last, time.Since(start)
 }
 
 // killAndStart kills node n with SIGKILL and starts it again on its

@@ -76,6 +76,13 @@ type Proc struct {
 // Start starts bin with args and env (added to a clean environment),
 // writing its output to logPath.
 func Start(bin string, name string, args []string, env map[string]string, logPath, admin string) (*Proc, error) {
+	return StartIn("", bin, name, args, env, logPath, admin)
+}
+
+// StartIn is Start with the process started in the cgroup v2 directory
+// cgroup (made if missing; "" is Start's own), so that its sockets can be
+// told apart on loopback (iptables -m cgroup --path).
+func StartIn(cgroup, bin string, name string, args []string, env map[string]string, logPath, admin string) (*Proc, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -88,6 +95,19 @@ func Start(bin string, name string, args []string, env map[string]string, logPat
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so a test's signals reach only it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if cgroup != "" {
+		if err := os.MkdirAll(cgroup, 0o755); err != nil {
+			logFile.Close()
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		fd, err := syscall.Open(cgroup, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			logFile.Close()
+			return nil, fmt.Errorf("cgroup %s: %w", cgroup, err)
+		}
+		defer syscall.Close(fd)
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}
 	fmt.Fprintf(logFile, "=== start %s %s\n", name, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
@@ -332,6 +352,10 @@ type Pipeline struct {
 	// ClientOpts are added to the test's own clients of the cluster (a
 	// secured cluster's credentials).
 	ClientOpts []kgo.Opt
+	// Cgroups, if set, is a directory of the cgroup v2 hierarchy: each
+	// component starts in its cgroup Cgroups/INSTANCE (test/chaos's
+	// network faults tell its sockets apart by it).
+	Cgroups string
 	// Env is added to every component's environment (e.g.
 	// ONCEFLOW_TENANT_RATE_LIMIT=0 for a load test); StartComponent's
 	// extra wins over it.
@@ -464,7 +488,11 @@ func (pl *Pipeline) LaunchComponent(kind, instance string, extra map[string]stri
 	if pl.App != "" {
 		bin, args = pl.App, []string{kind}
 	}
-	p, err := Start(filepath.Join(pl.Bin, bin), instance, args, env, filepath.Join(pl.Dir, instance+".log"), "http://"+admin)
+	cgroup := ""
+	if pl.Cgroups != "" {
+		cgroup = filepath.Join(pl.Cgroups, instance)
+	}
+	p, err := StartIn(cgroup, filepath.Join(pl.Bin, bin), instance, args, env, filepath.Join(pl.Dir, instance+".log"), "http://"+admin)
 	if err != nil {
 		return nil, err
 	}

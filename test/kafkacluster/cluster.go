@@ -57,6 +57,12 @@ type Config struct {
 	// Log receives progress lines ("formatting", "started"); nil is
 	// silent.
 	Log io.Writer
+	// Cgroups, if set, is a directory of the cgroup v2 hierarchy: node i
+	// starts (and starts again) in its cgroup Cgroups/node-i, made if
+	// missing, so that every socket it opens can be told apart from other
+	// processes' on loopback (iptables -m cgroup --path; test/chaos's
+	// network faults, docs/chaos.md#network-faults).
+	Cgroups string
 }
 
 // Cluster is a running (or stopped) local cluster.

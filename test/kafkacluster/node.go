@@ -38,6 +38,28 @@ type Node struct {
 	done chan struct{} // closed when the process this value started exits; nil for a process found in the cluster file
 }
 
+// Cgroup is the directory of the node's cgroup (Config.Cgroups/node-ID),
+// "" without Config.Cgroups.
+func (n *Node) Cgroup() string {
+	if n.c.cfg.Cgroups == "" {
+		return ""
+	}
+	return filepath.Join(n.c.cfg.Cgroups, fmt.Sprintf("node-%d", n.ID))
+}
+
+// openCgroup makes the cgroup directory dir if missing and opens it for
+// a child to start in (SysProcAttr.CgroupFD).
+func openCgroup(dir string) (int, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return -1, fmt.Errorf("cgroup: %w", err)
+	}
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("cgroup %s: %w", dir, err)
+	}
+	return fd, nil
+}
+
 // Props is the path of the node's server.properties.
 func (n *Node) Props() string { return filepath.Join(n.Dir, "server.properties") }
 
@@ -89,6 +111,15 @@ func (n *Node) start() error {
 	cmd.Dir = n.Dir
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = n.c.sysProcAttr()
+	if n.c.cfg.Cgroups != "" {
+		fd, err := openCgroup(n.Cgroup())
+		if err != nil {
+			out.Close()
+			return fmt.Errorf("start node %d: %w", n.ID, err)
+		}
+		defer syscall.Close(fd)
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}
 	fmt.Fprintf(out, "=== %s start node %d\n", time.Now().Format(time.RFC3339), n.ID)
 	if err := cmd.Start(); err != nil {
 		out.Close()
