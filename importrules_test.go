@@ -77,7 +77,7 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s imports %s: the vocabulary and the wire schemas import only the standard library", pkg, imp)
 			}
 			if imp == kfake && !mayRunBroker(pkg) {
-				t.Errorf("%s imports %s: only the application and tests import the embedded broker", name(pkg), imp)
+				t.Errorf("%s imports %s: only the embedded default (package dev) and tests import the embedded broker", name(pkg), imp)
 			}
 		}
 		if !isHelper(pkg) && !under(pkg, "test") {
@@ -123,7 +123,7 @@ func rule(pkg, imp string) string {
 	case isHelper(imp) && !isHelper(pkg) && !under(pkg, "test"):
 		return "production code never imports a test helper"
 	case imp == "pipeline/devbroker" && !mayRunBroker(pkg):
-		return "only the application and tests import the embedded broker"
+		return "only the embedded default (package dev) and tests import the embedded broker"
 	case under(pkg, "pipeline") && (imp == "" || under(imp, "cmd") || under(imp, "cli")):
 		return "the library never imports the application"
 	case under(pkg, "pipeline") && under(imp, "examples"):
