@@ -192,8 +192,21 @@ func runSeed(t *testing.T, seed uint64, duration time.Duration, selfTest bool) {
 	if !verdict(t, f, seed, derr, vs) {
 		return
 	}
+	audit(t, ctx, c, seed, start)
 	if selfTest {
 		checkerSelfTest(t, ctx, c, m, serdes.Events.Decode)
+	}
+}
+
+// audit runs the operators' auditor over the whole run: what the harness
+// checked from its own model, checked again from each stage's records
+// (docs/operations.md#verify).
+func audit(t *testing.T, ctx context.Context, c *cluster, seed uint64, start time.Time) {
+	t.Helper()
+	if out, err := c.pl.Verify(ctx, time.Since(start)+time.Minute); err != nil {
+		t.Errorf("seed %d: %v\n%s", seed, err, out)
+	} else {
+		t.Logf("onceflow verify over the run:\n%s", out)
 	}
 }
 

@@ -135,6 +135,7 @@ func runInventorySeed(t *testing.T, seed uint64, duration time.Duration) {
 	if !verdict(t, f, seed, derr, vs) {
 		return
 	}
+	audit(t, ctx, c, seed, start)
 	inventorySelfTest(t, ctx, c, serdes.Events.Decode, &load.M, st)
 }
 
