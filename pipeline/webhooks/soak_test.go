@@ -35,8 +35,14 @@ func TestSoakCappedTenant(t *testing.T) {
 	if err != nil || d <= 0 {
 		t.Skip("set ONCEFLOW_SOAK_CAPPED=10m (or 60s) to run it: make soak-capped")
 	}
-	hang := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
-	t.Cleanup(func() { hang.CloseClientConnections(); hang.Close() })
+	stop := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(func() { close(stop); hang.Close() })
 	var mu sync.Mutex
 	projected := map[string]time.Time{} // globex's event id -> when its batch committed
 	received := map[string]time.Time{}  // globex's event id -> its first delivery
