@@ -150,6 +150,10 @@ chaos-kafka: ## the chaos harness on three Apache Kafka nodes with real faults: 
 soak: build ## run the tests that once lost a command many times under -race and load: make soak SOAK=300 [SOAK_LOAD=copies|hog|none] (docs/soak.md)
 	@$(PG_URL) && DATABASE_URL="$$url" scripts/soak.sh
 
+.PHONY: soak-capped
+soak-capped: build ## a capped tenant beside another for SOAK_CAPPED (default 10m; 60s for a short one): snoozed fan-outs, the other's delivery p99 against its baseline (docs/webhooks.md)
+	@$(PG_URL) && DATABASE_URL="$$url" ONCEFLOW_SOAK_CAPPED=$${SOAK_CAPPED:-10m} $(GO) test -count=1 -v -run '^TestSoakCappedTenant$$' -timeout 60m ./pipeline/webhooks/
+
 .PHONY: demo
 demo: build ## run `onceflow dev`, drive a scripted workload over HTTP and check the balances
 	@scripts/demo.sh

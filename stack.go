@@ -508,7 +508,7 @@ func (d *DeployedDomain) ReadModels() []pipeline.Projection[pgx.Tx] {
 func newProjector(cfg Config, pcfg projector.Config, wcfg jobs.Config, hcfg webhooks.Config, pool *pgxpool.Pool, d *DeployedDomain, s serdes, reg prometheus.Registerer) (*projector.Projector, error) {
 	pcfg.Topic = d.EventsTopic()
 	pcfg.Consumer = d.ProjectorConsumer()
-	hooks, err := jobs.NewProjection("webhooks", wcfg, webhooks.Router{MaxPending: hcfg.MaxPending}, reg)
+	hooks, err := jobs.NewProjection("webhooks", wcfg, webhooks.Router{MaxPending: hcfg.MaxPending, MaxQueued: hcfg.MaxQueued}, reg)
 	if err != nil {
 		return nil, err
 	}

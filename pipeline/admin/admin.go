@@ -48,6 +48,25 @@ type Server struct {
 	token   string
 	denied  *prometheus.CounterVec
 	mux     *http.ServeMux
+
+	readiness readiness
+}
+
+// DefaultReadyInterval is how long one run of the readiness checks
+// answers /readyz when SetReadyInterval was not called.
+const DefaultReadyInterval = time.Second
+
+// readiness is the last run of the checks and when it was made. /readyz
+// answers anyone who reaches the admin address and the postgres check is
+// a round trip to the database, so the checks run at most once per every,
+// however many ask: callers that come while a run is under way wait for
+// it and share it, as /status.json's readings do (docs/security.md).
+type readiness struct {
+	mu     sync.Mutex // one run at a time; the others wait for it
+	every  time.Duration
+	ranAt  time.Time // zero: run at the next call
+	result map[string]string
+	ok     bool
 }
 
 // NewRegistry returns a registry with the Go runtime and process
@@ -70,6 +89,7 @@ func New(addr string, registry *prometheus.Registry, logger *slog.Logger) *Serve
 		addr = DefaultAddr
 	}
 	s := &Server{addr: addr, registry: registry, logger: logger, checks: map[string]Check{}, mux: http.NewServeMux()}
+	s.readiness.every = DefaultReadyInterval
 	s.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "onceflow_admin_denied_requests_total",
 		Help: "Requests to admin routes that act refused: reason disabled (no ONCEFLOW_ADMIN_TOKEN set) or unauthorized (no or a wrong token).",
@@ -103,8 +123,21 @@ func (s *Server) Addr() string { return s.addr }
 // dependency (postgres, kafka) and one that passes once it has started.
 func (s *Server) AddCheck(name string, c Check) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.checks[name] = c
+	s.mu.Unlock()
+	s.readiness.mu.Lock()
+	s.readiness.ranAt = time.Time{}
+	s.readiness.mu.Unlock()
+}
+
+// SetReadyInterval sets how long one run of the readiness checks answers
+// /readyz (default DefaultReadyInterval, 1s): a check that starts failing
+// shows within it, and callers within it cost no check. Call it before
+// Serve.
+func (s *Server) SetReadyInterval(d time.Duration) {
+	s.readiness.mu.Lock()
+	defer s.readiness.mu.Unlock()
+	s.readiness.every = d
 }
 
 // Handle adds a route that only reads: anyone who reaches the admin
@@ -221,19 +254,38 @@ func Who(r *http.Request, claimed string) string {
 func (s *Server) Handler() http.Handler { return s.mux }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	names := make([]string, 0, len(s.checks))
-	for n := range s.checks {
-		names = append(names, n)
+	result, ok := s.runChecks(r.Context())
+	w.Header().Set("Content-Type", "application/json")
+	if !ok {
+		w.WriteHeader(http.StatusServiceUnavailable)
 	}
+	json.NewEncoder(w).Encode(result)
+}
+
+// runChecks returns each check's "ok" or "failed" and whether all passed,
+// running the checks again at most once per the ready interval. The run is
+// not the caller's: a caller that goes away does not fail it for the
+// others waiting on it.
+func (s *Server) runChecks(ctx context.Context) (map[string]string, bool) {
+	rd := &s.readiness
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	if !rd.ranAt.IsZero() && time.Since(rd.ranAt) < rd.every {
+		return rd.result, rd.ok
+	}
+	s.mu.Lock()
 	checks := make(map[string]Check, len(s.checks))
 	for n, c := range s.checks {
 		checks[n] = c
 	}
 	s.mu.Unlock()
+	names := make([]string, 0, len(checks))
+	for n := range checks {
+		names = append(names, n)
+	}
 	sort.Strings(names)
 
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	// The answer says only which check failed: an error's text (a
 	// database's, a host name, a user) is for the operator's logs, not for
@@ -251,11 +303,8 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 			result[n] = "ok"
 		}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	if !ok {
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}
-	json.NewEncoder(w).Encode(result)
+	rd.result, rd.ok, rd.ranAt = result, ok, time.Now()
+	return result, ok
 }
 
 // ErrStarting is what a component's own readiness check answers until it

@@ -56,6 +56,7 @@ func TestReadyzHidesErrors(t *testing.T) {
 	t.Parallel()
 	var logs pipelinetest.Buffer
 	s := admin.New("", prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	s.SetReadyInterval(time.Nanosecond) // each probe runs the checks
 	var mu sync.Mutex
 	dbErr := errors.New(`failed to connect to user=billing_admin database=prod: 10.1.2.3:5432: password authentication failed`)
 	s.AddCheck("postgres", func(context.Context) error { mu.Lock(); defer mu.Unlock(); return dbErr })
@@ -94,6 +95,7 @@ func TestStartingIsNotAWarning(t *testing.T) {
 	t.Parallel()
 	var logs pipelinetest.Buffer
 	s := admin.New("", prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	s.SetReadyInterval(time.Nanosecond) // each probe runs the checks
 	var started atomic.Bool
 	s.AddCheck("processor", func(context.Context) error {
 		if !started.Load() {

@@ -144,7 +144,7 @@ const lockAttemptSQL = `SELECT attempt, state = 'running' FROM river_job WHERE i
 // that was taken over writes nothing. Call it from a River worker's Work;
 // on success Work returns nil.
 func Complete[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error) error {
-	return fenced(ctx, pool, job, "", fn, true)
+	return fenced(ctx, pool, job, nil, fn, true)
 }
 
 // CompleteScoped is Complete in a transaction scoped to tenant
@@ -152,20 +152,23 @@ func Complete[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *riv
 // that tenant's rows only, whatever its statements say. A domain's job
 // completes so, as its event's tenant (Tenant).
 func CompleteScoped[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], tenant string, fn func(pgx.Tx) error) error {
-	return fenced(ctx, pool, job, tenant, fn, true)
+	// An empty tenant scopes to none: the policy shows it no row.
+	return fenced(ctx, pool, job, &tenant, fn, true)
 }
 
 // Record runs fn in a transaction of pool fenced like Complete's, without
 // completing the job: what a failed attempt writes (its error in a
 // delivery's log) before it returns the error.
 func Record[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], fn func(pgx.Tx) error) error {
-	return fenced(ctx, pool, job, "", fn, false)
+	return fenced(ctx, pool, job, nil, fn, false)
 }
 
 // scopeSQL scopes a transaction to a tenant (postgres.TenantSetting).
 const scopeSQL = `SELECT set_config('` + postgres.TenantSetting + `', $1, true)`
 
-func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], tenant string, fn func(pgx.Tx) error, complete bool) error {
+// fenced runs fn fenced by job's attempt; a non-nil tenant scopes the
+// transaction to it, nil leaves the pool's scope (postgres.AllTenants).
+func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river.Job[T], tenant *string, fn func(pgx.Tx) error, complete bool) error {
 	// The token rides in the completion's own update too (the trigger).
 	if err := river.RecordOutput(ctx, Output{Attempt: job.Attempt}); err != nil {
 		return err
@@ -182,8 +185,8 @@ func fenced[T river.JobArgs](ctx context.Context, pool *pgxpool.Pool, job *river
 		if attempt != job.Attempt || !running {
 			return ErrFenced
 		}
-		if tenant != "" {
-			if _, err := tx.Exec(ctx, scopeSQL, tenant); err != nil {
+		if tenant != nil {
+			if _, err := tx.Exec(ctx, scopeSQL, *tenant); err != nil {
 				return fmt.Errorf("scope job %d to its tenant: %w", job.ID, err)
 			}
 		}

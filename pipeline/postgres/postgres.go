@@ -21,9 +21,22 @@ import (
 // one tenant: onceflow's row-level security policies (and those a
 // domain's migrations add with onceflow_tenant_rls) show a transaction in
 // which it is set only that tenant's rows (docs/security.md#row-level-security).
-// Ingest's reads and a domain job's completion set it; the pipeline's
-// writers, which work across tenants, leave it unset.
+// Ingest's reads and a domain job's completion set it for their
+// transaction. Unset or empty, a session sees no row and writes none
+// (the policy fails closed); AllTenants is how work across tenants says
+// so.
 const TenantSetting = "onceflow.tenant"
+
+// AllTenants is TenantSetting's value for work across tenants: the
+// pipeline's writers (ingest's accepts, the relay, the projector, the
+// worker's own jobs), the operator commands, migrations and rebuilds. No
+// tenant is "*". Connect sets it for every session of its pool, as a
+// startup parameter (pg_stat_activity's backend reads it with
+// current_setting); a transaction serving one tenant sets its own for
+// itself, which holds until it ends. A connection made another way (psql,
+// another program, as the runtime role) sees nothing until it says which
+// tenant, or all (docs/security.md#row-level-security).
+const AllTenants = "*"
 
 // Connect opens a pool to url and checks that the server answers.
 // maxConns of zero keeps pgx's default (the larger of 4 and the CPU count).
@@ -54,6 +67,7 @@ func connect(ctx context.Context, url string, maxConns int32, tp trace.TracerPro
 	if _, set := cfg.ConnConfig.RuntimeParams["application_name"]; !set && name != "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = name
 	}
+	acrossTenants(cfg.ConnConfig)
 	if tp != nil {
 		// The pool's acquire spans are left out: a command's statements
 		// are what its trace shows.
@@ -72,6 +86,14 @@ func connect(ctx context.Context, url string, maxConns int32, tp trace.TracerPro
 		return nil, fmt.Errorf("connect to postgres at %s: %w", redact(cfg.ConnConfig), err)
 	}
 	return pool, nil
+}
+
+// acrossTenants makes cfg's sessions work across tenants (AllTenants),
+// unless the URL named a scope of its own (?onceflow.tenant=...).
+func acrossTenants(cfg *pgx.ConnConfig) {
+	if _, set := cfg.RuntimeParams[TenantSetting]; !set {
+		cfg.RuntimeParams[TenantSetting] = AllTenants
+	}
 }
 
 // Reachable reports whether a server answers at url within timeout. Its

@@ -163,7 +163,8 @@ func tenantsSeen(t *testing.T, pool *pgxpool.Pool, tenant, table string) []strin
 // under the owner too (a deployment with one role: FORCE), a query that
 // forgets its tenant predicate in a transaction scoped to a tenant sees
 // that tenant's rows and nothing of the other's, and cannot write the
-// other's; the writers, which leave the scope unset, see every row.
+// other's; the writers, whose connections work across tenants
+// (postgres.Connect: postgres.AllTenants), see every row.
 func TestRowLevelSecurity(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -182,7 +183,7 @@ func TestRowLevelSecurity(t *testing.T) {
 				t.Errorf("%s, %s scoped to a tenant without rows: saw %v, want nothing", who.name, table, got)
 			}
 			if got := tenantsSeen(t, who.pool, "", table); !slices.Equal(got, []string{"a", "b"}) {
-				t.Errorf("%s, %s unscoped: saw tenants %v, want [a b]", who.name, table, got)
+				t.Errorf("%s, %s across tenants: saw tenants %v, want [a b]", who.name, table, got)
 			}
 		}
 	}
@@ -208,5 +209,53 @@ func TestRowLevelSecurity(t *testing.T) {
 	_, err = tx.Exec(ctx, `INSERT INTO accounts (tenant, account_id, currency, version, updated_at) VALUES ('b', 'y', 'EUR', 1, now())`)
 	if sqlState(err) != "42501" || !strings.Contains(err.Error(), "row-level security") {
 		t.Errorf("a row of b's written scoped to a: %v, want a row-level security violation", err)
+	}
+}
+
+// Row-level security fails closed: a session that says no tenant (a
+// connection made without postgres.Connect: psql, another program, as the
+// runtime role or the owner), or says an empty one, sees no row of a
+// table under the policy and may write none; it saw every row. Work
+// across tenants says so ('*', what postgres.Connect sets).
+func TestRowLevelSecurityFailsClosed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ownerURL, runtimeURL := pipelinetest.LeastPrivilege(t, postgres.Migrations{Name: "ledger", FS: accounts.Migrations})
+	seedTenants(t, open(t, runtimeURL))
+	for _, who := range []struct{ name, url string }{{"runtime", runtimeURL}, {"owner", ownerURL}} {
+		conn, err := pgx.Connect(ctx, who.url) // no postgres.AllTenants
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		for _, scope := range []struct {
+			name, set string
+			want      int
+		}{{"unset", "", 0}, {"empty", "SET onceflow.tenant = ''", 0}, {"across tenants", "SET onceflow.tenant = '*'", 2}} {
+			if scope.set != "" {
+				if _, err := conn.Exec(ctx, scope.set); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, table := range tenantTables {
+				var n int
+				if err := conn.QueryRow(ctx, `SELECT count(DISTINCT tenant) FROM `+table).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != scope.want {
+					t.Errorf("%s, %s with the scope %s: saw %d tenants' rows, want %d", who.name, table, scope.name, n, scope.want)
+				}
+			}
+			if scope.want > 0 {
+				continue
+			}
+			_, err := conn.Exec(ctx, `INSERT INTO accounts (tenant, account_id, currency, version, updated_at) VALUES ('a', 'z', 'EUR', 1, now())`)
+			if sqlState(err) != "42501" || !strings.Contains(err.Error(), "row-level security") {
+				t.Errorf("%s, a write with the scope %s: %v, want a row-level security violation", who.name, scope.name, err)
+			}
+			if tag, err := conn.Exec(ctx, `UPDATE command_status SET status = status`); err != nil || tag.RowsAffected() != 0 {
+				t.Errorf("%s, an update of every row with the scope %s: %v rows (%v), want none", who.name, scope.name, tag.RowsAffected(), err)
+			}
+		}
 	}
 }

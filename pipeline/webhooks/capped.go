@@ -25,7 +25,8 @@ type Capped struct {
 
 // cappedDetail is what Capped says to the tenant.
 const cappedDetail = "this tenant's webhook deliveries in flight (pending or failed) are at its cap: " +
-	"its new events wait to be fanned out until deliveries finish, and none is dropped; " +
+	"its new events wait to be fanned out until deliveries finish, and none is dropped unseen " +
+	"(past its bound of queued events an event's deliveries are made dead, queue-full, in its delivery log); " +
 	"deliveries to an endpoint that is down or slow count until they are delivered or dead"
 
 // cappedFresh is how long a fan-out's finding that a tenant is at its cap
@@ -103,4 +104,50 @@ func (d *Deliverer) unmarkCapped(ctx context.Context, tenant string) {
 	if _, err := d.pool.Exec(ctx, unmarkCappedSQL, tenant); err != nil {
 		d.logger.Warn("cannot record a tenant below its webhook cap again", "tenant", tenant, "err", err)
 	}
+}
+
+// waitingStates are the River states of a fan-out that is still to run
+// (running included: it has not fanned out yet, or is about to wait
+// again). A waiting row whose job is in none of them (discarded,
+// cancelled, gone) is taken over.
+const waitingStates = `'available', 'pending', 'retryable', 'running', 'scheduled'`
+
+const (
+	// waitAgainSQL: fan-out $2 still waits for tenant $1.
+	waitAgainSQL = `UPDATE webhook_fanout_waiting SET queued = queued WHERE tenant = $1 AND job_id = $2`
+	// waitSQL makes fan-out $2 the one waiting for tenant $1, unless
+	// another fan-out waits already: it returns a row only when $2 waits.
+	// queued starts at the tenant's events not expanded yet (up to $3).
+	waitSQL = `INSERT INTO webhook_fanout_waiting AS w (tenant, job_id, queued)
+		VALUES ($1, $2, (SELECT count(*) FROM (SELECT 1 FROM webhook_events
+			WHERE tenant = $1 AND expanded_at IS NULL LIMIT $3) AS q))
+		ON CONFLICT (tenant) DO UPDATE SET job_id = excluded.job_id, queued = excluded.queued, since = now()
+		WHERE NOT EXISTS (SELECT 1 FROM river_job j WHERE j.id = w.job_id AND j.state IN (` + waitingStates + `))
+		RETURNING job_id`
+	// unwaitSQL ends fan-out $2's wait for tenant $1 (in its fan-out's
+	// transaction): it affects a row only when $2 was the one waiting.
+	unwaitSQL = `DELETE FROM webhook_fanout_waiting WHERE tenant = $1 AND job_id = $2`
+)
+
+// wait reports whether fan-out job is the one waiting for tenant, at its
+// cap: it was already, or no other is (then it is now). A tenant at its
+// cap has at most one fan-out waiting, however many projector batches
+// come; the others leave their events to it.
+func (d *Deliverer) wait(ctx context.Context, tenant string, job int64) (bool, error) {
+	tag, err := d.pool.Exec(ctx, waitAgainSQL, tenant, job)
+	if err != nil {
+		return false, fmt.Errorf("webhook fan-out wait: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return true, nil
+	}
+	var id int64
+	err = d.pool.QueryRow(ctx, waitSQL, tenant, job, d.cfg.MaxQueued).Scan(&id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("webhook fan-out wait: %w", err)
+	}
+	return true, nil
 }

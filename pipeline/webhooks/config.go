@@ -17,6 +17,7 @@ const (
 	DefaultMaxPerTenant    = 10
 	DefaultCacheTTL        = time.Second
 	DefaultMaxPending      = 100_000
+	DefaultMaxQueued       = 100_000
 	DefaultMaxFanout       = 1000
 	// DefaultRetention is three times the projector's inbox (30 days):
 	// an event the projector reads again within it is absorbed by the
@@ -56,6 +57,13 @@ type Config struct {
 	// onceflow_webhooks_capped_tenants), logged once a minute, and shown
 	// to the tenant (TenantCapped). Nothing is dropped. Default 100,000.
 	MaxPending int
+	// MaxQueued bounds a capped tenant's events waiting to be fanned out
+	// (Router.MaxQueued, which the projector holds them to; give both the
+	// same): past it an event is stored refused, without its body, and its
+	// deliveries are made dead ("queue-full") when the tenant's fan-out
+	// runs, counted in onceflow_webhooks_deliveries_total{outcome="refused"}.
+	// Default 100,000.
+	MaxQueued int
 	// MaxFanout is how many deliveries one fan-out transaction makes at
 	// most (at least one event's): the projector's batch of a tenant's
 	// events is fanned out in transactions of about that many delivery
@@ -81,6 +89,7 @@ func (c *Config) setDefaults() {
 	c.MaxPerTenant = cmp.Or(c.MaxPerTenant, DefaultMaxPerTenant)
 	c.CacheTTL = cmp.Or(c.CacheTTL, DefaultCacheTTL)
 	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.MaxQueued = cmp.Or(c.MaxQueued, DefaultMaxQueued)
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.MaxFanout = cmp.Or(c.MaxFanout, DefaultMaxFanout)
 }
@@ -97,6 +106,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("webhooks: MaxPerTenant %d: want 1 or more", c.MaxPerTenant)
 	case c.MaxPending < 1:
 		return fmt.Errorf("webhooks: MaxPending %d: want 1 or more", c.MaxPending)
+	case c.MaxQueued < 1:
+		return fmt.Errorf("webhooks: MaxQueued %d: want 1 or more", c.MaxQueued)
 	case c.MaxFanout < 1:
 		return fmt.Errorf("webhooks: MaxFanout %d: want 1 or more", c.MaxFanout)
 	case c.Retention < 24*time.Hour:

@@ -419,7 +419,7 @@ func (d *Deliverer) logFailure(job *river.Job[DeliveryArgs], status, category st
 		"attempt", job.Attempt, "status", status, "category", category, "err", err, "failures_not_logged", left)
 }
 
-const disableSQL = `UPDATE webhook_subscriptions SET status = 'disabled', disabled_reason = $3, updated_at = now()
+const disableSQL = `UPDATE webhook_subscriptions SET status = 'disabled', disabled_reason = $3, disabled_at = now(), updated_at = now()
 	WHERE tenant = $1 AND id = $2 AND status = 'enabled'`
 
 // gone disables the endpoint that answered 410 and ends the delivery.

@@ -46,7 +46,18 @@
 // attempt) until deliveries finish — counted, logged, never dropped — and
 // the tenant sees it: the waiting fan-out writes its webhook_capped row
 // (capped.go; at most every few seconds a tenant and worker), which the
-// API answers, and the tenant's next fan-out that runs deletes it. Its
+// API answers, and the tenant's next fan-out that runs deletes it. One
+// fan-out waits a tenant (webhook_fanout_waiting, capped.go): a fan-out
+// that finds another waiting leaves its events unexpanded to it and
+// completes, and the waiting one, once below the cap, deletes its row in
+// its first transaction and fans out every event of the tenant not
+// expanded yet; a fan-out that finds the row took it before that
+// transaction committed, so its events, stored before it ran, are read
+// after. The projector counts a capped tenant's queued events on that row
+// and stores those past Router.MaxQueued refused (no body); their
+// deliveries are made dead (queue-full) with no job. A fan-out makes
+// deliveries for the subscriptions enabled when the event was stored
+// (disabled_at), so one disabled while the tenant waited keeps its rows. Its
 // deliveries past BacklogThreshold go to the worker's backlog queue
 // (jobs.Config.BacklogWorkers slots), ordered by backlog (Priority).
 //

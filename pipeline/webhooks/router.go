@@ -1,6 +1,7 @@
 package webhooks
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -94,6 +95,11 @@ type Router struct {
 	// many deliveries in flight has its events fanned out (and capped
 	// there), never made inline. Default DefaultMaxPending.
 	MaxPending int
+	// MaxQueued bounds a capped tenant's events waiting to be fanned out
+	// (webhook_fanout_waiting.queued): past it, an event is stored
+	// refused, without its body, and its fan-out makes its deliveries
+	// dead with the reason. Default DefaultMaxQueued.
+	MaxQueued int
 }
 
 var _ jobs.Router = Router{}
@@ -108,11 +114,17 @@ const (
 		FROM unnest($1::text[]) AS t`
 	// insertEventsSQL stores the events; those made inline ($5) are
 	// expanded as they are stored.
-	insertEventsSQL = `INSERT INTO webhook_events (tenant, event_id, event_type, body, expanded_at)
-		SELECT t, id, typ, body, CASE WHEN inline THEN now() END
-		FROM unnest($1::text[], $2::uuid[], $3::text[], $4::bytea[], $5::bool[]) AS e (t, id, typ, body, inline)
+	insertEventsSQL = `INSERT INTO webhook_events (tenant, event_id, event_type, body, expanded_at, refused)
+		SELECT t, id, typ, CASE WHEN refused THEN ''::bytea ELSE body END, CASE WHEN inline THEN now() END, refused
+		FROM unnest($1::text[], $2::uuid[], $3::text[], $4::bytea[], $5::bool[], $6::bool[]) AS e (t, id, typ, body, inline, refused)
 		ON CONFLICT DO NOTHING
 		RETURNING tenant, event_id, seq, expanded_at IS NOT NULL`
+	// queueSQL adds each capped tenant's events of the batch ($2) to its
+	// count of queued events, and returns the count before them: only a
+	// tenant with a fan-out waiting has a row.
+	queueSQL = `UPDATE webhook_fanout_waiting w SET queued = w.queued + q.n
+		FROM unnest($1::text[], $2::bigint[]) AS q (t, n) WHERE w.tenant = q.t
+		RETURNING w.tenant, w.queued - q.n`
 	insertDeliveriesSQL = `INSERT INTO webhook_deliveries (tenant, subscription_id, event_id, event_type)
 		SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[])
 		ON CONFLICT DO NOTHING
@@ -171,11 +183,15 @@ func (r Router) Jobs(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([][]
 	if len(eTenants) == 0 {
 		return out, nil
 	}
+	eRefused, err := r.refuse(ctx, tx, eTenants, eInline)
+	if err != nil {
+		return nil, err
+	}
 	// Only an event this transaction stored gets a fan-out or a delivery:
 	// the row is the lasting memory (River forgets a finished job after
 	// its retention), so an event applied again, however much later, sends
 	// nothing again.
-	rows, err := tx.Query(ctx, insertEventsSQL, eTenants, eIDs, eTypes, eBodies, eInline)
+	rows, err := tx.Query(ctx, insertEventsSQL, eTenants, eIDs, eTypes, eBodies, eInline, eRefused)
 	if err != nil {
 		return nil, fmt.Errorf("record webhook events: %w", err)
 	}
@@ -240,6 +256,63 @@ func (r Router) Jobs(ctx context.Context, tx pgx.Tx, evs []pipeline.Event) ([][]
 		return nil, fmt.Errorf("record webhook deliveries: %w", err)
 	}
 	return out, nil
+}
+
+// refuse says which of the batch's events (by tenant, and whether made
+// inline) are past their capped tenant's bound of queued events: the
+// last ones of the batch past it. A tenant with no fan-out waiting is not
+// capped, and queues nothing.
+func (r Router) refuse(ctx context.Context, tx pgx.Tx, tenants []string, inline []bool) ([]bool, error) {
+	bound := int64(cmp.Or(r.MaxQueued, DefaultMaxQueued))
+	counts := map[string]int64{}
+	var order []string
+	for i, t := range tenants {
+		if inline[i] {
+			continue
+		}
+		if counts[t] == 0 {
+			order = append(order, t)
+		}
+		counts[t]++
+	}
+	refused := make([]bool, len(tenants))
+	if len(order) == 0 {
+		return refused, nil
+	}
+	slices.Sort(order) // rows locked in one order by every batch
+	ns := make([]int64, len(order))
+	for i, t := range order {
+		ns[i] = counts[t]
+	}
+	rows, err := tx.Query(ctx, queueSQL, order, ns)
+	if err != nil {
+		return nil, fmt.Errorf("count queued webhook events: %w", err)
+	}
+	room := map[string]int64{}
+	for rows.Next() {
+		var t string
+		var before int64
+		if err := rows.Scan(&t, &before); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("count queued webhook events: %w", err)
+		}
+		room[t] = max(0, bound-before)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count queued webhook events: %w", err)
+	}
+	for i, t := range tenants {
+		left, capped := room[t]
+		if inline[i] || !capped {
+			continue
+		}
+		if left == 0 {
+			refused[i] = true
+			continue
+		}
+		room[t] = left - 1
+	}
+	return refused, nil
 }
 
 // subscribed reads the enabled subscriptions of tenants.

@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/pipeline/jobs"
 	"github.com/onceflow/onceflow/pipeline/pipelinetest"
+	"github.com/onceflow/onceflow/pipeline/postgres"
 	"github.com/onceflow/onceflow/pipeline/webhooks"
 	"github.com/onceflow/onceflow/pipeline/webhooks/webhookstest"
 )
@@ -468,7 +469,7 @@ func TestRuntimeRoleDelivers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, rtURL := pipelinetest.LeastPrivilege(t)
-	pool, err := pgxpool.New(ctx, rtURL)
+	pool, err := postgres.Connect(ctx, rtURL, 0) // across tenants, as the components' pools
 	if err != nil {
 		t.Fatal(err)
 	}
