@@ -51,9 +51,19 @@ base() {
   if [ ! -s "$tar" ] || $force; then
     local root=$cache/rootfs
     rm -rf "$root"
-    debootstrap --variant=minbase bookworm "$root" "$(mirror)" >"$cache/debootstrap.log" 2>&1 ||
-      { tail -n 20 "$cache/debootstrap.log"; return 1; }
+    # Three tries: a mirror's answer lost once is not a broken build (a
+    # run failed on "Failed getting release file" that the next fetched).
+    local try
+    for try in 1 2 3; do
+      rm -rf "$root"
+      debootstrap --variant=minbase bookworm "$root" "$(mirror)" >"$cache/debootstrap.log" 2>&1 && break
+      [ "$try" = 3 ] && { tail -n 20 "$cache/debootstrap.log"; return 1; }
+      echo "images: debootstrap failed (try $try of 3); again in 10s" >&2
+      sleep 10
+    done
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    # The images' own apt-get retries a download, for the same reason.
+    echo 'Acquire::Retries "5";' >"$root/etc/apt/apt.conf.d/80onceflow-retries"
     tar -C "$root" -cf "$tar.tmp" . && mv "$tar.tmp" "$tar"
     rm -rf "$root"
   fi
