@@ -41,9 +41,13 @@ mirror() {
   [ -n "${DEBIAN_MIRROR:-}" ] && { echo "$DEBIAN_MIRROR"; return; }
   # One-line (deb URL SUITE) or deb822 (URIs: URL) sources; the archive,
   # not the security one.
-  cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null |
+  # (cat fails on a file that is missing, sources.list on a deb822 host:
+  # under pipefail that failure must not add the default to what it found.)
+  local found
+  found=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null |
     sed -n -e 's/^deb \(\[[^]]*\] \)\{0,1\}\([^ ]*\) .*/\2/p' -e 's/^URIs: *\([^ ]*\).*/\1/p' |
-    grep -v security | head -n 1 | grep . || echo http://deb.debian.org/debian
+    grep -v security | head -n 1 || true)
+  echo "${found:-http://deb.debian.org/debian}"
 }
 
 base() {
@@ -51,8 +55,7 @@ base() {
   if [ ! -s "$tar" ] || $force; then
     local root=$cache/rootfs
     rm -rf "$root"
-    # Three tries: a mirror's answer lost once is not a broken build (a
-    # run failed on "Failed getting release file" that the next fetched).
+    # Three tries: a mirror's answer lost once is not a broken build.
     local try
     for try in 1 2 3; do
       rm -rf "$root"
