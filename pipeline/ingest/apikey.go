@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pipeline/postgres"
 )
 
 // apiKeyPrefix marks onceflow API keys so they are recognizable in logs
@@ -59,10 +61,15 @@ func RevokeAPIKey(ctx context.Context, pool *pgxpool.Pool, key string) error {
 	return nil
 }
 
-// validateTenant keeps tenant names usable inside aggregate ids and keys.
+// validateTenant keeps tenant names usable inside aggregate ids and keys,
+// and none of them the scope of work across tenants (postgres.AllTenants:
+// a tenant "*" would read every tenant's rows, docs/security.md#row-level-security).
 func validateTenant(t string) error {
 	if t == "" || len(t) > 64 || strings.ContainsAny(t, "/ \t\r\n\x00") {
 		return fmt.Errorf("tenant %q: want 1 to 64 characters without '/' or spaces", t)
+	}
+	if t == postgres.AllTenants {
+		return fmt.Errorf("tenant %q: the scope of work across tenants is no tenant's name", t)
 	}
 	return nil
 }
