@@ -349,6 +349,9 @@ type Pipeline struct {
 	// BrokerEnv is added to the broker's environment (e.g.
 	// ONCEFLOW_DEV_GROUP_MIN_SESSION_TIMEOUT for quick rebalances).
 	BrokerEnv map[string]string
+	// OperatorEnv is added to the operator commands' environment (Verify):
+	// a secured cluster's operator credentials.
+	OperatorEnv map[string]string
 	// ClientOpts are added to the test's own clients of the cluster (a
 	// secured cluster's credentials).
 	ClientOpts []kgo.Opt

@@ -106,6 +106,7 @@ func deploySecured(t *testing.T, ctx context.Context, c *kafkacluster.Cluster) *
 		pl.StopAll(15 * time.Second)
 	})
 	pl.BrokerEnv = kafkaEnv(c, "operator")
+	pl.OperatorEnv = kafkaEnv(c, "operator")
 	if _, err := pl.StartBroker(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,9 @@ func (pl *Pipeline) Verify(ctx context.Context, since time.Duration) (string, er
 	for k, v := range pl.Env {
 		env = append(env, k+"="+v)
 	}
+	for k, v := range pl.OperatorEnv { // later values win (os/exec)
+		env = append(env, k+"="+v)
+	}
 	bin, args := filepath.Join(pl.Bin, "onceflow"), []string{"verify", "-since", since.String()}
 	if pl.App != "" {
 		bin = filepath.Join(pl.Bin, pl.App)
