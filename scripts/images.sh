@@ -54,7 +54,6 @@ base() {
   local tar=$cache/debian-bookworm.tar
   if [ ! -s "$tar" ] || $force; then
     local root=$cache/rootfs
-    rm -rf "$root"
     # Three tries: a mirror's answer lost once is not a broken build.
     local try
     for try in 1 2 3; do
